@@ -1,0 +1,1 @@
+//! lagoon-cpu: the CPU backend.

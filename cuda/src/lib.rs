@@ -1,0 +1,46 @@
+//! lagoon-cuda: the CUDA backend (issue #6). For now only the device probe exists; it turns
+//! a missing driver or NVRTC into an error instead of cudarc's panic.
+
+/// Why no CUDA device can be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CudaUnavailable {
+    /// `libcuda.so` could not be loaded (no NVIDIA driver on this machine).
+    NoDriver,
+    /// `libnvrtc.so` could not be loaded (install the CUDA 13.0 NVRTC runtime).
+    NoNvrtc,
+}
+
+impl std::fmt::Display for CudaUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CudaUnavailable::NoDriver => {
+                f.write_str("no CUDA driver (libcuda) found on this machine")
+            }
+            CudaUnavailable::NoNvrtc => {
+                f.write_str("no NVRTC (libnvrtc.so.13) found; install the CUDA 13.0 runtime")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CudaUnavailable {}
+
+/// Checks that the CUDA driver and NVRTC libraries can be loaded, without touching a device.
+pub fn probe() -> Result<(), CudaUnavailable> {
+    if !cudarc::driver::sys::is_culib_present() {
+        return Err(CudaUnavailable::NoDriver);
+    }
+    if !cudarc::nvrtc::sys::is_culib_present() {
+        return Err(CudaUnavailable::NoNvrtc);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn probe_never_panics() {
+        // On a machine without CUDA this must be an error, not cudarc's panic.
+        let _ = super::probe();
+    }
+}
