@@ -16,3 +16,11 @@ pub mod weights;
 
 #[cfg(feature = "alloc")]
 pub mod config;
+#[cfg(feature = "alloc")]
+pub mod graph;
+#[cfg(feature = "alloc")]
+pub mod laguna;
+pub mod ops;
+pub mod sample;
+#[cfg(feature = "alloc")]
+pub mod rope;

@@ -1,0 +1,269 @@
+//! The graph walker: one match arm per [`Op`], each calling a reference kernel from
+//! `lagoon_core::ops` on arena slices. No allocation happens here.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use lagoon_core::config::ModelConfig;
+use lagoon_core::graph::{Graph, LayerWeight as L, Op, Value, Weight};
+use lagoon_core::laguna::weights::{Ffn, ModelWeights};
+use lagoon_core::ops;
+use lagoon_core::weights::MatRef;
+
+use crate::session::State;
+
+/// Scratch buffers sized at session creation.
+#[derive(Debug)]
+pub struct Scratch {
+    /// One decoded weight row.
+    row: Vec<f32>,
+    /// Attention scores of one head.
+    scores: Vec<f32>,
+    /// Router selection scores, one token's router logits, its chosen ids and weights.
+    sel: Vec<f32>,
+    zrow: Vec<f32>,
+    ids_k: Vec<u32>,
+    ws_k: Vec<f32>,
+    /// (token, slot) pairs routed to the current expert.
+    pairs: Vec<(u32, u32)>,
+    /// Gate, up and activation rows of the current expert's tokens: `[ubatch, I]` each.
+    eg: Vec<f32>,
+    eu: Vec<f32>,
+}
+
+impl Scratch {
+    pub fn new(c: &ModelConfig, w: &ModelWeights<'_>, ubatch: usize, max_cap: usize) -> Scratch {
+        Scratch {
+            row: vec![0.0; w.max_cols()],
+            scores: vec![0.0; max_cap.max(1)],
+            sel: vec![0.0; c.n_experts],
+            zrow: vec![0.0; c.n_experts],
+            ids_k: vec![0; c.n_experts_used],
+            ws_k: vec![0.0; c.n_experts_used],
+            pairs: Vec::with_capacity(ubatch * c.n_experts_used.max(1)),
+            eg: vec![0.0; ubatch * c.expert_ffn],
+            eu: vec![0.0; ubatch * c.expert_ffn],
+        }
+    }
+}
+
+/// Splits the arena into the read-only inputs and the output of a node. The planner never
+/// overlaps two values that are live at once; this checks it rather than trusting it.
+fn io<'a, const N: usize>(arena: &'a mut [f32], ins: [(Value, usize); N], out: (Value, usize)) -> ([&'a [f32]; N], &'a mut [f32]) {
+    let (ov, on) = out;
+    let o = ov.offset..ov.offset + ov.rows(on) * ov.cols;
+    let ranges = ins.map(|(v, n)| v.offset..v.offset + v.rows(n) * v.cols);
+    for r in &ranges {
+        assert!(r.end <= o.start || o.end <= r.start, "planner overlapped a node's input and output");
+    }
+    let base = arena.as_mut_ptr();
+    let len = arena.len();
+    assert!(o.end <= len && ranges.iter().all(|r| r.end <= len));
+    // SAFETY: every range lies inside `arena` (checked above) and the output range is
+    // disjoint from every input range (checked above), so the one mutable slice aliases no
+    // shared slice; inputs may alias each other, which is fine for shared borrows.
+    let out = unsafe { core::slice::from_raw_parts_mut(base.add(o.start), o.len()) };
+    // SAFETY: as above; shared slices of in-bounds ranges disjoint from `out`.
+    let ins = ranges.map(|r| unsafe { core::slice::from_raw_parts(base.add(r.start) as *const f32, r.len()) });
+    (ins, out)
+}
+
+fn mat<'w>(w: &'w ModelWeights<'w>, id: Weight) -> &'w MatRef<'w> {
+    match id {
+        Weight::TokenEmbd => &w.token_embd,
+        Weight::Output => &w.output,
+        Weight::Layer(l, lw) => {
+            let layer = &w.layers[l];
+            match (lw, &layer.ffn) {
+                (L::Q, _) => &layer.q,
+                (L::K, _) => &layer.k,
+                (L::V, _) => &layer.v,
+                (L::O, _) => &layer.o,
+                (L::Gate, _) => layer.gate.as_ref().expect("graph uses a gate only when the layer has one"),
+                (L::FfnGate, Ffn::Dense(m)) => &m.gate,
+                (L::FfnUp, Ffn::Dense(m)) => &m.up,
+                (L::FfnDown, Ffn::Dense(m)) => &m.down,
+                (L::Router, Ffn::Moe { router, .. }) => router,
+                (L::GateShexp | L::UpShexp | L::DownShexp, Ffn::Moe { shared: Some(s), .. }) => match lw {
+                    L::GateShexp => &s.gate,
+                    L::UpShexp => &s.up,
+                    _ => &s.down,
+                },
+                _ => unreachable!("graph asked for {id:?} as a matrix"),
+            }
+        }
+        Weight::OutputNorm => unreachable!("output norm is a vector"),
+    }
+}
+
+fn vector<'w>(w: &'w ModelWeights<'w>, id: Weight) -> &'w [f32] {
+    match id {
+        Weight::OutputNorm => &w.output_norm,
+        Weight::Layer(l, L::AttnNorm) => &w.layers[l].attn_norm,
+        Weight::Layer(l, L::FfnNorm) => &w.layers[l].ffn_norm,
+        Weight::Layer(l, L::QNorm) => &w.layers[l].q_norm,
+        Weight::Layer(l, L::KNorm) => &w.layers[l].k_norm,
+        _ => unreachable!("graph asked for {id:?} as a vector"),
+    }
+}
+
+/// Runs `graph` for `n` tokens (already in `st.tokens`) at positions `pos0..pos0 + n`.
+pub(crate) fn run(st: &mut State, graph: &Graph, c: &ModelConfig, w: &ModelWeights<'_>, n: usize, pos0: usize) {
+    let vals = &graph.values;
+    let d = c.head_dim;
+    for op in &graph.nodes {
+        match *op {
+            Op::Embed { out } => {
+                let (_, o) = io::<0>(&mut st.arena, [], (vals[out], n));
+                let e = &w.token_embd;
+                for (t, &tok) in st.tokens.iter().enumerate() {
+                    e.dequant_row(tok as usize, &mut o[t * e.cols..(t + 1) * e.cols]);
+                }
+            }
+            Op::RmsNorm { x, w: wid, out } => {
+                let rows = vals[x].rows(n);
+                let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
+                ops::norm::rms_norm(xs, vector(w, wid), c.rms_eps, o);
+                debug_assert_eq!(xs.len(), rows * vals[x].cols);
+            }
+            Op::MatMul { x, w: wid, out } => {
+                let rows = vals[x].rows(n);
+                let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
+                ops::matmul::matmul(mat(w, wid), xs, rows, o, &mut st.scratch.row);
+            }
+            Op::Rope { x, sliding, out } => {
+                let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
+                o.copy_from_slice(xs);
+                let table = &st.ropes[sliding as usize];
+                let cols = vals[x].cols;
+                for t in 0..n {
+                    for head in o[t * cols..(t + 1) * cols].chunks_exact_mut(d) {
+                        table.apply(head, pos0 + t);
+                    }
+                }
+            }
+            Op::KvStore { layer, k, v } => {
+                let (kv, vv) = (vals[k], vals[v]);
+                let cache = &mut st.kv.layers[layer];
+                for t in 0..n {
+                    let ks = &st.arena[kv.offset + t * kv.cols..kv.offset + (t + 1) * kv.cols];
+                    let vs = &st.arena[vv.offset + t * vv.cols..vv.offset + (t + 1) * vv.cols];
+                    cache.store(pos0 + t, ks, vs);
+                }
+            }
+            Op::Attention { layer, q, out } => {
+                let ([qs], o) = io(&mut st.arena, [(vals[q], n)], (vals[out], n));
+                let hq = c.n_heads[layer];
+                let cache = &st.kv.layers[layer];
+                let row = st.kv.row;
+                for t in 0..n {
+                    let pos = pos0 + t;
+                    let first = if c.is_sliding(layer) { (pos + 1).saturating_sub(c.sliding_window) } else { 0 };
+                    ops::attention::attend(
+                        &qs[t * hq * d..(t + 1) * hq * d],
+                        hq,
+                        c.n_kv_heads,
+                        d,
+                        first,
+                        pos,
+                        |j| cache.get(j, row),
+                        &mut st.scratch.scores,
+                        &mut o[t * hq * d..(t + 1) * hq * d],
+                    );
+                }
+            }
+            Op::GateMul { o: ov, g, out } => {
+                let ([os, gs], o) = io(&mut st.arena, [(vals[ov], n), (vals[g], n)], (vals[out], n));
+                let (ocols, gcols) = (vals[ov].cols, vals[g].cols);
+                let per = ocols / gcols; // head_dim (per-head) or 1 (per-element)
+                for t in 0..n {
+                    for (i, (dst, &src)) in o[t * ocols..(t + 1) * ocols].iter_mut().zip(&os[t * ocols..]).enumerate() {
+                        *dst = src * ops::softplus(gs[t * gcols + i / per]);
+                    }
+                }
+            }
+            Op::SwiGlu { gate, up, out } => {
+                let ([gs, us], o) = io(&mut st.arena, [(vals[gate], n), (vals[up], n)], (vals[out], n));
+                ops::swiglu(gs, us, o);
+            }
+            Op::Add { a, b, out } => {
+                let ([as_, bs], o) = io(&mut st.arena, [(vals[a], n), (vals[b], n)], (vals[out], n));
+                for ((o, &x), &y) in o.iter_mut().zip(as_).zip(bs) {
+                    *o = x + y;
+                }
+            }
+            Op::Route { layer, z, ids, weights } => {
+                let Ffn::Moe { bias, .. } = &w.layers[layer].ffn else { unreachable!("route on a dense layer") };
+                let (k, e) = (c.n_experts_used, c.n_experts);
+                let (zv, iv, wv) = (vals[z], vals[ids], vals[weights]);
+                let sc = &mut st.scratch;
+                for t in 0..n {
+                    sc.zrow.copy_from_slice(&st.arena[zv.offset + t * e..zv.offset + (t + 1) * e]);
+                    ops::router::route(&sc.zrow, bias, c.norm_topk_prob, &mut sc.ids_k, &mut sc.ws_k, &mut sc.sel);
+                    for (dst, &id) in st.arena[iv.offset + t * k..][..k].iter_mut().zip(&sc.ids_k) {
+                        *dst = f32::from_bits(id);
+                    }
+                    st.arena[wv.offset + t * k..][..k].copy_from_slice(&sc.ws_k);
+                }
+            }
+            Op::Experts { layer, x, ids, weights, out } => {
+                experts(st, c, w, layer, [vals[x], vals[ids], vals[weights], vals[out]], n);
+            }
+            Op::LastRow { x, out } => {
+                let xv = vals[x];
+                let ([xs], o) = io(&mut st.arena, [(xv, n)], (vals[out], n));
+                o.copy_from_slice(&xs[(n - 1) * xv.cols..n * xv.cols]);
+            }
+        }
+    }
+}
+
+/// The routed experts of one MoE layer, grouped by expert (ascending id, as transformers'
+/// `LagunaExperts.forward` visits them), each decoded row dotted with all of its tokens.
+fn experts(st: &mut State, c: &ModelConfig, w: &ModelWeights<'_>, layer: usize, v: [Value; 4], n: usize) {
+    let Ffn::Moe { gate, up, down, .. } = &w.layers[layer].ffn else { unreachable!("experts on a dense layer") };
+    let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
+    let [xv, idv, wv, ov] = v;
+    let ([xs, ids, ws], o) = io(&mut st.arena, [(xv, n), (idv, n), (wv, n)], (ov, n));
+    o.fill(0.0);
+    let s = &mut st.scratch;
+    for e in 0..c.n_experts {
+        s.pairs.clear();
+        for t in 0..n {
+            for slot in 0..k {
+                if ids[t * k + slot].to_bits() as usize == e {
+                    s.pairs.push((t as u32, slot as u32));
+                }
+            }
+        }
+        if s.pairs.is_empty() {
+            continue;
+        }
+        let m = s.pairs.len();
+        for r in 0..i {
+            gate[e].dequant_row(r, &mut s.row[..h]);
+            for (j, &(t, _)) in s.pairs.iter().enumerate() {
+                s.eg[j * i + r] = ops::dot(&xs[t as usize * h..(t as usize + 1) * h], &s.row[..h]);
+            }
+            up[e].dequant_row(r, &mut s.row[..h]);
+            for (j, &(t, _)) in s.pairs.iter().enumerate() {
+                s.eu[j * i + r] = ops::dot(&xs[t as usize * h..(t as usize + 1) * h], &s.row[..h]);
+            }
+        }
+        for j in 0..m {
+            for r in 0..i {
+                s.eg[j * i + r] = ops::silu(s.eg[j * i + r]) * s.eu[j * i + r];
+            }
+        }
+        for r in 0..h {
+            down[e].dequant_row(r, &mut s.row[..i]);
+            for (j, &(t, slot)) in s.pairs.iter().enumerate() {
+                let y = ops::dot(&s.eg[j * i..(j + 1) * i], &s.row[..i]);
+                o[t as usize * h + r] += y * ws[t as usize * k + slot as usize];
+            }
+        }
+    }
+    for x in o.iter_mut() {
+        *x *= c.routed_scaling;
+    }
+}

@@ -1,0 +1,147 @@
+//! A generation session: the graphs (one per ubatch size), the arena, the KV cache and the
+//! position, all sized at creation so that a step allocates nothing.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use lagoon_core::config::ModelConfig;
+use lagoon_core::graph::Graph;
+use lagoon_core::laguna::{self, ModelWeights};
+use lagoon_core::rope::RopeTable;
+
+use crate::exec::{self, Scratch};
+use crate::kv::KvCache;
+
+/// Sizes fixed at session creation.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionOptions {
+    /// Context length: positions `0..n_ctx`.
+    pub n_ctx: usize,
+    /// Largest number of tokens evaluated in one step (prefill chunk).
+    pub ubatch: usize,
+    /// Keep the logits of every token (the `logits` tool), not only the last one.
+    pub all_logits: bool,
+}
+
+/// Why a step was refused. A refused step changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepError {
+    /// The tokens would run past the context.
+    ContextFull { n_past: usize, n_tokens: usize, n_ctx: usize },
+    /// More tokens than the session's ubatch, or none.
+    BadBatch { n_tokens: usize, ubatch: usize },
+    /// A token id outside the vocabulary.
+    BadToken { token: u32, vocab: usize },
+}
+
+impl core::fmt::Display for StepError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            StepError::ContextFull { n_past, n_tokens, n_ctx } => write!(
+                f,
+                "{n_tokens} more tokens after {n_past} would exceed the context of {n_ctx}; create the session with a larger n_ctx"
+            ),
+            StepError::BadBatch { n_tokens, ubatch } => {
+                write!(f, "a step takes 1..={ubatch} tokens, got {n_tokens}; split the input with `prefill`")
+            }
+            StepError::BadToken { token, vocab } => {
+                write!(f, "token id {token} is outside the vocabulary (size {vocab})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for StepError {}
+
+/// The mutable state a step works in.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub arena: Vec<f32>,
+    pub kv: KvCache,
+    pub scratch: Scratch,
+    pub ropes: [RopeTable; 2],
+    pub tokens: Vec<u32>,
+}
+
+/// A session over borrowed weights.
+#[derive(Debug)]
+pub struct Session<'w> {
+    cfg: ModelConfig,
+    w: &'w ModelWeights<'w>,
+    decode: Graph,
+    prefill: Graph,
+    state: State,
+    n_past: usize,
+    opts: SessionOptions,
+}
+
+impl<'w> Session<'w> {
+    /// Builds the graphs and allocates everything a step needs.
+    pub fn new(cfg: &ModelConfig, w: &'w ModelWeights<'w>, opts: SessionOptions) -> Session<'w> {
+        let ubatch = opts.ubatch.max(1);
+        let opts = SessionOptions { ubatch, n_ctx: opts.n_ctx.max(1), ..opts };
+        let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
+        let prefill = laguna::build(cfg, &w.gates, ubatch, opts.all_logits);
+        let arena = vec![0.0; decode.arena_len.max(prefill.arena_len)];
+        let kv = KvCache::new(cfg, opts.n_ctx, ubatch);
+        let max_cap = kv.layers.iter().map(|l| l.cap).max().unwrap_or(0);
+        let scratch = Scratch::new(cfg, w, ubatch, max_cap);
+        let ropes = [RopeTable::new(&cfg.rope_full), RopeTable::new(&cfg.rope_sliding)];
+        let state = State { arena, kv, scratch, ropes, tokens: Vec::with_capacity(ubatch) };
+        Session { cfg: cfg.clone(), w, decode, prefill, state, n_past: 0, opts }
+    }
+
+    /// Tokens evaluated so far (the next token's position).
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// The options the session was created with.
+    pub fn options(&self) -> SessionOptions {
+        self.opts
+    }
+
+    /// Forgets the context (the cache is overwritten as positions are reused).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Bytes of KV cache and arena.
+    pub fn n_bytes(&self) -> usize {
+        self.state.kv.n_bytes() + self.state.arena.len() * 4
+    }
+
+    /// Evaluates up to `ubatch` tokens at the next positions. Returns the logits: one row
+    /// per token with `all_logits`, else the last token's row.
+    pub fn step(&mut self, tokens: &[u32]) -> Result<&[f32], StepError> {
+        let n = tokens.len();
+        if n == 0 || n > self.opts.ubatch {
+            return Err(StepError::BadBatch { n_tokens: n, ubatch: self.opts.ubatch });
+        }
+        if self.n_past + n > self.opts.n_ctx {
+            return Err(StepError::ContextFull { n_past: self.n_past, n_tokens: n, n_ctx: self.opts.n_ctx });
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(StepError::BadToken { token: t, vocab: self.cfg.vocab_size });
+        }
+        self.state.tokens.clear();
+        self.state.tokens.extend_from_slice(tokens);
+        let graph = if n == 1 { &self.decode } else { &self.prefill };
+        exec::run(&mut self.state, graph, &self.cfg, self.w, n, self.n_past);
+        self.n_past += n;
+        let out = graph.values[graph.output];
+        let len = out.rows(n) * out.cols;
+        Ok(&self.state.arena[out.offset..out.offset + len])
+    }
+
+    /// Evaluates any number of tokens in ubatch chunks, calling `f` with each chunk's logits.
+    pub fn prefill(&mut self, tokens: &[u32], mut f: impl FnMut(&[f32])) -> Result<(), StepError> {
+        if self.n_past + tokens.len() > self.opts.n_ctx {
+            return Err(StepError::ContextFull { n_past: self.n_past, n_tokens: tokens.len(), n_ctx: self.opts.n_ctx });
+        }
+        for chunk in tokens.chunks(self.opts.ubatch) {
+            f(self.step(chunk)?);
+        }
+        Ok(())
+    }
+}

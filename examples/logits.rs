@@ -1,0 +1,50 @@
+//! Evaluates a token sequence and writes the logits of every position.
+//!
+//! `logits --model PATH --tokens 1,2,3 [--out FILE] [--ubatch N] [--decode] [--reference]`
+//!
+//! PATH is a `.gguf` file or a HF / compressed-tensors directory. FILE receives raw
+//! little-endian f32, row-major `[n_tokens, vocab]`. The argmax of each position is printed.
+//! `--decode` feeds the tokens one at a time through the KV cache; `--reference` forces the
+//! scalar reference path (today the only path on the CPU; kept as the bisection baseline
+//! once fast kernels land).
+
+#[path = "common/args.rs"]
+mod args;
+
+use std::io::Write;
+
+use anyhow::Context;
+use lagoon::{Checkpoint, Session, SessionOptions};
+
+fn main() -> anyhow::Result<()> {
+    let a = args::Args::parse(&["decode", "reference"])?;
+    let model = a.get("model").context("--model PATH is required")?;
+    let tokens = a.tokens("tokens")?.context("--tokens 1,2,3 is required")?;
+    let ubatch: usize = a.num("ubatch", 512)?;
+    anyhow::ensure!(ubatch > 0, "--ubatch must be at least 1");
+    let decode = a.flag("decode");
+    // The CPU backend runs the reference kernels only, so --reference changes nothing yet.
+    let _reference = a.flag("reference");
+
+    let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
+    let weights = lagoon::weights(&ckpt)?;
+    let vocab = ckpt.config.vocab_size;
+    let opts = SessionOptions { n_ctx: tokens.len(), ubatch: if decode { 1 } else { ubatch }, all_logits: true };
+    let mut session = Session::new(&ckpt.config, &weights, opts);
+    let mut all = Vec::with_capacity(tokens.len() * vocab);
+    session.prefill(&tokens, |l| all.extend_from_slice(l))?;
+    debug_assert_eq!(all.len(), tokens.len() * vocab);
+
+    let argmax: Vec<String> =
+        all.chunks_exact(vocab).map(|row| lagoon::sample::argmax(row).to_string()).collect();
+    println!("argmax: {}", argmax.join(","));
+    if let Some(out) = a.get("out") {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(out).with_context(|| format!("creating {out}"))?);
+        for v in &all {
+            f.write_all(&v.to_le_bytes())?;
+        }
+        f.flush()?;
+        eprintln!("wrote {} x {} logits to {out}", tokens.len(), vocab);
+    }
+    Ok(())
+}
