@@ -1,0 +1,114 @@
+//! Logits of every fixture model against the independent references that produced it
+//! (`tools/reference/`): transformers float32 for the HF, GGUF and compressed-tensors
+//! variants (on the dequantised weights for the latter), in one-shot prefill, chunked
+//! prefill (ubatch 7) and token-by-token decode.
+
+use std::path::{Path, PathBuf};
+
+use lagoon::{Checkpoint, Session, SessionOptions};
+
+/// Bound on the relative L2 error vs transformers f32. The fixtures' weights are exactly
+/// representable in every stored format (powers-of-two scales), so every variant is held to
+/// the f32 bound of issue #2.
+const MAX_REL_L2: f64 = 1e-4;
+
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("tokens.txt").exists()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn read_f32(p: &Path) -> Vec<f32> {
+    let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn tokens(case: &Path) -> Vec<u32> {
+    std::fs::read_to_string(case.join("tokens.txt"))
+        .unwrap()
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().unwrap())
+        .collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut n, mut d) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        n += (x as f64 - y as f64).powi(2);
+        d += (y as f64).powi(2);
+    }
+    (n / d).sqrt()
+}
+
+fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize) -> Vec<f32> {
+    let w = lagoon::weights(ckpt).unwrap();
+    let mut s = Session::new(&ckpt.config, &w, SessionOptions { n_ctx: toks.len(), ubatch, all_logits: true });
+    let mut out = Vec::new();
+    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
+    out
+}
+
+/// Argmax agreement wherever the reference's top two are not a near tie.
+fn check_greedy(ours: &[f32], reference: &[f32], vocab: usize, what: &str) {
+    for (t, (a, b)) in ours.chunks_exact(vocab).zip(reference.chunks_exact(vocab)).enumerate() {
+        let mut idx: Vec<usize> = (0..vocab).collect();
+        idx.sort_by(|&i, &j| b[j].total_cmp(&b[i]));
+        if b[idx[0]] - b[idx[1]] > 1e-3 {
+            assert_eq!(lagoon::sample::argmax(a) as usize, idx[0], "{what}: greedy token differs at position {t}");
+        }
+    }
+}
+
+/// Every (checkpoint path, reference logits path) pair of a case.
+fn variants(case: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let tf = case.join("logits.transformers.f32");
+    let mut v = Vec::new();
+    for d in ["hf-f32", "hf-bf16"] {
+        if case.join(d).is_dir() {
+            v.push((case.join(d), tf.clone()));
+        }
+    }
+    for f in ["model-f32.gguf", "model-f16.gguf", "model-q8_0.gguf"] {
+        if case.join(f).exists() {
+            v.push((case.join(f), tf.clone()));
+        }
+    }
+    for d in ["ct-int4", "ct-int4-asym", "ct-int8"] {
+        let p = case.join(d);
+        if p.join("logits.transformers.f32").exists() {
+            v.push((p.clone(), p.join("logits.transformers.f32")));
+        }
+    }
+    v
+}
+
+#[test]
+fn every_fixture_matches_transformers_in_every_mode() {
+    let cases = fixtures();
+    assert!(!cases.is_empty(), "no fixtures under tests/fixtures/models");
+    let mut n_checked = 0;
+    for case in cases {
+        let toks = tokens(&case);
+        for (model, refpath) in variants(&case) {
+            let reference = read_f32(&refpath);
+            let ckpt = Checkpoint::open(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+            let vocab = ckpt.config.vocab_size;
+            assert_eq!(reference.len(), toks.len() * vocab, "{}", refpath.display());
+            for (mode, ubatch) in [("prefill", toks.len()), ("chunked-7", 7), ("decode", 1)] {
+                let ours = eval(&ckpt, &toks, ubatch);
+                let e = rel_l2(&ours, &reference);
+                let what = format!("{} [{mode}]", model.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(&model).display());
+                println!("{what}: rel L2 {e:.3e}");
+                assert!(e <= MAX_REL_L2, "{what}: rel L2 {e:.3e} > {MAX_REL_L2:e}");
+                check_greedy(&ours, &reference, vocab, &what);
+                n_checked += 1;
+            }
+        }
+    }
+    assert!(n_checked > 0);
+}
