@@ -29,10 +29,20 @@ fn main() -> anyhow::Result<()> {
     let t_load = Instant::now();
     let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
     let weights = lagoon::weights(&ckpt)?;
-    let prompt = a.tokens("prompt-tokens")?.unwrap_or_else(|| vec![ckpt.config.bos_token.unwrap_or(0)]);
+    let prompt = a
+        .tokens("prompt-tokens")?
+        .unwrap_or_else(|| vec![ckpt.config.bos_token.unwrap_or(0)]);
     let n_ctx: usize = a.num("ctx", prompt.len() + n_gen)?;
     let ubatch: usize = a.num("ubatch", 64)?;
-    let mut s = Session::new(&ckpt.config, &weights, SessionOptions { n_ctx, ubatch, all_logits: false });
+    let mut s = Session::new(
+        &ckpt.config,
+        &weights,
+        SessionOptions {
+            n_ctx,
+            ubatch,
+            all_logits: false,
+        },
+    );
     eprintln!("loaded {model} in {:.2} s", t_load.elapsed().as_secs_f64());
 
     let mut scratch = vec![(0.0f32, 0u32); ckpt.config.vocab_size];

@@ -29,17 +29,25 @@ fn main() -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
     let weights = lagoon::weights(&ckpt)?;
     let vocab = ckpt.config.vocab_size;
-    let opts = SessionOptions { n_ctx: tokens.len(), ubatch: if decode { 1 } else { ubatch }, all_logits: true };
+    let opts = SessionOptions {
+        n_ctx: tokens.len(),
+        ubatch: if decode { 1 } else { ubatch },
+        all_logits: true,
+    };
     let mut session = Session::new(&ckpt.config, &weights, opts);
     let mut all = Vec::with_capacity(tokens.len() * vocab);
     session.prefill(&tokens, |l| all.extend_from_slice(l))?;
     debug_assert_eq!(all.len(), tokens.len() * vocab);
 
-    let argmax: Vec<String> =
-        all.chunks_exact(vocab).map(|row| lagoon::sample::argmax(row).to_string()).collect();
+    let argmax: Vec<String> = all
+        .chunks_exact(vocab)
+        .map(|row| lagoon::sample::argmax(row).to_string())
+        .collect();
     println!("argmax: {}", argmax.join(","));
     if let Some(out) = a.get("out") {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(out).with_context(|| format!("creating {out}"))?);
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(out).with_context(|| format!("creating {out}"))?,
+        );
         for v in &all {
             f.write_all(&v.to_le_bytes())?;
         }

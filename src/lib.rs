@@ -21,18 +21,35 @@ pub use lagoon_gguf::{Checkpoint, Error};
 /// The model's weights as views into the checkpoint (nothing is copied but the small norm
 /// and bias vectors).
 pub fn weights(ckpt: &Checkpoint) -> Result<ModelWeights<'_>, Error> {
-    ModelWeights::resolve(&ckpt.config, |name| ckpt.tensor(name).ok().map(|t| t.parts)).map_err(|e| match e {
-        lagoon_core::laguna::weights::WeightError::Missing { tensor } => Error::MissingTensor { tensor },
-        lagoon_core::laguna::weights::WeightError::Shape { tensor, expected, got } => Error::WrongShape {
-            tensor,
-            expected: vec![expected.0, expected.1],
-            got: vec![got.0, got.1],
+    ModelWeights::resolve(&ckpt.config, |name| ckpt.tensor(name).ok().map(|t| t.parts)).map_err(
+        |e| match e {
+            lagoon_core::laguna::weights::WeightError::Missing { tensor } => {
+                Error::MissingTensor { tensor }
+            }
+            lagoon_core::laguna::weights::WeightError::Shape {
+                tensor,
+                expected,
+                got,
+            } => Error::WrongShape {
+                tensor,
+                expected: vec![expected.0, expected.1],
+                got: vec![got.0, got.1],
+            },
+            lagoon_core::laguna::weights::WeightError::Parts {
+                tensor,
+                expected,
+                got,
+            } => Error::WrongShape {
+                tensor,
+                expected: vec![expected],
+                got: vec![got],
+            },
         },
-        lagoon_core::laguna::weights::WeightError::Parts { tensor, expected, got } => {
-            Error::WrongShape { tensor, expected: vec![expected], got: vec![got] }
-        }
-    })
+    )
 }
 
 /// The model bundled with the repository, used when no `--model` is given.
-pub const BUNDLED_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models/hybrid_perhead/model-q8_0.gguf");
+pub const BUNDLED_MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/models/hybrid_perhead/model-q8_0.gguf"
+);

@@ -15,7 +15,12 @@ const MAX_REL_L2: f64 = 1e-4;
 fn fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
     let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("tokens.txt").exists()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.join("tokens.txt").exists())
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -23,7 +28,9 @@ fn fixtures() -> Vec<PathBuf> {
 
 fn read_f32(p: &Path) -> Vec<f32> {
     let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn tokens(case: &Path) -> Vec<u32> {
@@ -47,7 +54,15 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 
 fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize) -> Vec<f32> {
     let w = lagoon::weights(ckpt).unwrap();
-    let mut s = Session::new(&ckpt.config, &w, SessionOptions { n_ctx: toks.len(), ubatch, all_logits: true });
+    let mut s = Session::new(
+        &ckpt.config,
+        &w,
+        SessionOptions {
+            n_ctx: toks.len(),
+            ubatch,
+            all_logits: true,
+        },
+    );
     let mut out = Vec::new();
     s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
     out
@@ -55,11 +70,19 @@ fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize) -> Vec<f32> {
 
 /// Argmax agreement wherever the reference's top two are not a near tie.
 fn check_greedy(ours: &[f32], reference: &[f32], vocab: usize, what: &str) {
-    for (t, (a, b)) in ours.chunks_exact(vocab).zip(reference.chunks_exact(vocab)).enumerate() {
+    for (t, (a, b)) in ours
+        .chunks_exact(vocab)
+        .zip(reference.chunks_exact(vocab))
+        .enumerate()
+    {
         let mut idx: Vec<usize> = (0..vocab).collect();
         idx.sort_by(|&i, &j| b[j].total_cmp(&b[i]));
         if b[idx[0]] - b[idx[1]] > 1e-3 {
-            assert_eq!(lagoon::sample::argmax(a) as usize, idx[0], "{what}: greedy token differs at position {t}");
+            assert_eq!(
+                lagoon::sample::argmax(a) as usize,
+                idx[0],
+                "{what}: greedy token differs at position {t}"
+            );
         }
     }
 }
@@ -96,13 +119,20 @@ fn every_fixture_matches_transformers_in_every_mode() {
         let toks = tokens(&case);
         for (model, refpath) in variants(&case) {
             let reference = read_f32(&refpath);
-            let ckpt = Checkpoint::open(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+            let ckpt =
+                Checkpoint::open(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
             let vocab = ckpt.config.vocab_size;
             assert_eq!(reference.len(), toks.len() * vocab, "{}", refpath.display());
             for (mode, ubatch) in [("prefill", toks.len()), ("chunked-7", 7), ("decode", 1)] {
                 let ours = eval(&ckpt, &toks, ubatch);
                 let e = rel_l2(&ours, &reference);
-                let what = format!("{} [{mode}]", model.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(&model).display());
+                let what = format!(
+                    "{} [{mode}]",
+                    model
+                        .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                        .unwrap_or(&model)
+                        .display()
+                );
                 println!("{what}: rel L2 {e:.3e}");
                 assert!(e <= MAX_REL_L2, "{what}: rel L2 {e:.3e} > {MAX_REL_L2:e}");
                 check_greedy(&ours, &reference, vocab, &what);

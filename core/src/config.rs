@@ -129,7 +129,7 @@ impl ModelConfig {
                 ),
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return err(
                 "head_dim",
                 alloc::format!("{} must be even for RoPE", self.head_dim),
@@ -151,7 +151,7 @@ impl ModelConfig {
             return err("num_key_value_heads", "must be at least 1".into());
         }
         for (i, &h) in self.n_heads.iter().enumerate() {
-            if h == 0 || h % self.n_kv_heads != 0 {
+            if h == 0 || !h.is_multiple_of(self.n_kv_heads) {
                 return err(
                     "num_attention_heads_per_layer",
                     alloc::format!(
@@ -199,7 +199,8 @@ impl ModelConfig {
             ("rope_parameters.full_attention", &self.rope_full),
             ("rope_parameters.sliding_attention", &self.rope_sliding),
         ] {
-            if r.rotary_dim == 0 || r.rotary_dim > self.head_dim || r.rotary_dim % 2 != 0 {
+            if r.rotary_dim == 0 || r.rotary_dim > self.head_dim || !r.rotary_dim.is_multiple_of(2)
+            {
                 return err(
                     key,
                     alloc::format!(

@@ -128,7 +128,7 @@ impl GgmlType {
     /// the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let (be, bb) = self.block();
-        if n % be as u64 != 0 {
+        if !n.is_multiple_of(be as u64) {
             return None;
         }
         (n / be as u64).checked_mul(bb as u64)

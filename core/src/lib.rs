@@ -21,6 +21,6 @@ pub mod graph;
 #[cfg(feature = "alloc")]
 pub mod laguna;
 pub mod ops;
-pub mod sample;
 #[cfg(feature = "alloc")]
 pub mod rope;
+pub mod sample;

@@ -26,7 +26,11 @@ impl RopeTable {
         };
         let Some(y) = r.yarn else {
             let inv_freq = (0..half).map(|i| 1.0 / pos_freq(i)).collect();
-            return RopeTable { inv_freq, scale: 1.0, rotary_dim: rd };
+            return RopeTable {
+                inv_freq,
+                scale: 1.0,
+                rotary_dim: rd,
+            };
         };
         // Correction range (truncate = True: floor/ceil), spec §3.4.
         let corr = |rot: f64| -> f64 {
@@ -49,7 +53,11 @@ impl RopeTable {
                 interp * (1.0 - w_ex) + extrap * w_ex
             })
             .collect();
-        RopeTable { inv_freq, scale: y.attention_factor, rotary_dim: rd }
+        RopeTable {
+            inv_freq,
+            scale: y.attention_factor,
+            rotary_dim: rd,
+        }
     }
 
     /// Rotates the first `rotary_dim` dims of one head vector at position `pos`, NeoX pairing
@@ -78,32 +86,61 @@ mod tests {
 
     #[test]
     fn sliding_default_matches_spec_values() {
-        let t = RopeTable::new(&Rope { theta: 10000.0, rotary_dim: 128, yarn: None });
+        let t = RopeTable::new(&Rope {
+            theta: 10000.0,
+            rotary_dim: 128,
+            yarn: None,
+        });
         assert!(close(t.inv_freq[0], 1.0));
-        assert!(close(t.inv_freq[1], 0.86596435));
-        assert!(close(t.inv_freq[2], 0.74989420));
-        assert!(close(t.inv_freq[63], 1.1547819e-4));
+        assert!(close(t.inv_freq[1], 0.865_964_35));
+        assert!(close(t.inv_freq[2], 0.749_894_2));
+        assert!(close(t.inv_freq[63], 1.154_781_9e-4));
         assert_eq!(t.scale, 1.0);
     }
 
     #[test]
     fn yarn_matches_spec_values() {
         // Laguna S 2.1 (spec §3.4 table).
-        let y = Yarn { factor: 128.0, original_context: 8192, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.4852030263919618 };
-        let t = RopeTable::new(&Rope { theta: 500000.0, rotary_dim: 64, yarn: Some(y) });
-        for (i, v) in [1.0, 0.66360128, 0.44036663, 0.29222783].iter().enumerate() {
+        let y = Yarn {
+            factor: 128.0,
+            original_context: 8192,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.485_203,
+        };
+        let t = RopeTable::new(&Rope {
+            theta: 500000.0,
+            rotary_dim: 64,
+            yarn: Some(y),
+        });
+        for (i, v) in [1.0, 0.663_601_3, 0.440_366_63, 0.292_227_83]
+            .iter()
+            .enumerate()
+        {
             assert!(close(t.inv_freq[i], *v), "{i}: {}", t.inv_freq[i]);
         }
-        assert!(close(t.inv_freq[31], 2.3545766e-08), "{}", t.inv_freq[31]);
+        assert!(close(t.inv_freq[31], 2.354_576_6e-8), "{}", t.inv_freq[31]);
         // XS 2.1: beta_fast 64, factor 32.
-        let y = Yarn { factor: 32.0, beta_fast: 64.0, ..y };
-        let t = RopeTable::new(&Rope { theta: 500000.0, rotary_dim: 64, yarn: Some(y) });
-        assert!(close(t.inv_freq[31], 9.4183065e-08), "{}", t.inv_freq[31]);
+        let y = Yarn {
+            factor: 32.0,
+            beta_fast: 64.0,
+            ..y
+        };
+        let t = RopeTable::new(&Rope {
+            theta: 500000.0,
+            rotary_dim: 64,
+            yarn: Some(y),
+        });
+        assert!(close(t.inv_freq[31], 9.418_306_5e-8), "{}", t.inv_freq[31]);
     }
 
     #[test]
     fn rotation_preserves_norm_and_pass_through() {
-        let t = RopeTable::new(&Rope { theta: 10000.0, rotary_dim: 4, yarn: None });
+        let t = RopeTable::new(&Rope {
+            theta: 10000.0,
+            rotary_dim: 4,
+            yarn: None,
+        });
         let mut x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
         t.apply(&mut x, 7);
         let n: f32 = x[..4].iter().map(|v| v * v).sum();

@@ -32,7 +32,11 @@ pub struct SamplerParams {
 
 impl Default for SamplerParams {
     fn default() -> Self {
-        SamplerParams { temperature: 0.0, top_k: 0, top_p: 1.0 }
+        SamplerParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+        }
     }
 }
 
@@ -95,11 +99,21 @@ mod tests {
     fn top_k_one_is_greedy_and_seed_repeats() {
         let logits = [0.1f32, 3.0, 2.9, -1.0];
         let mut scratch = [(0.0, 0); 4];
-        let p = SamplerParams { temperature: 1.0, top_k: 1, top_p: 1.0 };
+        let p = SamplerParams {
+            temperature: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+        };
         assert_eq!(sample(&logits, &p, &mut Rng::new(1), &mut scratch), 1);
-        let p = SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0 };
-        let a: [u32; 16] = core::array::from_fn(|i| sample(&logits, &p, &mut Rng::new(i as u64), &mut scratch));
-        let b: [u32; 16] = core::array::from_fn(|i| sample(&logits, &p, &mut Rng::new(i as u64), &mut scratch));
+        let p = SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        let a: [u32; 16] =
+            core::array::from_fn(|i| sample(&logits, &p, &mut Rng::new(i as u64), &mut scratch));
+        let b: [u32; 16] =
+            core::array::from_fn(|i| sample(&logits, &p, &mut Rng::new(i as u64), &mut scratch));
         assert_eq!(a, b);
     }
 
@@ -107,7 +121,11 @@ mod tests {
     fn frequencies_follow_softmax_of_top_two() {
         // top_k 2 over logits [ln 3, ln 1, -inf-ish]: P(0) = 0.75.
         let logits = [libm::logf(3.0), 0.0, -10.0];
-        let p = SamplerParams { temperature: 1.0, top_k: 2, top_p: 1.0 };
+        let p = SamplerParams {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+        };
         let mut scratch = [(0.0, 0); 3];
         let mut rng = Rng::new(7);
         let n = 20000;

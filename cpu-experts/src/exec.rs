@@ -49,12 +49,19 @@ impl Scratch {
 
 /// Splits the arena into the read-only inputs and the output of a node. The planner never
 /// overlaps two values that are live at once; this checks it rather than trusting it.
-fn io<'a, const N: usize>(arena: &'a mut [f32], ins: [(Value, usize); N], out: (Value, usize)) -> ([&'a [f32]; N], &'a mut [f32]) {
+fn io<const N: usize>(
+    arena: &mut [f32],
+    ins: [(Value, usize); N],
+    out: (Value, usize),
+) -> ([&[f32]; N], &mut [f32]) {
     let (ov, on) = out;
     let o = ov.offset..ov.offset + ov.rows(on) * ov.cols;
     let ranges = ins.map(|(v, n)| v.offset..v.offset + v.rows(n) * v.cols);
     for r in &ranges {
-        assert!(r.end <= o.start || o.end <= r.start, "planner overlapped a node's input and output");
+        assert!(
+            r.end <= o.start || o.end <= r.start,
+            "planner overlapped a node's input and output"
+        );
     }
     let base = arena.as_mut_ptr();
     let len = arena.len();
@@ -64,7 +71,8 @@ fn io<'a, const N: usize>(arena: &'a mut [f32], ins: [(Value, usize); N], out: (
     // shared slice; inputs may alias each other, which is fine for shared borrows.
     let out = unsafe { core::slice::from_raw_parts_mut(base.add(o.start), o.len()) };
     // SAFETY: as above; shared slices of in-bounds ranges disjoint from `out`.
-    let ins = ranges.map(|r| unsafe { core::slice::from_raw_parts(base.add(r.start) as *const f32, r.len()) });
+    let ins = ranges
+        .map(|r| unsafe { core::slice::from_raw_parts(base.add(r.start) as *const f32, r.len()) });
     (ins, out)
 }
 
@@ -79,12 +87,20 @@ fn mat<'w>(w: &'w ModelWeights<'w>, id: Weight) -> &'w MatRef<'w> {
                 (L::K, _) => &layer.k,
                 (L::V, _) => &layer.v,
                 (L::O, _) => &layer.o,
-                (L::Gate, _) => layer.gate.as_ref().expect("graph uses a gate only when the layer has one"),
+                (L::Gate, _) => layer
+                    .gate
+                    .as_ref()
+                    .expect("graph uses a gate only when the layer has one"),
                 (L::FfnGate, Ffn::Dense(m)) => &m.gate,
                 (L::FfnUp, Ffn::Dense(m)) => &m.up,
                 (L::FfnDown, Ffn::Dense(m)) => &m.down,
                 (L::Router, Ffn::Moe { router, .. }) => router,
-                (L::GateShexp | L::UpShexp | L::DownShexp, Ffn::Moe { shared: Some(s), .. }) => match lw {
+                (
+                    L::GateShexp | L::UpShexp | L::DownShexp,
+                    Ffn::Moe {
+                        shared: Some(s), ..
+                    },
+                ) => match lw {
                     L::GateShexp => &s.gate,
                     L::UpShexp => &s.up,
                     _ => &s.down,
@@ -108,7 +124,14 @@ fn vector<'w>(w: &'w ModelWeights<'w>, id: Weight) -> &'w [f32] {
 }
 
 /// Runs `graph` for `n` tokens (already in `st.tokens`) at positions `pos0..pos0 + n`.
-pub(crate) fn run(st: &mut State, graph: &Graph, c: &ModelConfig, w: &ModelWeights<'_>, n: usize, pos0: usize) {
+pub(crate) fn run(
+    st: &mut State,
+    graph: &Graph,
+    c: &ModelConfig,
+    w: &ModelWeights<'_>,
+    n: usize,
+    pos0: usize,
+) {
     let vals = &graph.values;
     let d = c.head_dim;
     for op in &graph.nodes {
@@ -158,7 +181,11 @@ pub(crate) fn run(st: &mut State, graph: &Graph, c: &ModelConfig, w: &ModelWeigh
                 let row = st.kv.row;
                 for t in 0..n {
                     let pos = pos0 + t;
-                    let first = if c.is_sliding(layer) { (pos + 1).saturating_sub(c.sliding_window) } else { 0 };
+                    let first = if c.is_sliding(layer) {
+                        (pos + 1).saturating_sub(c.sliding_window)
+                    } else {
+                        0
+                    };
                     ops::attention::attend(
                         &qs[t * hq * d..(t + 1) * hq * d],
                         hq,
@@ -173,41 +200,79 @@ pub(crate) fn run(st: &mut State, graph: &Graph, c: &ModelConfig, w: &ModelWeigh
                 }
             }
             Op::GateMul { o: ov, g, out } => {
-                let ([os, gs], o) = io(&mut st.arena, [(vals[ov], n), (vals[g], n)], (vals[out], n));
+                let ([os, gs], o) =
+                    io(&mut st.arena, [(vals[ov], n), (vals[g], n)], (vals[out], n));
                 let (ocols, gcols) = (vals[ov].cols, vals[g].cols);
                 let per = ocols / gcols; // head_dim (per-head) or 1 (per-element)
                 for t in 0..n {
-                    for (i, (dst, &src)) in o[t * ocols..(t + 1) * ocols].iter_mut().zip(&os[t * ocols..]).enumerate() {
+                    for (i, (dst, &src)) in o[t * ocols..(t + 1) * ocols]
+                        .iter_mut()
+                        .zip(&os[t * ocols..])
+                        .enumerate()
+                    {
                         *dst = src * ops::softplus(gs[t * gcols + i / per]);
                     }
                 }
             }
             Op::SwiGlu { gate, up, out } => {
-                let ([gs, us], o) = io(&mut st.arena, [(vals[gate], n), (vals[up], n)], (vals[out], n));
+                let ([gs, us], o) = io(
+                    &mut st.arena,
+                    [(vals[gate], n), (vals[up], n)],
+                    (vals[out], n),
+                );
                 ops::swiglu(gs, us, o);
             }
             Op::Add { a, b, out } => {
-                let ([as_, bs], o) = io(&mut st.arena, [(vals[a], n), (vals[b], n)], (vals[out], n));
+                let ([as_, bs], o) =
+                    io(&mut st.arena, [(vals[a], n), (vals[b], n)], (vals[out], n));
                 for ((o, &x), &y) in o.iter_mut().zip(as_).zip(bs) {
                     *o = x + y;
                 }
             }
-            Op::Route { layer, z, ids, weights } => {
-                let Ffn::Moe { bias, .. } = &w.layers[layer].ffn else { unreachable!("route on a dense layer") };
+            Op::Route {
+                layer,
+                z,
+                ids,
+                weights,
+            } => {
+                let Ffn::Moe { bias, .. } = &w.layers[layer].ffn else {
+                    unreachable!("route on a dense layer")
+                };
                 let (k, e) = (c.n_experts_used, c.n_experts);
                 let (zv, iv, wv) = (vals[z], vals[ids], vals[weights]);
                 let sc = &mut st.scratch;
                 for t in 0..n {
-                    sc.zrow.copy_from_slice(&st.arena[zv.offset + t * e..zv.offset + (t + 1) * e]);
-                    ops::router::route(&sc.zrow, bias, c.norm_topk_prob, &mut sc.ids_k, &mut sc.ws_k, &mut sc.sel);
+                    sc.zrow
+                        .copy_from_slice(&st.arena[zv.offset + t * e..zv.offset + (t + 1) * e]);
+                    ops::router::route(
+                        &sc.zrow,
+                        bias,
+                        c.norm_topk_prob,
+                        &mut sc.ids_k,
+                        &mut sc.ws_k,
+                        &mut sc.sel,
+                    );
                     for (dst, &id) in st.arena[iv.offset + t * k..][..k].iter_mut().zip(&sc.ids_k) {
                         *dst = f32::from_bits(id);
                     }
                     st.arena[wv.offset + t * k..][..k].copy_from_slice(&sc.ws_k);
                 }
             }
-            Op::Experts { layer, x, ids, weights, out } => {
-                experts(st, c, w, layer, [vals[x], vals[ids], vals[weights], vals[out]], n);
+            Op::Experts {
+                layer,
+                x,
+                ids,
+                weights,
+                out,
+            } => {
+                experts(
+                    st,
+                    c,
+                    w,
+                    layer,
+                    [vals[x], vals[ids], vals[weights], vals[out]],
+                    n,
+                );
             }
             Op::LastRow { x, out } => {
                 let xv = vals[x];
@@ -220,8 +285,17 @@ pub(crate) fn run(st: &mut State, graph: &Graph, c: &ModelConfig, w: &ModelWeigh
 
 /// The routed experts of one MoE layer, grouped by expert (ascending id, as transformers'
 /// `LagunaExperts.forward` visits them), each decoded row dotted with all of its tokens.
-fn experts(st: &mut State, c: &ModelConfig, w: &ModelWeights<'_>, layer: usize, v: [Value; 4], n: usize) {
-    let Ffn::Moe { gate, up, down, .. } = &w.layers[layer].ffn else { unreachable!("experts on a dense layer") };
+fn experts(
+    st: &mut State,
+    c: &ModelConfig,
+    w: &ModelWeights<'_>,
+    layer: usize,
+    v: [Value; 4],
+    n: usize,
+) {
+    let Ffn::Moe { gate, up, down, .. } = &w.layers[layer].ffn else {
+        unreachable!("experts on a dense layer")
+    };
     let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
     let [xv, idv, wv, ov] = v;
     let ([xs, ids, ws], o) = io(&mut st.arena, [(xv, n), (idv, n), (wv, n)], (ov, n));

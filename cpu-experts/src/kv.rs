@@ -30,11 +30,24 @@ impl KvCache {
         let row = c.n_kv_heads * c.head_dim;
         let layers = (0..c.n_layers)
             .map(|l| {
-                let cap = if c.is_sliding(l) { n_ctx.min(c.sliding_window - 1 + max_ubatch) } else { n_ctx };
-                LayerKv { cap, k: vec![0.0; cap * row], v: vec![0.0; cap * row] }
+                let cap = if c.is_sliding(l) {
+                    n_ctx.min(c.sliding_window - 1 + max_ubatch)
+                } else {
+                    n_ctx
+                };
+                LayerKv {
+                    cap,
+                    k: vec![0.0; cap * row],
+                    v: vec![0.0; cap * row],
+                }
             })
             .collect();
-        KvCache { layers, row, n_ctx, window: c.sliding_window }
+        KvCache {
+            layers,
+            row,
+            n_ctx,
+            window: c.sliding_window,
+        }
     }
 
     /// Bytes held.

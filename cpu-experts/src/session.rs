@@ -27,7 +27,11 @@ pub struct SessionOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepError {
     /// The tokens would run past the context.
-    ContextFull { n_past: usize, n_tokens: usize, n_ctx: usize },
+    ContextFull {
+        n_past: usize,
+        n_tokens: usize,
+        n_ctx: usize,
+    },
     /// More tokens than the session's ubatch, or none.
     BadBatch { n_tokens: usize, ubatch: usize },
     /// A token id outside the vocabulary.
@@ -37,15 +41,25 @@ pub enum StepError {
 impl core::fmt::Display for StepError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            StepError::ContextFull { n_past, n_tokens, n_ctx } => write!(
+            StepError::ContextFull {
+                n_past,
+                n_tokens,
+                n_ctx,
+            } => write!(
                 f,
                 "{n_tokens} more tokens after {n_past} would exceed the context of {n_ctx}; create the session with a larger n_ctx"
             ),
             StepError::BadBatch { n_tokens, ubatch } => {
-                write!(f, "a step takes 1..={ubatch} tokens, got {n_tokens}; split the input with `prefill`")
+                write!(
+                    f,
+                    "a step takes 1..={ubatch} tokens, got {n_tokens}; split the input with `prefill`"
+                )
             }
             StepError::BadToken { token, vocab } => {
-                write!(f, "token id {token} is outside the vocabulary (size {vocab})")
+                write!(
+                    f,
+                    "token id {token} is outside the vocabulary (size {vocab})"
+                )
             }
         }
     }
@@ -79,16 +93,37 @@ impl<'w> Session<'w> {
     /// Builds the graphs and allocates everything a step needs.
     pub fn new(cfg: &ModelConfig, w: &'w ModelWeights<'w>, opts: SessionOptions) -> Session<'w> {
         let ubatch = opts.ubatch.max(1);
-        let opts = SessionOptions { ubatch, n_ctx: opts.n_ctx.max(1), ..opts };
+        let opts = SessionOptions {
+            ubatch,
+            n_ctx: opts.n_ctx.max(1),
+            ..opts
+        };
         let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
         let prefill = laguna::build(cfg, &w.gates, ubatch, opts.all_logits);
         let arena = vec![0.0; decode.arena_len.max(prefill.arena_len)];
         let kv = KvCache::new(cfg, opts.n_ctx, ubatch);
         let max_cap = kv.layers.iter().map(|l| l.cap).max().unwrap_or(0);
         let scratch = Scratch::new(cfg, w, ubatch, max_cap);
-        let ropes = [RopeTable::new(&cfg.rope_full), RopeTable::new(&cfg.rope_sliding)];
-        let state = State { arena, kv, scratch, ropes, tokens: Vec::with_capacity(ubatch) };
-        Session { cfg: cfg.clone(), w, decode, prefill, state, n_past: 0, opts }
+        let ropes = [
+            RopeTable::new(&cfg.rope_full),
+            RopeTable::new(&cfg.rope_sliding),
+        ];
+        let state = State {
+            arena,
+            kv,
+            scratch,
+            ropes,
+            tokens: Vec::with_capacity(ubatch),
+        };
+        Session {
+            cfg: cfg.clone(),
+            w,
+            decode,
+            prefill,
+            state,
+            n_past: 0,
+            opts,
+        }
     }
 
     /// Tokens evaluated so far (the next token's position).
@@ -116,13 +151,23 @@ impl<'w> Session<'w> {
     pub fn step(&mut self, tokens: &[u32]) -> Result<&[f32], StepError> {
         let n = tokens.len();
         if n == 0 || n > self.opts.ubatch {
-            return Err(StepError::BadBatch { n_tokens: n, ubatch: self.opts.ubatch });
+            return Err(StepError::BadBatch {
+                n_tokens: n,
+                ubatch: self.opts.ubatch,
+            });
         }
         if self.n_past + n > self.opts.n_ctx {
-            return Err(StepError::ContextFull { n_past: self.n_past, n_tokens: n, n_ctx: self.opts.n_ctx });
+            return Err(StepError::ContextFull {
+                n_past: self.n_past,
+                n_tokens: n,
+                n_ctx: self.opts.n_ctx,
+            });
         }
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(StepError::BadToken { token: t, vocab: self.cfg.vocab_size });
+            return Err(StepError::BadToken {
+                token: t,
+                vocab: self.cfg.vocab_size,
+            });
         }
         self.state.tokens.clear();
         self.state.tokens.extend_from_slice(tokens);
@@ -137,7 +182,11 @@ impl<'w> Session<'w> {
     /// Evaluates any number of tokens in ubatch chunks, calling `f` with each chunk's logits.
     pub fn prefill(&mut self, tokens: &[u32], mut f: impl FnMut(&[f32])) -> Result<(), StepError> {
         if self.n_past + tokens.len() > self.opts.n_ctx {
-            return Err(StepError::ContextFull { n_past: self.n_past, n_tokens: tokens.len(), n_ctx: self.opts.n_ctx });
+            return Err(StepError::ContextFull {
+                n_past: self.n_past,
+                n_tokens: tokens.len(),
+                n_ctx: self.opts.n_ctx,
+            });
         }
         for chunk in tokens.chunks(self.opts.ubatch) {
             f(self.step(chunk)?);

@@ -37,7 +37,15 @@ fn decode_and_prefill_steps_allocate_nothing() {
     let c = common::config();
     let store = common::Store::new(&c, Some(1));
     let w = store.weights(&c);
-    let mut s = Session::new(&c, &w, SessionOptions { n_ctx: 64, ubatch: 8, all_logits: false });
+    let mut s = Session::new(
+        &c,
+        &w,
+        SessionOptions {
+            n_ctx: 64,
+            ubatch: 8,
+            all_logits: false,
+        },
+    );
     s.step(&[1, 2, 3, 4, 5, 6, 7]).unwrap();
     let before = ALLOCS.load(Ordering::SeqCst);
     let mut tok = 3u32;
@@ -47,7 +55,12 @@ fn decode_and_prefill_steps_allocate_nothing() {
     }
     s.step(&[5, 6, 7, 8]).unwrap();
     let after = ALLOCS.load(Ordering::SeqCst);
-    assert_eq!(after - before, 0, "steps allocated {} times", after - before);
+    assert_eq!(
+        after - before,
+        0,
+        "steps allocated {} times",
+        after - before
+    );
     // The counter does see allocations (the test can fail).
     let v = std::hint::black_box(vec![0u8; 16]);
     assert!(ALLOCS.load(Ordering::SeqCst) > after);

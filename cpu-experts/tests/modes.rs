@@ -5,8 +5,21 @@ mod common;
 
 use lagoon_cpu::{Session, SessionOptions, StepError};
 
-fn run(c: &lagoon_core::config::ModelConfig, w: &lagoon_core::laguna::ModelWeights<'_>, toks: &[u32], ubatch: usize) -> Vec<f32> {
-    let mut s = Session::new(c, w, SessionOptions { n_ctx: toks.len(), ubatch, all_logits: true });
+fn run(
+    c: &lagoon_core::config::ModelConfig,
+    w: &lagoon_core::laguna::ModelWeights<'_>,
+    toks: &[u32],
+    ubatch: usize,
+) -> Vec<f32> {
+    let mut s = Session::new(
+        c,
+        w,
+        SessionOptions {
+            n_ctx: toks.len(),
+            ubatch,
+            all_logits: true,
+        },
+    );
     let mut out = Vec::new();
     s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
     out
@@ -17,7 +30,9 @@ fn prefill_chunked_and_decode_agree() {
     let c = common::config();
     let store = common::Store::new(&c, Some(3));
     let w = store.weights(&c);
-    let toks: Vec<u32> = (0..23).map(|i| (i * 37 + 5) % c.vocab_size as u32).collect();
+    let toks: Vec<u32> = (0..23)
+        .map(|i| (i * 37 + 5) % c.vocab_size as u32)
+        .collect();
     let one = run(&c, &w, &toks, toks.len());
     assert_eq!(one.len(), toks.len() * c.vocab_size);
     assert!(one.iter().all(|v| v.is_finite()));
@@ -34,7 +49,9 @@ fn sliding_window_changes_the_result() {
     let c = common::config();
     let store = common::Store::new(&c, None);
     let w = store.weights(&c);
-    let toks: Vec<u32> = (0..16).map(|i| (i * 11 + 3) % c.vocab_size as u32).collect();
+    let toks: Vec<u32> = (0..16)
+        .map(|i| (i * 11 + 3) % c.vocab_size as u32)
+        .collect();
     let a = run(&c, &w, &toks, 16);
     let mut c2 = c.clone();
     c2.sliding_window = 64;
@@ -50,10 +67,24 @@ fn bad_steps_are_refused_without_side_effects() {
     let c = common::config();
     let store = common::Store::new(&c, None);
     let w = store.weights(&c);
-    let mut s = Session::new(&c, &w, SessionOptions { n_ctx: 4, ubatch: 2, all_logits: false });
+    let mut s = Session::new(
+        &c,
+        &w,
+        SessionOptions {
+            n_ctx: 4,
+            ubatch: 2,
+            all_logits: false,
+        },
+    );
     assert!(matches!(s.step(&[]), Err(StepError::BadBatch { .. })));
-    assert!(matches!(s.step(&[1, 2, 3]), Err(StepError::BadBatch { .. })));
-    assert!(matches!(s.step(&[1, 9999]), Err(StepError::BadToken { token: 9999, .. })));
+    assert!(matches!(
+        s.step(&[1, 2, 3]),
+        Err(StepError::BadBatch { .. })
+    ));
+    assert!(matches!(
+        s.step(&[1, 9999]),
+        Err(StepError::BadToken { token: 9999, .. })
+    ));
     assert_eq!(s.n_past(), 0);
     s.step(&[1, 2]).unwrap();
     s.step(&[1, 2]).unwrap();

@@ -20,7 +20,9 @@ impl Args {
             if switches.contains(&name) {
                 flags.push(name.to_string());
             } else {
-                let v = it.next().ok_or_else(|| anyhow::anyhow!("`--{name}` needs a value"))?;
+                let v = it
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("`--{name}` needs a value"))?;
                 values.insert(name.to_string(), v);
             }
         }
@@ -39,18 +41,25 @@ impl Args {
     pub fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> anyhow::Result<T> {
         match self.get(name) {
             None => Ok(default),
-            Some(s) => s.parse().map_err(|_| anyhow::anyhow!("`--{name} {s}` is not a valid number")),
+            Some(s) => s
+                .parse()
+                .map_err(|_| anyhow::anyhow!("`--{name} {s}` is not a valid number")),
         }
     }
 
     /// Comma-separated token ids.
     pub fn tokens(&self, name: &str) -> anyhow::Result<Option<Vec<u32>>> {
-        let Some(s) = self.get(name) else { return Ok(None) };
+        let Some(s) = self.get(name) else {
+            return Ok(None);
+        };
         let ids = s
             .split(',')
             .map(|t| t.trim())
             .filter(|t| !t.is_empty())
-            .map(|t| t.parse::<u32>().map_err(|_| anyhow::anyhow!("`{t}` in --{name} is not a token id")))
+            .map(|t| {
+                t.parse::<u32>()
+                    .map_err(|_| anyhow::anyhow!("`{t}` in --{name} is not a token id"))
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         anyhow::ensure!(!ids.is_empty(), "--{name} holds no token ids");
         Ok(Some(ids))

@@ -57,22 +57,57 @@ pub enum Op {
     MatMul { x: ValueId, w: Weight, out: ValueId },
     /// Rotary embedding of each `head_dim` group of `x` at the token's absolute position,
     /// with the full- or sliding-layer table.
-    Rope { x: ValueId, sliding: bool, out: ValueId },
+    Rope {
+        x: ValueId,
+        sliding: bool,
+        out: ValueId,
+    },
     /// Writes the tokens' K and V rows into layer `layer`'s cache at their positions.
-    KvStore { layer: usize, k: ValueId, v: ValueId },
+    KvStore {
+        layer: usize,
+        k: ValueId,
+        v: ValueId,
+    },
     /// Causal attention of `q` over layer `layer`'s cache (windowed on sliding layers).
-    Attention { layer: usize, q: ValueId, out: ValueId },
+    Attention {
+        layer: usize,
+        q: ValueId,
+        out: ValueId,
+    },
     /// `out = o ⊙ softplus(g)`, `g` per head (broadcast over head_dim) or per element.
-    GateMul { o: ValueId, g: ValueId, out: ValueId },
+    GateMul {
+        o: ValueId,
+        g: ValueId,
+        out: ValueId,
+    },
     /// `out = silu(gate) ⊙ up`.
-    SwiGlu { gate: ValueId, up: ValueId, out: ValueId },
+    SwiGlu {
+        gate: ValueId,
+        up: ValueId,
+        out: ValueId,
+    },
     /// `out = a + b`.
-    Add { a: ValueId, b: ValueId, out: ValueId },
+    Add {
+        a: ValueId,
+        b: ValueId,
+        out: ValueId,
+    },
     /// Router of layer `layer`: from router logits `z`, top-k expert ids (`ids`, u32 bits)
     /// and normalised weights (`weights`).
-    Route { layer: usize, z: ValueId, ids: ValueId, weights: ValueId },
+    Route {
+        layer: usize,
+        z: ValueId,
+        ids: ValueId,
+        weights: ValueId,
+    },
     /// `out = scale · Σ_k weights[k] · expert_{ids[k]}(x)` over layer `layer`'s experts.
-    Experts { layer: usize, x: ValueId, ids: ValueId, weights: ValueId, out: ValueId },
+    Experts {
+        layer: usize,
+        x: ValueId,
+        ids: ValueId,
+        weights: ValueId,
+        out: ValueId,
+    },
     /// `out` (a one-row value) = the last token's row of `x`.
     LastRow { x: ValueId, out: ValueId },
 }
@@ -82,14 +117,18 @@ impl Op {
     pub fn inputs(&self) -> impl Iterator<Item = ValueId> + '_ {
         let (a, b, c): (Option<ValueId>, Option<ValueId>, Option<ValueId>) = match *self {
             Op::Embed { .. } => (None, None, None),
-            Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::Rope { x, .. } => (Some(x), None, None),
+            Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::Rope { x, .. } => {
+                (Some(x), None, None)
+            }
             Op::KvStore { k, v, .. } => (Some(k), Some(v), None),
             Op::Attention { q, .. } => (Some(q), None, None),
             Op::GateMul { o, g, .. } => (Some(o), Some(g), None),
             Op::SwiGlu { gate, up, .. } => (Some(gate), Some(up), None),
             Op::Add { a, b, .. } => (Some(a), Some(b), None),
             Op::Route { z, .. } | Op::LastRow { x: z, .. } => (Some(z), None, None),
-            Op::Experts { x, ids, weights, .. } => (Some(x), Some(ids), Some(weights)),
+            Op::Experts {
+                x, ids, weights, ..
+            } => (Some(x), Some(ids), Some(weights)),
         };
         a.into_iter().chain(b).chain(c)
     }
@@ -157,7 +196,11 @@ pub struct Builder {
 
 impl Builder {
     pub fn new(max_tokens: usize) -> Builder {
-        Builder { max_tokens, nodes: Vec::new(), cols: Vec::new() }
+        Builder {
+            max_tokens,
+            nodes: Vec::new(),
+            cols: Vec::new(),
+        }
     }
 
     /// A new value of `cols` per token.
@@ -184,6 +227,12 @@ impl Builder {
     /// Plans the arena and returns the graph with `output` kept live to the end.
     pub fn finish(self, output: ValueId) -> Graph {
         let (values, arena_len) = plan::plan(&self.nodes, &self.cols, self.max_tokens, output);
-        Graph { max_tokens: self.max_tokens, nodes: self.nodes, values, output, arena_len }
+        Graph {
+            max_tokens: self.max_tokens,
+            nodes: self.nodes,
+            values,
+            output,
+            arena_len,
+        }
     }
 }

@@ -9,7 +9,12 @@ use alloc::vec::Vec;
 use super::{Op, Value, ValueId};
 
 /// Assigns every value an arena offset; returns the values and the arena length (elements).
-pub fn plan(nodes: &[Op], cols: &[(usize, bool)], max_tokens: usize, keep: ValueId) -> (Vec<Value>, usize) {
+pub fn plan(
+    nodes: &[Op],
+    cols: &[(usize, bool)],
+    max_tokens: usize,
+    keep: ValueId,
+) -> (Vec<Value>, usize) {
     let n = cols.len();
     let mut last_use = vec![usize::MAX; n];
     for (i, op) in nodes.iter().enumerate() {
@@ -18,8 +23,14 @@ pub fn plan(nodes: &[Op], cols: &[(usize, bool)], max_tokens: usize, keep: Value
         }
     }
     last_use[keep] = usize::MAX; // never freed
-    let mut values: Vec<Value> =
-        cols.iter().map(|&(c, one_row)| Value { cols: c, one_row, offset: usize::MAX }).collect();
+    let mut values: Vec<Value> = cols
+        .iter()
+        .map(|&(c, one_row)| Value {
+            cols: c,
+            one_row,
+            offset: usize::MAX,
+        })
+        .collect();
     // Free ranges as (offset, len), sorted by offset and coalesced.
     let mut free: Vec<(usize, usize)> = Vec::new();
     let mut top = 0usize;
@@ -103,9 +114,15 @@ mod tests {
             for b in a + 1..n {
                 let live = born[a] <= dies[b] && born[b] <= dies[a];
                 let (va, vb) = (g.values[a], g.values[b]);
-                let (ea, eb) = (va.offset + va.capacity(g.max_tokens), vb.offset + vb.capacity(g.max_tokens));
+                let (ea, eb) = (
+                    va.offset + va.capacity(g.max_tokens),
+                    vb.offset + vb.capacity(g.max_tokens),
+                );
                 let overlap = va.offset < eb && vb.offset < ea;
-                assert!(!(live && overlap), "values {a} and {b} overlap while both live");
+                assert!(
+                    !(live && overlap),
+                    "values {a} and {b} overlap while both live"
+                );
                 assert!(ea <= g.arena_len && eb <= g.arena_len);
             }
         }
@@ -118,7 +135,11 @@ mod tests {
         b.push(Op::Embed { out: x });
         for _ in 0..10 {
             let y = b.value(8);
-            b.push(Op::RmsNorm { x, w: Weight::OutputNorm, out: y });
+            b.push(Op::RmsNorm {
+                x,
+                w: Weight::OutputNorm,
+                out: y,
+            });
             x = y;
         }
         let g = b.finish(x);
@@ -132,13 +153,29 @@ mod tests {
         let x = b.value(4);
         b.push(Op::Embed { out: x });
         let h = b.value(4);
-        b.push(Op::RmsNorm { x, w: Weight::OutputNorm, out: h });
+        b.push(Op::RmsNorm {
+            x,
+            w: Weight::OutputNorm,
+            out: h,
+        });
         let big = b.value(16);
-        b.push(Op::MatMul { x: h, w: Weight::Output, out: big });
+        b.push(Op::MatMul {
+            x: h,
+            w: Weight::Output,
+            out: big,
+        });
         let small = b.value(4);
-        b.push(Op::MatMul { x: big, w: Weight::Output, out: small });
+        b.push(Op::MatMul {
+            x: big,
+            w: Weight::Output,
+            out: small,
+        });
         let y = b.value(4);
-        b.push(Op::Add { a: x, b: small, out: y });
+        b.push(Op::Add {
+            a: x,
+            b: small,
+            out: y,
+        });
         let g = b.finish(y);
         check_no_overlap(&g);
     }

@@ -58,14 +58,35 @@ pub fn weights(c: &ModelConfig, gates: &[GateMode]) -> Vec<Weight> {
     let mut v = Vec::from([Weight::TokenEmbd, Weight::OutputNorm, Weight::Output]);
     for l in 0..c.n_layers {
         let w = |lw| Weight::Layer(l, lw);
-        v.extend([L::AttnNorm, L::Q, L::K, L::V, L::QNorm, L::KNorm, L::O, L::FfnNorm].map(w));
+        v.extend(
+            [
+                L::AttnNorm,
+                L::Q,
+                L::K,
+                L::V,
+                L::QNorm,
+                L::KNorm,
+                L::O,
+                L::FfnNorm,
+            ]
+            .map(w),
+        );
         if gates[l] != GateMode::None {
             v.push(w(L::Gate));
         }
         match c.mlp_types[l] {
             MlpKind::Dense => v.extend([L::FfnGate, L::FfnUp, L::FfnDown].map(w)),
             MlpKind::Sparse => {
-                v.extend([L::Router, L::RouterBias, L::GateExps, L::UpExps, L::DownExps].map(w));
+                v.extend(
+                    [
+                        L::Router,
+                        L::RouterBias,
+                        L::GateExps,
+                        L::UpExps,
+                        L::DownExps,
+                    ]
+                    .map(w),
+                );
                 if c.shared_ffn > 0 {
                     v.extend([L::GateShexp, L::UpShexp, L::DownShexp].map(w));
                 }
@@ -98,11 +119,19 @@ pub fn build(c: &ModelConfig, gates: &[GateMode], max_tokens: usize, all_logits:
         let k = rope(&mut b, k, sliding);
         b.push(Op::KvStore { layer: l, k, v });
         let mut o = b.value(hq * d);
-        b.push(Op::Attention { layer: l, q, out: o });
+        b.push(Op::Attention {
+            layer: l,
+            q,
+            out: o,
+        });
         match gates[l] {
             GateMode::None => {}
             GateMode::PerHead | GateMode::PerElement => {
-                let cols = if gates[l] == GateMode::PerHead { hq } else { hq * d };
+                let cols = if gates[l] == GateMode::PerHead {
+                    hq
+                } else {
+                    hq * d
+                };
                 let g = matmul(&mut b, hn, w(L::Gate), cols);
                 let og = b.value(hq * d);
                 b.push(Op::GateMul { o, g, out: og });
@@ -114,16 +143,41 @@ pub fn build(c: &ModelConfig, gates: &[GateMode], max_tokens: usize, all_logits:
         // Feed-forward block (spec §4, §5).
         let hn = norm(&mut b, x, w(L::FfnNorm), h);
         let ffn = match c.mlp_types[l] {
-            MlpKind::Dense => swiglu_mlp(&mut b, hn, l, [L::FfnGate, L::FfnUp, L::FfnDown], c.dense_ffn, h),
+            MlpKind::Dense => swiglu_mlp(
+                &mut b,
+                hn,
+                l,
+                [L::FfnGate, L::FfnUp, L::FfnDown],
+                c.dense_ffn,
+                h,
+            ),
             MlpKind::Sparse => {
                 let z = matmul(&mut b, hn, w(L::Router), c.n_experts);
                 let ids = b.value(c.n_experts_used);
                 let weights = b.value(c.n_experts_used);
-                b.push(Op::Route { layer: l, z, ids, weights });
+                b.push(Op::Route {
+                    layer: l,
+                    z,
+                    ids,
+                    weights,
+                });
                 let routed = b.value(h);
-                b.push(Op::Experts { layer: l, x: hn, ids, weights, out: routed });
+                b.push(Op::Experts {
+                    layer: l,
+                    x: hn,
+                    ids,
+                    weights,
+                    out: routed,
+                });
                 if c.shared_ffn > 0 {
-                    let sh = swiglu_mlp(&mut b, hn, l, [L::GateShexp, L::UpShexp, L::DownShexp], c.shared_ffn, h);
+                    let sh = swiglu_mlp(
+                        &mut b,
+                        hn,
+                        l,
+                        [L::GateShexp, L::UpShexp, L::DownShexp],
+                        c.shared_ffn,
+                        h,
+                    );
                     add(&mut b, routed, sh, h)
                 } else {
                     routed
@@ -137,10 +191,26 @@ pub fn build(c: &ModelConfig, gates: &[GateMode], max_tokens: usize, all_logits:
         b.push(Op::LastRow { x, out: last });
         x = last;
     }
-    let xn = if all_logits { b.value(h) } else { b.row_value(h) };
-    b.push(Op::RmsNorm { x, w: Weight::OutputNorm, out: xn });
-    let logits = if all_logits { b.value(c.vocab_size) } else { b.row_value(c.vocab_size) };
-    b.push(Op::MatMul { x: xn, w: Weight::Output, out: logits });
+    let xn = if all_logits {
+        b.value(h)
+    } else {
+        b.row_value(h)
+    };
+    b.push(Op::RmsNorm {
+        x,
+        w: Weight::OutputNorm,
+        out: xn,
+    });
+    let logits = if all_logits {
+        b.value(c.vocab_size)
+    } else {
+        b.row_value(c.vocab_size)
+    };
+    b.push(Op::MatMul {
+        x: xn,
+        w: Weight::Output,
+        out: logits,
+    });
     b.finish(logits)
 }
 
@@ -173,6 +243,10 @@ fn swiglu_mlp(b: &mut Builder, x: ValueId, l: usize, w: [L; 3], width: usize, h:
     let g = matmul(b, x, Weight::Layer(l, w[0]), width);
     let u = matmul(b, x, Weight::Layer(l, w[1]), width);
     let a = b.value(width);
-    b.push(Op::SwiGlu { gate: g, up: u, out: a });
+    b.push(Op::SwiGlu {
+        gate: g,
+        up: u,
+        out: a,
+    });
     matmul(b, a, Weight::Layer(l, w[2]), h)
 }

@@ -62,20 +62,45 @@ pub struct ModelWeights<'a> {
 /// Why weights could not be resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WeightError {
-    Missing { tensor: String },
-    Shape { tensor: String, expected: (usize, usize), got: (usize, usize) },
-    Parts { tensor: String, expected: usize, got: usize },
+    Missing {
+        tensor: String,
+    },
+    Shape {
+        tensor: String,
+        expected: (usize, usize),
+        got: (usize, usize),
+    },
+    Parts {
+        tensor: String,
+        expected: usize,
+        got: usize,
+    },
 }
 
 impl core::fmt::Display for WeightError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             WeightError::Missing { tensor } => write!(f, "tensor `{tensor}` is missing"),
-            WeightError::Shape { tensor, expected, got } => {
-                write!(f, "tensor `{tensor}` is {}x{}, expected {}x{}", got.0, got.1, expected.0, expected.1)
+            WeightError::Shape {
+                tensor,
+                expected,
+                got,
+            } => {
+                write!(
+                    f,
+                    "tensor `{tensor}` is {}x{}, expected {}x{}",
+                    got.0, got.1, expected.0, expected.1
+                )
             }
-            WeightError::Parts { tensor, expected, got } => {
-                write!(f, "tensor `{tensor}` has {got} expert slices, expected {expected}")
+            WeightError::Parts {
+                tensor,
+                expected,
+                got,
+            } => {
+                write!(
+                    f,
+                    "tensor `{tensor}` has {got} expert slices, expected {expected}"
+                )
             }
         }
     }
@@ -88,15 +113,29 @@ impl<'a> ModelWeights<'a> {
         c: &ModelConfig,
         lookup: impl Fn(&str) -> Option<Vec<MatRef<'a>>>,
     ) -> Result<ModelWeights<'a>, WeightError> {
-        let get = |w: Weight, n_parts: usize, rows: usize, cols: usize| -> Result<Vec<MatRef<'a>>, WeightError> {
+        let get = |w: Weight,
+                   n_parts: usize,
+                   rows: usize,
+                   cols: usize|
+         -> Result<Vec<MatRef<'a>>, WeightError> {
             let tensor = weight_name(w);
-            let parts = lookup(&tensor).ok_or_else(|| WeightError::Missing { tensor: tensor.clone() })?;
+            let parts = lookup(&tensor).ok_or_else(|| WeightError::Missing {
+                tensor: tensor.clone(),
+            })?;
             if parts.len() != n_parts {
-                return Err(WeightError::Parts { tensor, expected: n_parts, got: parts.len() });
+                return Err(WeightError::Parts {
+                    tensor,
+                    expected: n_parts,
+                    got: parts.len(),
+                });
             }
             for p in &parts {
                 if (p.rows, p.cols) != (rows, cols) && !(rows == 0 && p.cols == cols) {
-                    return Err(WeightError::Shape { tensor, expected: (rows, cols), got: (p.rows, p.cols) });
+                    return Err(WeightError::Shape {
+                        tensor,
+                        expected: (rows, cols),
+                        got: (p.rows, p.cols),
+                    });
                 }
             }
             Ok(parts)
@@ -173,7 +212,13 @@ impl<'a> ModelWeights<'a> {
                 ffn,
             });
         }
-        Ok(ModelWeights { token_embd, output_norm, output, layers, gates })
+        Ok(ModelWeights {
+            token_embd,
+            output_norm,
+            output,
+            layers,
+            gates,
+        })
     }
 
     /// The widest row any matrix has (scratch size for row decoding).

@@ -22,7 +22,11 @@ pub fn silu(z: f32) -> f32 {
 /// `log(1 + exp(z))`, with torch's default threshold: returns `z` when `z > 20`.
 #[inline]
 pub fn softplus(z: f32) -> f32 {
-    if z > 20.0 { z } else { libm::log1pf(libm::expf(z)) }
+    if z > 20.0 {
+        z
+    } else {
+        libm::log1pf(libm::expf(z))
+    }
 }
 
 /// `1 / (1 + exp(-z))`.

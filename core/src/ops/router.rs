@@ -4,7 +4,14 @@
 /// For one token: fills `ids[..k]` and `weights[..k]` from router logits `z[..E]`.
 /// Ties resolve to the lower expert id (torch.topk on CPU returns the first maximum).
 /// `sel` is scratch of `E` values.
-pub fn route(z: &[f32], bias: &[f32], norm: bool, ids: &mut [u32], weights: &mut [f32], sel: &mut [f32]) {
+pub fn route(
+    z: &[f32],
+    bias: &[f32],
+    norm: bool,
+    ids: &mut [u32],
+    weights: &mut [f32],
+    sel: &mut [f32],
+) {
     let k = ids.len();
     for ((s, &zi), &b) in sel.iter_mut().zip(z).zip(bias) {
         *s = super::sigmoid(zi) + b;

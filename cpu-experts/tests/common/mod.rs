@@ -17,8 +17,20 @@ pub fn config() -> ModelConfig {
         n_heads: vec![4, 6, 6, 4, 6],
         n_kv_heads: 2,
         head_dim: 8,
-        layer_types: vec![AttnKind::Full, AttnKind::Sliding, AttnKind::Sliding, AttnKind::Full, AttnKind::Sliding],
-        mlp_types: vec![MlpKind::Dense, MlpKind::Sparse, MlpKind::Sparse, MlpKind::Sparse, MlpKind::Sparse],
+        layer_types: vec![
+            AttnKind::Full,
+            AttnKind::Sliding,
+            AttnKind::Sliding,
+            AttnKind::Full,
+            AttnKind::Sliding,
+        ],
+        mlp_types: vec![
+            MlpKind::Dense,
+            MlpKind::Sparse,
+            MlpKind::Sparse,
+            MlpKind::Sparse,
+            MlpKind::Sparse,
+        ],
         sliding_window: 5,
         dense_ffn: 48,
         n_experts: 6,
@@ -31,9 +43,19 @@ pub fn config() -> ModelConfig {
         rope_full: Rope {
             theta: 10000.0,
             rotary_dim: 4,
-            yarn: Some(Yarn { factor: 8.0, original_context: 64, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.2 }),
+            yarn: Some(Yarn {
+                factor: 8.0,
+                original_context: 64,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: 1.2,
+            }),
         },
-        rope_sliding: Rope { theta: 10000.0, rotary_dim: 8, yarn: None },
+        rope_sliding: Rope {
+            theta: 10000.0,
+            rotary_dim: 8,
+            yarn: None,
+        },
         max_position: 4096,
         bos_token: Some(2),
         eos_tokens: vec![2],
@@ -57,7 +79,13 @@ impl Store {
         };
         let mut bufs = HashMap::new();
         let gates: Vec<GateMode> = (0..c.n_layers)
-            .map(|l| if Some(l) == per_element_gate_layer { GateMode::PerElement } else { GateMode::PerHead })
+            .map(|l| {
+                if Some(l) == per_element_gate_layer {
+                    GateMode::PerElement
+                } else {
+                    GateMode::PerHead
+                }
+            })
             .collect();
         for w in laguna::weights(c, &gates) {
             let name = laguna::weight_name(w);
@@ -81,7 +109,14 @@ impl Store {
             self.bufs.get(name).map(|parts| {
                 parts
                     .iter()
-                    .map(|(r, cc, b)| MatRef { rows: *r, cols: *cc, enc: Encoding::Ggml { ty: GgmlType::F32, data: b } })
+                    .map(|(r, cc, b)| MatRef {
+                        rows: *r,
+                        cols: *cc,
+                        enc: Encoding::Ggml {
+                            ty: GgmlType::F32,
+                            data: b,
+                        },
+                    })
                     .collect()
             })
         })
@@ -112,13 +147,25 @@ fn shape_of(c: &ModelConfig, gates: &[GateMode], name: &str) -> (usize, usize, u
         "attn_q_norm.weight" | "attn_k_norm.weight" => (1, 1, d, 0.1, 1.0),
         "attn_q.weight" => (1, hq * d, h, proj(h), 0.0),
         "attn_k.weight" | "attn_v.weight" => (1, kv, h, proj(h), 0.0),
-        "attn_gate.weight" => (1, if gates[l] == GateMode::PerHead { hq } else { hq * d }, h, proj(h), 0.0),
+        "attn_gate.weight" => (
+            1,
+            if gates[l] == GateMode::PerHead {
+                hq
+            } else {
+                hq * d
+            },
+            h,
+            proj(h),
+            0.0,
+        ),
         "attn_output.weight" => (1, h, hq * d, proj(hq * d), 0.0),
         "ffn_gate.weight" | "ffn_up.weight" => (1, c.dense_ffn, h, proj(h), 0.0),
         "ffn_down.weight" => (1, h, c.dense_ffn, proj(c.dense_ffn), 0.0),
         "ffn_gate_inp.weight" => (1, c.n_experts, h, proj(h), 0.0),
         "exp_probs_b.bias" => (1, 1, c.n_experts, 0.1, 0.0),
-        "ffn_gate_exps.weight" | "ffn_up_exps.weight" => (c.n_experts, c.expert_ffn, h, proj(h), 0.0),
+        "ffn_gate_exps.weight" | "ffn_up_exps.weight" => {
+            (c.n_experts, c.expert_ffn, h, proj(h), 0.0)
+        }
         "ffn_down_exps.weight" => (c.n_experts, h, c.expert_ffn, proj(c.expert_ffn), 0.0),
         "ffn_gate_shexp.weight" | "ffn_up_shexp.weight" => (1, c.shared_ffn, h, proj(h), 0.0),
         "ffn_down_shexp.weight" => (1, h, c.shared_ffn, proj(c.shared_ffn), 0.0),
