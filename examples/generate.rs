@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
             n_ctx,
             ubatch,
             all_logits: false,
+            n_threads: 0,
         },
     );
     eprintln!("loaded {model} in {:.2} s", t_load.elapsed().as_secs_f64());

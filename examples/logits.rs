@@ -33,6 +33,7 @@ fn main() -> anyhow::Result<()> {
         n_ctx: tokens.len(),
         ubatch: if decode { 1 } else { ubatch },
         all_logits: true,
+        n_threads: 0,
     };
     let mut session = Session::new(&ckpt.config, &weights, opts);
     let mut all = Vec::with_capacity(tokens.len() * vocab);

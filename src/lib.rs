@@ -5,7 +5,7 @@
 //! use lagoon::{Checkpoint, Session, SessionOptions};
 //! let ckpt = Checkpoint::open("model.gguf")?;
 //! let weights = lagoon::weights(&ckpt)?;
-//! let mut s = Session::new(&ckpt.config, &weights, SessionOptions { n_ctx: 4096, ubatch: 64, all_logits: false });
+//! let mut s = Session::new(&ckpt.config, &weights, SessionOptions { n_ctx: 4096, ubatch: 64, all_logits: false, n_threads: 0 });
 //! let logits = s.step(&[2, 100, 200])?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -17,6 +17,7 @@ pub use lagoon_cpu as cpu;
 pub use lagoon_cpu::{Session, SessionOptions, StepError};
 pub use lagoon_gguf as gguf;
 pub use lagoon_gguf::{Checkpoint, Error};
+pub mod tokenizer;
 
 /// The model's weights as views into the checkpoint (nothing is copied but the small norm
 /// and bias vectors).

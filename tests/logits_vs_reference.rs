@@ -61,6 +61,7 @@ fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize) -> Vec<f32> {
             n_ctx: toks.len(),
             ubatch,
             all_logits: true,
+            n_threads: 0,
         },
     );
     let mut out = Vec::new();

@@ -3,6 +3,7 @@
 
 use alloc::vec;
 use alloc::vec::Vec;
+use std::sync::Mutex;
 
 use lagoon_core::config::ModelConfig;
 use lagoon_core::graph::{Graph, LayerWeight as L, Op, Value, Weight};
@@ -10,39 +11,60 @@ use lagoon_core::laguna::weights::{Ffn, ModelWeights};
 use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
+use crate::pool::{SharedOut, ThreadPool, chunk};
 use crate::session::State;
+
+/// Per-thread scratch: one decoded weight row, one head's attention scores.
+#[derive(Debug)]
+pub struct ThreadScratch {
+    row: Vec<f32>,
+    scores: Vec<f32>,
+}
 
 /// Scratch buffers sized at session creation.
 #[derive(Debug)]
 pub struct Scratch {
-    /// One decoded weight row.
-    row: Vec<f32>,
-    /// Attention scores of one head.
-    scores: Vec<f32>,
+    /// One per pool thread, each locked only by its own thread (never contended).
+    threads: Vec<Mutex<ThreadScratch>>,
     /// Router selection scores, one token's router logits, its chosen ids and weights.
     sel: Vec<f32>,
     zrow: Vec<f32>,
     ids_k: Vec<u32>,
     ws_k: Vec<f32>,
-    /// (token, slot) pairs routed to the current expert.
+    /// (token, slot) pairs sorted by expert, and each active expert's (id, first pair, count).
     pairs: Vec<(u32, u32)>,
-    /// Gate, up and activation rows of the current expert's tokens: `[ubatch, I]` each.
+    groups: Vec<(u32, u32, u32)>,
+    /// Gate (then activation) and up rows of every pair: `[ubatch·K, I]` each.
     eg: Vec<f32>,
     eu: Vec<f32>,
 }
 
 impl Scratch {
-    pub fn new(c: &ModelConfig, w: &ModelWeights<'_>, ubatch: usize, max_cap: usize) -> Scratch {
+    pub fn new(
+        c: &ModelConfig,
+        w: &ModelWeights<'_>,
+        ubatch: usize,
+        max_cap: usize,
+        n_threads: usize,
+    ) -> Scratch {
+        let pairs = ubatch * c.n_experts_used.max(1);
         Scratch {
-            row: vec![0.0; w.max_cols()],
-            scores: vec![0.0; max_cap.max(1)],
+            threads: (0..n_threads)
+                .map(|_| {
+                    Mutex::new(ThreadScratch {
+                        row: vec![0.0; w.max_cols()],
+                        scores: vec![0.0; max_cap.max(1)],
+                    })
+                })
+                .collect(),
             sel: vec![0.0; c.n_experts],
             zrow: vec![0.0; c.n_experts],
             ids_k: vec![0; c.n_experts_used],
             ws_k: vec![0.0; c.n_experts_used],
-            pairs: Vec::with_capacity(ubatch * c.n_experts_used.max(1)),
-            eg: vec![0.0; ubatch * c.expert_ffn],
-            eu: vec![0.0; ubatch * c.expert_ffn],
+            pairs: Vec::with_capacity(pairs),
+            groups: Vec::with_capacity(c.n_experts),
+            eg: vec![0.0; pairs * c.expert_ffn],
+            eu: vec![0.0; pairs * c.expert_ffn],
         }
     }
 }
@@ -152,7 +174,7 @@ pub(crate) fn run(
             Op::MatMul { x, w: wid, out } => {
                 let rows = vals[x].rows(n);
                 let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
-                ops::matmul::matmul(mat(w, wid), xs, rows, o, &mut st.scratch.row);
+                matmul(&st.pool, &st.scratch.threads, mat(w, wid), xs, rows, o);
             }
             Op::Rope { x, sliding, out } => {
                 let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
@@ -177,27 +199,41 @@ pub(crate) fn run(
             Op::Attention { layer, q, out } => {
                 let ([qs], o) = io(&mut st.arena, [(vals[q], n)], (vals[out], n));
                 let hq = c.n_heads[layer];
+                let group = hq / c.n_kv_heads;
                 let cache = &st.kv.layers[layer];
                 let row = st.kv.row;
-                for t in 0..n {
-                    let pos = pos0 + t;
-                    let first = if c.is_sliding(layer) {
-                        (pos + 1).saturating_sub(c.sliding_window)
-                    } else {
-                        0
-                    };
-                    ops::attention::attend(
-                        &qs[t * hq * d..(t + 1) * hq * d],
-                        hq,
-                        c.n_kv_heads,
-                        d,
-                        first,
-                        pos,
-                        |j| cache.get(j, row),
-                        &mut st.scratch.scores,
-                        &mut o[t * hq * d..(t + 1) * hq * d],
-                    );
-                }
+                let sliding = c.is_sliding(layer);
+                let window = c.sliding_window;
+                let out = SharedOut::new(o);
+                let threads = &st.scratch.threads;
+                let nt = st.pool.n_threads();
+                st.pool.run(&|ti| {
+                    let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+                    for job in chunk(n * hq, nt, ti) {
+                        let (t, h) = (job / hq, job % hq);
+                        let pos = pos0 + t;
+                        let first = if sliding {
+                            (pos + 1).saturating_sub(window)
+                        } else {
+                            0
+                        };
+                        let base = (t * hq + h) * d;
+                        // SAFETY: each (token, head) pair, hence each output range, belongs to
+                        // exactly one job.
+                        let oh = unsafe { out.slice(base..base + d) };
+                        let kv = |j| cache.get(j, row);
+                        ops::attention::attend_head(
+                            &qs[base..base + d],
+                            h / group,
+                            d,
+                            first,
+                            pos,
+                            &kv,
+                            &mut sc.scores,
+                            oh,
+                        );
+                    }
+                });
             }
             Op::GateMul { o: ov, g, out } => {
                 let ([os, gs], o) =
@@ -283,8 +319,38 @@ pub(crate) fn run(
     }
 }
 
-/// The routed experts of one MoE layer, grouped by expert (ascending id, as transformers'
-/// `LagunaExperts.forward` visits them), each decoded row dotted with all of its tokens.
+/// `out[t, r] = x[t] · W[r]` with the output rows split across the pool; each thread decodes
+/// its rows once and dots them with every token.
+fn matmul(
+    pool: &ThreadPool,
+    threads: &[Mutex<ThreadScratch>],
+    wm: &MatRef<'_>,
+    xs: &[f32],
+    n: usize,
+    o: &mut [f32],
+) {
+    let (rows, cols) = (wm.rows, wm.cols);
+    let out = SharedOut::new(o);
+    let nt = pool.n_threads();
+    pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        let row = &mut sc.row[..cols];
+        for r in chunk(rows, nt, ti) {
+            wm.dequant_row(r, row);
+            for t in 0..n {
+                let v = ops::dot(&xs[t * cols..(t + 1) * cols], row);
+                // SAFETY: row `r` belongs to this thread only.
+                unsafe { out.set(t * rows + r, v) };
+            }
+        }
+    });
+}
+
+/// The routed experts of one MoE layer. The (token, slot) pairs are grouped by expert
+/// (ascending id); gate/up rows of every active expert are split across threads, then the
+/// down projection is split by output row, each thread adding the experts' contributions in
+/// ascending expert order — the order transformers' `LagunaExperts.forward` uses, and one
+/// that does not depend on the thread count.
 fn experts(
     st: &mut State,
     c: &ModelConfig,
@@ -299,10 +365,11 @@ fn experts(
     let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
     let [xv, idv, wv, ov] = v;
     let ([xs, ids, ws], o) = io(&mut st.arena, [(xv, n), (idv, n), (wv, n)], (ov, n));
-    o.fill(0.0);
     let s = &mut st.scratch;
+    s.pairs.clear();
+    s.groups.clear();
     for e in 0..c.n_experts {
-        s.pairs.clear();
+        let start = s.pairs.len();
         for t in 0..n {
             for slot in 0..k {
                 if ids[t * k + slot].to_bits() as usize == e {
@@ -310,33 +377,54 @@ fn experts(
                 }
             }
         }
-        if s.pairs.is_empty() {
-            continue;
-        }
-        let m = s.pairs.len();
-        for r in 0..i {
-            gate[e].dequant_row(r, &mut s.row[..h]);
-            for (j, &(t, _)) in s.pairs.iter().enumerate() {
-                s.eg[j * i + r] = ops::dot(&xs[t as usize * h..(t as usize + 1) * h], &s.row[..h]);
-            }
-            up[e].dequant_row(r, &mut s.row[..h]);
-            for (j, &(t, _)) in s.pairs.iter().enumerate() {
-                s.eu[j * i + r] = ops::dot(&xs[t as usize * h..(t as usize + 1) * h], &s.row[..h]);
-            }
-        }
-        for j in 0..m {
-            for r in 0..i {
-                s.eg[j * i + r] = ops::silu(s.eg[j * i + r]) * s.eu[j * i + r];
-            }
-        }
-        for r in 0..h {
-            down[e].dequant_row(r, &mut s.row[..i]);
-            for (j, &(t, slot)) in s.pairs.iter().enumerate() {
-                let y = ops::dot(&s.eg[j * i..(j + 1) * i], &s.row[..i]);
-                o[t as usize * h + r] += y * ws[t as usize * k + slot as usize];
-            }
+        if s.pairs.len() > start {
+            s.groups
+                .push((e as u32, start as u32, (s.pairs.len() - start) as u32));
         }
     }
+    let (pairs, groups, threads) = (&s.pairs, &s.groups, &s.threads);
+    let nt = st.pool.n_threads();
+    // Gate and up: work item f = (group f / I, row f % I), for all of the group's tokens.
+    let (eg, eu) = (SharedOut::new(&mut s.eg), SharedOut::new(&mut s.eu));
+    st.pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        let row = &mut sc.row[..h];
+        for f in chunk(groups.len() * i, nt, ti) {
+            let (e, start, m) = groups[f / i];
+            let r = f % i;
+            for (mat, dst) in [(&gate[e as usize], &eg), (&up[e as usize], &eu)] {
+                mat.dequant_row(r, row);
+                for j in start..start + m {
+                    let t = pairs[j as usize].0 as usize;
+                    // SAFETY: element (pair j, row r) is written by this work item only.
+                    unsafe { dst.set(j as usize * i + r, ops::dot(&xs[t * h..(t + 1) * h], row)) };
+                }
+            }
+        }
+    });
+    let n_pairs = pairs.len();
+    for (g, u) in s.eg[..n_pairs * i].iter_mut().zip(&s.eu[..n_pairs * i]) {
+        *g = ops::silu(*g) * u;
+    }
+    // Down: each thread owns a range of output rows and sums over experts in order.
+    o.fill(0.0);
+    let out = SharedOut::new(o);
+    let act = &s.eg;
+    st.pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        let row = &mut sc.row[..i];
+        for r in chunk(h, nt, ti) {
+            for &(e, start, m) in groups.iter() {
+                down[e as usize].dequant_row(r, row);
+                for j in start..start + m {
+                    let (t, slot) = pairs[j as usize];
+                    let y = ops::dot(&act[j as usize * i..(j as usize + 1) * i], row);
+                    // SAFETY: output row `r` belongs to this thread only.
+                    unsafe { out.add(t as usize * h + r, y * ws[t as usize * k + slot as usize]) };
+                }
+            }
+        }
+    });
     for x in o.iter_mut() {
         *x *= c.routed_scaling;
     }

@@ -8,6 +8,7 @@ extern crate alloc;
 
 pub mod exec;
 pub mod kv;
+pub mod pool;
 pub mod session;
 
 pub use session::{Session, SessionOptions, StepError};

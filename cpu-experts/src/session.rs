@@ -11,6 +11,7 @@ use lagoon_core::rope::RopeTable;
 
 use crate::exec::{self, Scratch};
 use crate::kv::KvCache;
+use crate::pool::ThreadPool;
 
 /// Sizes fixed at session creation.
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +22,19 @@ pub struct SessionOptions {
     pub ubatch: usize,
     /// Keep the logits of every token (the `logits` tool), not only the last one.
     pub all_logits: bool,
+    /// Threads of the CPU pool (the caller's thread included); 0 = all available cores.
+    pub n_threads: usize,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            n_ctx: 4096,
+            ubatch: 512,
+            all_logits: false,
+            n_threads: 0,
+        }
+    }
 }
 
 /// Why a step was refused. A refused step changes nothing.
@@ -75,6 +89,7 @@ pub(crate) struct State {
     pub scratch: Scratch,
     pub ropes: [RopeTable; 2],
     pub tokens: Vec<u32>,
+    pub pool: ThreadPool,
 }
 
 /// A session over borrowed weights.
@@ -103,7 +118,13 @@ impl<'w> Session<'w> {
         let arena = vec![0.0; decode.arena_len.max(prefill.arena_len)];
         let kv = KvCache::new(cfg, opts.n_ctx, ubatch);
         let max_cap = kv.layers.iter().map(|l| l.cap).max().unwrap_or(0);
-        let scratch = Scratch::new(cfg, w, ubatch, max_cap);
+        let n_threads = if opts.n_threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            opts.n_threads
+        };
+        let pool = ThreadPool::new(n_threads);
+        let scratch = Scratch::new(cfg, w, ubatch, max_cap, n_threads);
         let ropes = [
             RopeTable::new(&cfg.rope_full),
             RopeTable::new(&cfg.rope_sliding),
@@ -114,6 +135,7 @@ impl<'w> Session<'w> {
             scratch,
             ropes,
             tokens: Vec::with_capacity(ubatch),
+            pool,
         };
         Session {
             cfg: cfg.clone(),

@@ -44,6 +44,7 @@ fn decode_and_prefill_steps_allocate_nothing() {
             n_ctx: 64,
             ubatch: 8,
             all_logits: false,
+            n_threads: 0,
         },
     );
     s.step(&[1, 2, 3, 4, 5, 6, 7]).unwrap();

@@ -18,6 +18,7 @@ fn run(
             n_ctx: toks.len(),
             ubatch,
             all_logits: true,
+            n_threads: 0,
         },
     );
     let mut out = Vec::new();
@@ -74,6 +75,7 @@ fn bad_steps_are_refused_without_side_effects() {
             n_ctx: 4,
             ubatch: 2,
             all_logits: false,
+            n_threads: 0,
         },
     );
     assert!(matches!(s.step(&[]), Err(StepError::BadBatch { .. })));

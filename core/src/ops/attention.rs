@@ -19,11 +19,26 @@ pub fn attend<'a>(
     out: &mut [f32],
 ) {
     let group = n_heads / n_kv;
+    for h in 0..n_heads {
+        let (qh, oh) = (&q[h * d..(h + 1) * d], &mut out[h * d..(h + 1) * d]);
+        attend_head(qh, h / group, d, first, pos, &kv, scores, oh);
+    }
+}
+
+/// One query head against KV head `kvh`: see [`attend`].
+pub fn attend_head<'a>(
+    qh: &[f32],
+    kvh: usize,
+    d: usize,
+    first: usize,
+    pos: usize,
+    kv: &impl Fn(usize) -> (&'a [f32], &'a [f32]),
+    scores: &mut [f32],
+    oh: &mut [f32],
+) {
     let scale = 1.0 / libm::sqrtf(d as f32);
     let n = pos + 1 - first;
-    for h in 0..n_heads {
-        let kvh = h / group;
-        let qh = &q[h * d..(h + 1) * d];
+    {
         let mut max = f32::NEG_INFINITY;
         for (i, s) in scores[..n].iter_mut().enumerate() {
             let (k, _) = kv(first + i);
@@ -35,7 +50,6 @@ pub fn attend<'a>(
             *s = libm::expf(*s - max);
             sum += *s;
         }
-        let oh = &mut out[h * d..(h + 1) * d];
         oh.fill(0.0);
         for (i, &s) in scores[..n].iter().enumerate() {
             let (_, v) = kv(first + i);

@@ -1,0 +1,253 @@
+//! A persistent, allocation-free thread pool: `run(f)` calls `f(i)` once on each of `n`
+//! threads (the caller is thread 0) and returns when all are done.
+//!
+//! Workers spin briefly on a generation counter (a decode step dispatches hundreds of small
+//! jobs, and a futex wake costs more than the job), then park on a condvar. Nothing is
+//! allocated per job: the job is a reference to the caller's closure, published through an
+//! atomic pointer and valid until `run` returns (which waits for every worker).
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// The closure of the current job, behind a thin pointer.
+struct Job<'a> {
+    f: &'a (dyn Fn(usize) + Sync),
+}
+
+struct Shared {
+    job: AtomicPtr<Job<'static>>,
+    generation: AtomicUsize,
+    remaining: AtomicUsize,
+    shutdown: AtomicBool,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+/// Spin iterations before a worker parks (~50–100 µs on a current core).
+const SPIN_LIMIT: usize = 1 << 14;
+
+/// A fixed set of worker threads.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ThreadPool({} threads)", self.n_threads())
+    }
+}
+
+impl ThreadPool {
+    /// A pool of `n_threads` (at least 1; the caller's thread counts as one).
+    pub fn new(n_threads: usize) -> ThreadPool {
+        let shared = Arc::new(Shared {
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            generation: AtomicUsize::new(0),
+            remaining: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let workers = (1..n_threads.max(1))
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("lagoon-cpu-{i}"))
+                    .spawn(move || worker(&s, i))
+                    .expect("spawning a CPU worker thread")
+            })
+            .collect();
+        ThreadPool { shared, workers }
+    }
+
+    /// Threads that run each job (workers + the caller).
+    pub fn n_threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f(i)` for every thread index `i` in `0..n_threads()`, `f(0)` on the caller.
+    pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
+        if self.workers.is_empty() {
+            f(0);
+            return;
+        }
+        let job = Job { f };
+        let s = &*self.shared;
+        s.remaining.store(self.workers.len(), Ordering::Relaxed);
+        s.job.store(
+            &job as *const Job<'_> as *mut Job<'static>,
+            Ordering::Relaxed,
+        );
+        s.generation.fetch_add(1, Ordering::SeqCst);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        f(0);
+        while s.remaining.load(Ordering::Acquire) != 0 {
+            std::hint::spin_loop();
+        }
+        // Every worker is done with `job` before it goes out of scope.
+    }
+}
+
+fn worker(s: &Shared, index: usize) {
+    let mut seen = 0usize;
+    loop {
+        let mut spins = 0;
+        let g = loop {
+            let g = s.generation.load(Ordering::Acquire);
+            if g != seen || s.shutdown.load(Ordering::Acquire) {
+                break g;
+            }
+            spins += 1;
+            if spins < SPIN_LIMIT {
+                std::hint::spin_loop();
+            } else {
+                let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+                s.sleepers.fetch_add(1, Ordering::SeqCst);
+                // Re-check under the lock: `run` notifies under the same lock.
+                let guard = s
+                    .wake
+                    .wait_while(guard, |_| {
+                        s.generation.load(Ordering::SeqCst) == seen
+                            && !s.shutdown.load(Ordering::Acquire)
+                    })
+                    .unwrap_or_else(|e| e.into_inner());
+                s.sleepers.fetch_sub(1, Ordering::SeqCst);
+                drop(guard);
+                spins = 0;
+            }
+        };
+        if s.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        seen = g;
+        let job = s.job.load(Ordering::Acquire);
+        // SAFETY: `run` published `job` before bumping the generation (Release/Acquire) and
+        // does not return, so the `Job` on its stack stays alive, until `remaining` reaches
+        // zero, which happens only after this call.
+        let f = unsafe { (*job).f };
+        f(index);
+        s.remaining.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        {
+            let _g = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Splits `0..n` into `parts` near-equal ranges; returns part `i`.
+pub fn chunk(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
+    let base = n / parts;
+    let extra = n % parts;
+    let start = i * base + i.min(extra);
+    start..start + base + usize::from(i < extra)
+}
+
+/// A raw pointer to an output buffer that several threads write at disjoint indices.
+#[derive(Clone, Copy)]
+pub struct SharedOut(*mut f32, usize);
+
+// SAFETY: only used through `slice`, whose callers promise disjoint ranges per thread.
+unsafe impl Sync for SharedOut {}
+// SAFETY: as above.
+unsafe impl Send for SharedOut {}
+
+impl SharedOut {
+    pub fn new(s: &mut [f32]) -> SharedOut {
+        SharedOut(s.as_mut_ptr(), s.len())
+    }
+
+    /// A mutable view of `range`.
+    ///
+    /// # Safety
+    /// No other live reference (from any thread) may overlap `range`.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &mut [f32] {
+        assert!(range.start <= range.end && range.end <= self.1);
+        // SAFETY: in bounds (checked); exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(range.start), range.len()) }
+    }
+
+    /// Writes one element.
+    ///
+    /// # Safety
+    /// No other thread may access index `i` concurrently.
+    pub unsafe fn set(&self, i: usize, v: f32) {
+        assert!(i < self.1);
+        // SAFETY: in bounds (checked); exclusivity is the caller's promise.
+        unsafe { *self.0.add(i) = v }
+    }
+
+    /// Adds to one element.
+    ///
+    /// # Safety
+    /// No other thread may access index `i` concurrently.
+    pub unsafe fn add(&self, i: usize, v: f32) {
+        assert!(i < self.1);
+        // SAFETY: in bounds (checked); exclusivity is the caller's promise.
+        unsafe { *self.0.add(i) += v }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_thread_runs_each_job_once() {
+        for n in [1, 2, 5] {
+            let pool = ThreadPool::new(n);
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            for _ in 0..1000 {
+                pool.run(&|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1000));
+        }
+    }
+
+    #[test]
+    fn parked_workers_wake_up() {
+        let pool = ThreadPool::new(3);
+        let sum = AtomicUsize::new(0);
+        pool.run(&|i| {
+            sum.fetch_add(i, Ordering::Relaxed);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        pool.run(&|i| {
+            sum.fetch_add(i, Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 6);
+    }
+
+    #[test]
+    fn chunks_cover_exactly() {
+        for n in [0, 1, 7, 100] {
+            for parts in [1, 3, 8] {
+                let mut next = 0;
+                for i in 0..parts {
+                    let r = chunk(n, parts, i);
+                    assert_eq!(r.start, next);
+                    next = r.end;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+}
