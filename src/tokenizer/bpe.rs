@@ -15,7 +15,7 @@ pub(crate) type MergeMap = HashMap<u64, (u32, u32), PairHasher>;
 
 #[inline]
 pub(crate) fn pair_key(a: u32, b: u32) -> u64 {
-    (a as u64) << 32 | b as u64
+    ((a as u64) << 32) | b as u64
 }
 
 /// Multiplicative hash for the packed id pairs (keys fixed at load time, so no need for

@@ -251,24 +251,23 @@ fn is_plain_bytelevel(v: &Json) -> bool {
 }
 
 fn parse_pre_tokenizer(v: &Json) -> Result<PreTokenizer, TokenizerError> {
-    if v["type"] == "Sequence" {
-        if let Some(seq) = v["pretokenizers"].as_array() {
-            match seq.as_slice() {
-                [a, b, c]
-                    if is_split(a, LINE_BREAK_PATTERN, "MergedWithNext")
-                        && is_split(b, QWEN2_PATTERN, "Isolated")
-                        && is_plain_bytelevel(c) =>
-                {
-                    return Ok(PreTokenizer::Laguna);
-                }
-                [b, c] if is_split(b, QWEN2_PATTERN, "Isolated") && is_plain_bytelevel(c) => {
-                    return Ok(PreTokenizer::Qwen2);
-                }
-                _ => {}
-            }
+    let seq = match v["pretokenizers"].as_array() {
+        Some(seq) if v["type"] == "Sequence" => seq.as_slice(),
+        _ => &[],
+    };
+    match seq {
+        [a, b, c]
+            if is_split(a, LINE_BREAK_PATTERN, "MergedWithNext")
+                && is_split(b, QWEN2_PATTERN, "Isolated")
+                && is_plain_bytelevel(c) =>
+        {
+            Ok(PreTokenizer::Laguna)
         }
+        [b, c] if is_split(b, QWEN2_PATTERN, "Isolated") && is_plain_bytelevel(c) => {
+            Ok(PreTokenizer::Qwen2)
+        }
+        _ => Err(unsupported("pre_tokenizer", v)),
     }
-    Err(unsupported("pre_tokenizer", v))
 }
 
 /// Ids put before and after a single sequence by the post-processor.
@@ -475,7 +474,6 @@ fn parse_tokenizer_json(j: &Json) -> Result<Parts, TokenizerError> {
         unk: unk.map(|u| u.0),
         ..SpecialIds::default()
     };
-    drop(added_ids);
     Ok(Parts {
         model_vocab,
         merges,
