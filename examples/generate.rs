@@ -1,7 +1,7 @@
 //! Generates tokens from a prompt of token ids.
 //!
 //! `generate [--model PATH] [--prompt-tokens 2,10,11] [-n 32] [--temp T] [--top-k K]
-//!  [--top-p P] [--seed S] [--ubatch N] [--ctx N]`
+//!  [--top-p P] [--seed S] [--ubatch N] [--ctx N] [--threads N] [--reference]`
 //!
 //! Without `--model` it runs the small Laguna-architecture model bundled with the repository
 //! (random weights: it exercises the whole engine but writes no meaningful text).
@@ -16,7 +16,7 @@ use lagoon::sample::{Rng, SamplerParams, sample};
 use lagoon::{Checkpoint, Session, SessionOptions};
 
 fn main() -> anyhow::Result<()> {
-    let a = args::Args::parse(&[])?;
+    let a = args::Args::parse(&["reference"])?;
     let model = a.get("model").unwrap_or(lagoon::BUNDLED_MODEL);
     let n_gen: usize = a.num("n", 32)?;
     let params = SamplerParams {
@@ -34,6 +34,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| vec![ckpt.config.bos_token.unwrap_or(0)]);
     let n_ctx: usize = a.num("ctx", prompt.len() + n_gen)?;
     let ubatch: usize = a.num("ubatch", 64)?;
+    let n_threads: usize = a.num("threads", 0)?;
     let mut s = Session::new(
         &ckpt.config,
         &weights,
@@ -41,7 +42,8 @@ fn main() -> anyhow::Result<()> {
             n_ctx,
             ubatch,
             all_logits: false,
-            n_threads: 0,
+            n_threads,
+            reference: a.flag("reference"),
         },
     );
     eprintln!("loaded {model} in {:.2} s", t_load.elapsed().as_secs_f64());

@@ -1,12 +1,13 @@
 //! Evaluates a token sequence and writes the logits of every position.
 //!
-//! `logits --model PATH --tokens 1,2,3 [--out FILE] [--ubatch N] [--decode] [--reference]`
+//! `logits --model PATH --tokens 1,2,3 [--out FILE] [--ubatch N] [--decode] [--reference]
+//!  [--threads N]`
 //!
 //! PATH is a `.gguf` file or a HF / compressed-tensors directory. FILE receives raw
 //! little-endian f32, row-major `[n_tokens, vocab]`. The argmax of each position is printed.
 //! `--decode` feeds the tokens one at a time through the KV cache; `--reference` forces the
-//! scalar reference path (today the only path on the CPU; kept as the bisection baseline
-//! once fast kernels land).
+//! scalar reference path (weights decoded to f32, f32 math), the baseline for bisecting any
+//! numerical question about the fast kernels.
 
 #[path = "common/args.rs"]
 mod args;
@@ -23,8 +24,8 @@ fn main() -> anyhow::Result<()> {
     let ubatch: usize = a.num("ubatch", 512)?;
     anyhow::ensure!(ubatch > 0, "--ubatch must be at least 1");
     let decode = a.flag("decode");
-    // The CPU backend runs the reference kernels only, so --reference changes nothing yet.
-    let _reference = a.flag("reference");
+    let reference = a.flag("reference");
+    let n_threads: usize = a.num("threads", 0)?;
 
     let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
     let weights = lagoon::weights(&ckpt)?;
@@ -33,7 +34,8 @@ fn main() -> anyhow::Result<()> {
         n_ctx: tokens.len(),
         ubatch: if decode { 1 } else { ubatch },
         all_logits: true,
-        n_threads: 0,
+        n_threads,
+        reference,
     };
     let mut session = Session::new(&ckpt.config, &weights, opts);
     let mut all = Vec::with_capacity(tokens.len() * vocab);

@@ -7,10 +7,21 @@ use std::path::{Path, PathBuf};
 
 use lagoon::{Checkpoint, Session, SessionOptions};
 
-/// Bound on the relative L2 error vs transformers f32. The fixtures' weights are exactly
-/// representable in every stored format (powers-of-two scales), so every variant is held to
-/// the f32 bound of issue #2.
+/// Bound on the relative L2 error vs transformers f32 on the reference path. The fixtures'
+/// weights are exactly representable in every stored format (powers-of-two scales), so every
+/// variant is held to the f32 bound of issue #2.
 const MAX_REL_L2: f64 = 1e-4;
+
+/// On the default (fast) path a GGUF may be further from transformers than the reference
+/// path (activations are quantised as llama.cpp does), but the typical position may be no
+/// further than llama.cpp's own CPU path on the same file, times this margin...
+const LLAMA_MEDIAN_MARGIN: f64 = 1.25;
+/// ...and the whole sequence no further than this multiple. Quantised activations move
+/// near-tied router scores, so either engine may pick a different expert for a token and
+/// carry a 0.3 error at that position; which tokens flip differs between the two, so the
+/// whole-sequence figure gets the wider margin (measured: xs2_style q8_0, ours 5.2e-2 with
+/// one flip at position 7, llama.cpp 1.8e-2 with none).
+const LLAMA_TOTAL_MARGIN: f64 = 3.0;
 
 fn fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
@@ -53,6 +64,10 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize) -> Vec<f32> {
+    eval_with(ckpt, toks, ubatch, true)
+}
+
+fn eval_with(ckpt: &Checkpoint, toks: &[u32], ubatch: usize, reference: bool) -> Vec<f32> {
     let w = lagoon::weights(ckpt).unwrap();
     let mut s = Session::new(
         &ckpt.config,
@@ -62,11 +77,19 @@ fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize) -> Vec<f32> {
             ubatch,
             all_logits: true,
             n_threads: 0,
+            reference,
         },
     );
     let mut out = Vec::new();
     s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
     out
+}
+
+/// Median over positions of the per-position relative L2 error.
+fn median_row_err(a: &[f32], b: &[f32], vocab: usize) -> f64 {
+    let mut e: Vec<f64> = a.chunks_exact(vocab).zip(b.chunks_exact(vocab)).map(|(x, y)| rel_l2(x, y)).collect();
+    e.sort_by(f64::total_cmp);
+    e[e.len() / 2]
 }
 
 /// Argmax agreement wherever the reference's top two are not a near tie.
@@ -142,4 +165,40 @@ fn every_fixture_matches_transformers_in_every_mode() {
         }
     }
     assert!(n_checked > 0);
+}
+
+/// The default path on every GGUF, bounded by llama.cpp's own distance to transformers on
+/// the same file (its logits were recorded by `tools/reference/ref_llamacpp.py`).
+#[test]
+fn default_path_within_llama_cpp_distance() {
+    let mut n_checked = 0;
+    for case in fixtures() {
+        let toks = tokens(&case);
+        let tf = read_f32(&case.join("logits.transformers.f32"));
+        for ty in ["f32", "f16", "q8_0"] {
+            let (model, lc) = (case.join(format!("model-{ty}.gguf")), case.join(format!("logits.llamacpp.{ty}.f32")));
+            if !model.exists() || !lc.exists() {
+                continue;
+            }
+            let lcl = read_f32(&lc);
+            let llama = rel_l2(&lcl, &tf);
+            let vocab = tf.len() / toks.len();
+            let llama_med = median_row_err(&lcl, &tf, vocab);
+            let ckpt = Checkpoint::open(&model).unwrap();
+            for ubatch in [toks.len(), 7, 1] {
+                let ours = eval_with(&ckpt, &toks, ubatch, false);
+                let (e, med) = (rel_l2(&ours, &tf), median_row_err(&ours, &tf, vocab));
+                println!(
+                    "{} ubatch {ubatch}: ours {e:.3e} (median position {med:.3e}), llama.cpp {llama:.3e} (median {llama_med:.3e})",
+                    model.display()
+                );
+                let bound = (llama * LLAMA_TOTAL_MARGIN).max(MAX_REL_L2);
+                assert!(e <= bound, "{}: rel L2 {e:.3e} > {bound:.3e} (llama.cpp: {llama:.3e})", model.display());
+                let bound = (llama_med * LLAMA_MEDIAN_MARGIN).max(MAX_REL_L2);
+                assert!(med <= bound, "{}: median position error {med:.3e} > {bound:.3e}", model.display());
+                n_checked += 1;
+            }
+        }
+    }
+    assert!(n_checked > 0, "no GGUF fixture with llama.cpp logits");
 }

@@ -11,14 +11,20 @@ use lagoon_core::laguna::weights::{Ffn, ModelWeights};
 use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
+use crate::kernels::{ActFormat, Kernels};
 use crate::pool::{SharedOut, ThreadPool, chunk};
 use crate::session::State;
 
-/// Per-thread scratch: one decoded weight row, one head's attention scores.
+/// Rows a thread computes per kernel call: a tile of `ROW_TILE` weight rows is read once
+/// and dotted with every token of the step while it sits in L1/L2.
+const ROW_TILE: usize = 16;
+
+/// Per-thread scratch: one decoded weight row, one head's attention scores, one output tile.
 #[derive(Debug)]
 pub struct ThreadScratch {
     row: Vec<f32>,
     scores: Vec<f32>,
+    tile: Vec<f32>,
 }
 
 /// Scratch buffers sized at session creation.
@@ -37,6 +43,9 @@ pub struct Scratch {
     /// Gate (then activation) and up rows of every pair: `[ubatch·K, I]` each.
     eg: Vec<f32>,
     eu: Vec<f32>,
+    /// Quantised activation rows of the step's tokens, and of the expert pairs.
+    act: Vec<u8>,
+    act_pairs: Vec<u8>,
 }
 
 impl Scratch {
@@ -54,6 +63,7 @@ impl Scratch {
                     Mutex::new(ThreadScratch {
                         row: vec![0.0; w.max_cols()],
                         scores: vec![0.0; max_cap.max(1)],
+                        tile: vec![0.0; ubatch * ROW_TILE],
                     })
                 })
                 .collect(),
@@ -65,6 +75,9 @@ impl Scratch {
             groups: Vec::with_capacity(c.n_experts),
             eg: vec![0.0; pairs * c.expert_ffn],
             eu: vec![0.0; pairs * c.expert_ffn],
+            // f32 activations are the widest format: 4 bytes per element.
+            act: vec![0; ubatch * 4 * w.max_cols()],
+            act_pairs: vec![0; pairs * 4 * c.expert_ffn],
         }
     }
 }
@@ -174,7 +187,10 @@ pub(crate) fn run(
             Op::MatMul { x, w: wid, out } => {
                 let rows = vals[x].rows(n);
                 let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
-                matmul(&st.pool, &st.scratch.threads, mat(w, wid), xs, rows, o);
+                match &st.kernels {
+                    None => matmul(&st.pool, &st.scratch.threads, mat(w, wid), xs, rows, o),
+                    Some(k) => matmul_fast(k, &st.pool, &st.scratch.threads, &mut st.scratch.act, mat(w, wid), xs, rows, o),
+                }
             }
             Op::Rope { x, sliding, out } => {
                 let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
@@ -301,14 +317,11 @@ pub(crate) fn run(
                 weights,
                 out,
             } => {
-                experts(
-                    st,
-                    c,
-                    w,
-                    layer,
-                    [vals[x], vals[ids], vals[weights], vals[out]],
-                    n,
-                );
+                let v = [vals[x], vals[ids], vals[weights], vals[out]];
+                match st.kernels {
+                    None => experts(st, c, w, layer, v, n),
+                    Some(k) => experts_fast(&k, st, c, w, layer, v, n),
+                }
             }
             Op::LastRow { x, out } => {
                 let xv = vals[x];
@@ -346,6 +359,135 @@ fn matmul(
     });
 }
 
+/// Quantises `n` activation rows of `cols` into `act` (row stride = the format's row bytes).
+fn quantize_rows(k: &Kernels, fmt: ActFormat, xs: &[f32], n: usize, cols: usize, act: &mut [u8]) -> usize {
+    let ab = Kernels::act_row_bytes(fmt, cols);
+    for t in 0..n {
+        k.quantize_act(fmt, &xs[t * cols..(t + 1) * cols], &mut act[t * ab..(t + 1) * ab]);
+    }
+    ab
+}
+
+/// The fast matmul: activations quantised once per token (as the weight type asks), output
+/// rows split across threads in tiles of [`ROW_TILE`], each tile dotted with every token.
+fn matmul_fast(
+    k: &Kernels,
+    pool: &ThreadPool,
+    threads: &[Mutex<ThreadScratch>],
+    act: &mut [u8],
+    wm: &MatRef<'_>,
+    xs: &[f32],
+    n: usize,
+    o: &mut [f32],
+) {
+    let (rows, cols) = (wm.rows, wm.cols);
+    let fmt = k.act_format(wm);
+    let ab = quantize_rows(k, fmt, xs, n, cols, act);
+    let act = &act[..n * ab];
+    let out = SharedOut::new(o);
+    let nt = pool.n_threads();
+    let n_tiles = rows.div_ceil(ROW_TILE);
+    pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        for tile in chunk(n_tiles, nt, ti) {
+            let r0 = tile * ROW_TILE;
+            let m = ROW_TILE.min(rows - r0);
+            k.dot_rows_multi(wm, r0, m, act, ab, n, &mut sc.tile[..n * m], m);
+            for t in 0..n {
+                // SAFETY: rows r0..r0+m belong to this thread's tiles only.
+                let dst = unsafe { out.slice(t * rows + r0..t * rows + r0 + m) };
+                dst.copy_from_slice(&sc.tile[t * m..(t + 1) * m]);
+            }
+        }
+    });
+}
+
+/// Groups the (token, slot) pairs of a step by expert, ascending.
+fn group_pairs(s: &mut Scratch, ids: &[f32], n: usize, k: usize, n_experts: usize) {
+    s.pairs.clear();
+    s.groups.clear();
+    for e in 0..n_experts {
+        let start = s.pairs.len();
+        for t in 0..n {
+            for slot in 0..k {
+                if ids[t * k + slot].to_bits() as usize == e {
+                    s.pairs.push((t as u32, slot as u32));
+                }
+            }
+        }
+        if s.pairs.len() > start {
+            s.groups.push((e as u32, start as u32, (s.pairs.len() - start) as u32));
+        }
+    }
+}
+
+/// The fast expert layer: the same work split and summation order as [`experts`], with
+/// quantised activations and tiles of [`ROW_TILE`] rows per kernel call.
+fn experts_fast(kern: &Kernels, st: &mut State, c: &ModelConfig, w: &ModelWeights<'_>, layer: usize, v: [Value; 4], n: usize) {
+    let Ffn::Moe { gate, up, down, .. } = &w.layers[layer].ffn else { unreachable!("experts on a dense layer") };
+    let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
+    let [xv, idv, wv, ov] = v;
+    let ([xs, ids, ws], o) = io(&mut st.arena, [(xv, n), (idv, n), (wv, n)], (ov, n));
+    let s = &mut st.scratch;
+    group_pairs(s, ids, n, k, c.n_experts);
+    let fmt_in = kern.act_format(&gate[0]);
+    let ab = quantize_rows(kern, fmt_in, xs, n, h, &mut s.act);
+    let (pairs, groups, threads, act) = (&s.pairs, &s.groups, &s.threads, &s.act[..n * ab]);
+    let nt = st.pool.n_threads();
+    let tiles = i.div_ceil(ROW_TILE);
+    let (eg, eu) = (SharedOut::new(&mut s.eg), SharedOut::new(&mut s.eu));
+    st.pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        for f in chunk(groups.len() * tiles, nt, ti) {
+            let (e, start, m) = groups[f / tiles];
+            let r0 = (f % tiles) * ROW_TILE;
+            let nr = ROW_TILE.min(i - r0);
+            for (mat, dst) in [(&gate[e as usize], &eg), (&up[e as usize], &eu)] {
+                for j in start..start + m {
+                    let t = pairs[j as usize].0 as usize;
+                    let tile = &mut sc.tile[..nr];
+                    kern.dot_rows(mat, r0, &act[t * ab..(t + 1) * ab], tile);
+                    // SAFETY: (pair j, rows r0..r0+nr) is written by this work item only.
+                    unsafe { dst.slice(j as usize * i + r0..j as usize * i + r0 + nr) }.copy_from_slice(tile);
+                }
+            }
+        }
+    });
+    let n_pairs = pairs.len();
+    for (g, u) in s.eg[..n_pairs * i].iter_mut().zip(&s.eu[..n_pairs * i]) {
+        *g = ops::silu(*g) * u;
+    }
+    let fmt_down = kern.act_format(&down[0]);
+    let ab2 = quantize_rows(kern, fmt_down, &s.eg, n_pairs, i, &mut s.act_pairs);
+    let act2 = &s.act_pairs[..n_pairs * ab2];
+    o.fill(0.0);
+    let out = SharedOut::new(o);
+    let tiles = h.div_ceil(ROW_TILE);
+    st.pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        for tile in chunk(tiles, nt, ti) {
+            let r0 = tile * ROW_TILE;
+            let nr = ROW_TILE.min(h - r0);
+            for &(e, start, m) in groups.iter() {
+                for j in start..start + m {
+                    let (t, slot) = pairs[j as usize];
+                    let y = &mut sc.tile[..nr];
+                    kern.dot_rows(&down[e as usize], r0, &act2[j as usize * ab2..(j as usize + 1) * ab2], y);
+                    let wt = ws[t as usize * k + slot as usize];
+                    // SAFETY: output rows r0..r0+nr belong to this thread only.
+                    let dst = unsafe { out.slice(t as usize * h + r0..t as usize * h + r0 + nr) };
+                    for (d, &yv) in dst.iter_mut().zip(y.iter()) {
+                        *d += yv * wt;
+                    }
+                }
+            }
+        }
+    });
+    for x in o.iter_mut() {
+        *x *= c.routed_scaling;
+    }
+}
+
 /// The routed experts of one MoE layer. The (token, slot) pairs are grouped by expert
 /// (ascending id); gate/up rows of every active expert are split across threads, then the
 /// down projection is split by output row, each thread adding the experts' contributions in
@@ -366,22 +508,7 @@ fn experts(
     let [xv, idv, wv, ov] = v;
     let ([xs, ids, ws], o) = io(&mut st.arena, [(xv, n), (idv, n), (wv, n)], (ov, n));
     let s = &mut st.scratch;
-    s.pairs.clear();
-    s.groups.clear();
-    for e in 0..c.n_experts {
-        let start = s.pairs.len();
-        for t in 0..n {
-            for slot in 0..k {
-                if ids[t * k + slot].to_bits() as usize == e {
-                    s.pairs.push((t as u32, slot as u32));
-                }
-            }
-        }
-        if s.pairs.len() > start {
-            s.groups
-                .push((e as u32, start as u32, (s.pairs.len() - start) as u32));
-        }
-    }
+    group_pairs(s, ids, n, k, c.n_experts);
     let (pairs, groups, threads) = (&s.pairs, &s.groups, &s.threads);
     let nt = st.pool.n_threads();
     // Gate and up: work item f = (group f / I, row f % I), for all of the group's tokens.

@@ -7,6 +7,7 @@
 extern crate alloc;
 
 pub mod exec;
+pub mod kernels;
 pub mod kv;
 pub mod pool;
 pub mod session;

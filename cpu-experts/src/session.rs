@@ -10,6 +10,7 @@ use lagoon_core::laguna::{self, ModelWeights};
 use lagoon_core::rope::RopeTable;
 
 use crate::exec::{self, Scratch};
+use crate::kernels::Kernels;
 use crate::kv::KvCache;
 use crate::pool::ThreadPool;
 
@@ -24,6 +25,9 @@ pub struct SessionOptions {
     pub all_logits: bool,
     /// Threads of the CPU pool (the caller's thread included); 0 = all available cores.
     pub n_threads: usize,
+    /// Force the scalar reference path: weights decoded to f32, f32 math. Otherwise the
+    /// fastest kernels this CPU supports (quantised activations, as llama.cpp does).
+    pub reference: bool,
 }
 
 impl Default for SessionOptions {
@@ -33,6 +37,7 @@ impl Default for SessionOptions {
             ubatch: 512,
             all_logits: false,
             n_threads: 0,
+            reference: false,
         }
     }
 }
@@ -90,6 +95,8 @@ pub(crate) struct State {
     pub ropes: [RopeTable; 2],
     pub tokens: Vec<u32>,
     pub pool: ThreadPool,
+    /// The fast kernel table, or `None` for the scalar reference path.
+    pub kernels: Option<Kernels>,
 }
 
 /// A session over borrowed weights.
@@ -136,6 +143,7 @@ impl<'w> Session<'w> {
             ropes,
             tokens: Vec::with_capacity(ubatch),
             pool,
+            kernels: if opts.reference { None } else { Some(Kernels::detect()) },
         };
         Session {
             cfg: cfg.clone(),
@@ -161,6 +169,11 @@ impl<'w> Session<'w> {
     /// Forgets the context (the cache is overwritten as positions are reused).
     pub fn reset(&mut self) {
         self.n_past = 0;
+    }
+
+    /// The kernel set in use: `"reference"`, `"scalar"` or `"avx2"`.
+    pub fn kernels_name(&self) -> &'static str {
+        self.state.kernels.as_ref().map_or("reference", |k| k.name())
     }
 
     /// Bytes of KV cache and arena.

@@ -45,6 +45,7 @@ fn decode_and_prefill_steps_allocate_nothing() {
             ubatch: 8,
             all_logits: false,
             n_threads: 0,
+            reference: false,
         },
     );
     s.step(&[1, 2, 3, 4, 5, 6, 7]).unwrap();

@@ -19,6 +19,7 @@ fn run(
             ubatch,
             all_logits: true,
             n_threads: 0,
+            reference: false,
         },
     );
     let mut out = Vec::new();
@@ -76,6 +77,7 @@ fn bad_steps_are_refused_without_side_effects() {
             ubatch: 2,
             all_logits: false,
             n_threads: 0,
+            reference: false,
         },
     );
     assert!(matches!(s.step(&[]), Err(StepError::BadBatch { .. })));

@@ -1,0 +1,267 @@
+//! One-token expert GEMV per weight type, single thread, weights not in cache; and the
+//! machine's streaming-read bandwidth measured in the same run, for the ratio.
+//!
+//! Shape: Laguna S 2.1 routed experts, `gate`/`up` 1024 × 3072 (rows × input columns) and
+//! `down` 3072 × 1024, ten experts per token (top-10). Each iteration dots one token against
+//! all thirty matrices of one expert set; the sets are copied until about 1 GiB is
+//! allocated and iterations rotate through the copies, so every weight byte comes from DRAM
+//! (the L3 of the development VM is 260 MiB). Throughput is weight bytes per second.
+//!
+//! `cargo bench -p lagoon-cpu --bench kernels -- --warm-up-time 1 --measurement-time 3`
+//! (filter with a type name, e.g. `-- q4_K`; `LAGOON_FORCE_SCALAR=1` benches scalar).
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use lagoon_core::dtype::GgmlType;
+use lagoon_core::quant::ct::{CtKind, CtLayout, CtMatrix, CtStrategy, PackOrder, ScaleDtype};
+use lagoon_core::weights::{Encoding, MatRef};
+use lagoon_cpu::kernels::Kernels;
+
+const HIDDEN: usize = 3072;
+const FFN: usize = 1024;
+const EXPERTS: usize = 10;
+/// Bytes of weights to spread the copies over (well past the last-level cache).
+/// `LAGOON_BENCH_MIB` overrides it (a small value measures the kernels from cache).
+fn target_bytes() -> usize {
+    std::env::var("LAGOON_BENCH_MIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(1 << 30, |m| m << 20)
+}
+
+/// xorshift64*: cheap reproducible bytes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn fill(&mut self, b: &mut [u8]) {
+        for c in b.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+    /// A normal f16 scale in ±[2⁻¹⁰, 2⁻⁶).
+    fn f16_scale(&mut self) -> [u8; 2] {
+        let bits = (self.next() as u16 & 0x83FF) | (0x18 << 10);
+        bits.to_le_bytes()
+    }
+}
+
+/// One weight encoding to bench.
+#[derive(Clone, Copy)]
+enum Kind {
+    G(GgmlType),
+    /// pack-quantized int4, symmetric, bf16 scales, group size.
+    CtInt4(u32),
+}
+
+impl Kind {
+    fn name(self) -> String {
+        match self {
+            Kind::G(t) => format!("{t}"),
+            Kind::CtInt4(g) => format!("ct-int4-g{g}"),
+        }
+    }
+}
+
+/// Bytes of one matrix's weights, scales of ct formats kept apart.
+#[derive(Clone)]
+struct Mat {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+    scale: Vec<u8>,
+    layout: Option<CtLayout>,
+}
+
+impl Mat {
+    fn build(kind: Kind, rows: usize, cols: usize, rng: &mut Rng) -> Mat {
+        match kind {
+            Kind::G(ty) => {
+                let (be, bb) = ty.block();
+                let mut data = vec![0u8; rows * cols / be * bb];
+                rng.fill(&mut data);
+                // Finite, normal scales in every block's f16 fields.
+                let fields: &[usize] = match ty {
+                    GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+                    GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+                    GgmlType::Q2K => &[80, 82],
+                    GgmlType::Q3K => &[108],
+                    GgmlType::Q6K => &[208],
+                    _ => &[],
+                };
+                if ty == GgmlType::F16 || ty == GgmlType::BF16 {
+                    for c in data.chunks_mut(2) {
+                        c.copy_from_slice(&rng.f16_scale()); // finite values (f16 or bf16)
+                    }
+                } else if ty == GgmlType::F32 {
+                    for c in data.chunks_mut(4) {
+                        c.copy_from_slice(
+                            &((rng.next() % 2000) as f32 / 1000.0 - 1.0).to_le_bytes(),
+                        );
+                    }
+                }
+                for blk in data.chunks_mut(bb) {
+                    for &o in fields {
+                        blk[o..o + 2].copy_from_slice(&rng.f16_scale());
+                    }
+                }
+                Mat {
+                    ty,
+                    rows,
+                    cols,
+                    data,
+                    scale: vec![],
+                    layout: None,
+                }
+            }
+            Kind::CtInt4(g) => {
+                let layout = CtLayout {
+                    kind: CtKind::packed_int(4, CtStrategy::Group(g), true, PackOrder::Dense),
+                    rows,
+                    cols,
+                    scale_dtype: ScaleDtype::Bf16,
+                    zero: None,
+                };
+                let mut data = vec![0u8; layout.weight_bytes()];
+                rng.fill(&mut data);
+                let mut scale = vec![0u8; layout.scale_bytes()];
+                for c in scale.chunks_mut(2) {
+                    c.copy_from_slice(&(0x3C00u16 | (rng.next() as u16 & 0x7F)).to_le_bytes());
+                }
+                Mat {
+                    ty: GgmlType::I32, // unused: the ct layout describes the bytes
+                    rows,
+                    cols,
+                    data,
+                    scale,
+                    layout: Some(layout),
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.data.len() + self.scale.len()
+    }
+
+    fn view(&self) -> MatRef<'_> {
+        let enc = match self.layout {
+            Some(l) => {
+                Encoding::Ct(CtMatrix::new(l, &self.data, &self.scale, &[]).expect("layout"))
+            }
+            None => Encoding::Ggml {
+                ty: self.ty,
+                data: &self.data,
+            },
+        };
+        MatRef {
+            rows: self.rows,
+            cols: self.cols,
+            enc,
+        }
+    }
+}
+
+/// Streaming read: sum of a 1 GiB buffer as u64 lanes (four accumulators; the compiler
+/// vectorises it). The reference every kernel's GB/s is divided by.
+fn bench_bandwidth(c: &mut Criterion) {
+    let mut buf = vec![0u64; target_bytes() / 8];
+    let mut rng = Rng(7);
+    for v in buf.iter_mut() {
+        *v = rng.next();
+    }
+    let mut g = c.benchmark_group("stream_read");
+    g.throughput(Throughput::Bytes(8 * buf.len() as u64));
+    g.bench_function("sum_u64", |b| {
+        b.iter(|| {
+            let mut acc = [0u64; 8];
+            for ch in buf.as_chunks::<8>().0 {
+                for k in 0..8 {
+                    acc[k] = acc[k].wrapping_add(ch[k]);
+                }
+            }
+            black_box(acc)
+        })
+    });
+    g.finish();
+}
+
+fn bench_experts(c: &mut Criterion) {
+    let k = Kernels::detect();
+    let kinds = [
+        Kind::G(GgmlType::Q4K),
+        Kind::G(GgmlType::Q8_0),
+        Kind::G(GgmlType::Q4_0),
+        Kind::CtInt4(32),
+        Kind::CtInt4(128),
+        Kind::G(GgmlType::Q5K),
+        Kind::G(GgmlType::Q6K),
+        Kind::G(GgmlType::Q3K),
+        Kind::G(GgmlType::Q2K),
+        Kind::G(GgmlType::Q4_1),
+        Kind::G(GgmlType::Q5_0),
+        Kind::G(GgmlType::Q5_1),
+        Kind::G(GgmlType::BF16),
+        Kind::G(GgmlType::F16),
+    ];
+    let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}", k.name()));
+    for kind in kinds {
+        let mut rng = Rng(0x5EED);
+        // One set: ten experts × (gate, up, down).
+        let set: Vec<Mat> = (0..EXPERTS)
+            .flat_map(|_| {
+                [
+                    Mat::build(kind, FFN, HIDDEN, &mut rng),
+                    Mat::build(kind, FFN, HIDDEN, &mut rng),
+                    Mat::build(kind, HIDDEN, FFN, &mut rng),
+                ]
+            })
+            .collect();
+        let set_bytes: usize = set.iter().map(Mat::bytes).sum();
+        let copies = target_bytes().div_ceil(set_bytes).max(1);
+        let sets: Vec<Vec<Mat>> = (0..copies).map(|_| set.clone()).collect();
+        drop(set);
+        // Activations quantised once (per-token quantisation is O(cols), not timed).
+        let first = sets[0][0].view();
+        let down0 = sets[0][2].view();
+        let (fmt_in, fmt_down) = (k.act_format(&first), k.act_format(&down0));
+        let x: Vec<f32> = (0..HIDDEN)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let h: Vec<f32> = (0..FFN)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+            .collect();
+        let mut act_in = vec![0u8; Kernels::act_row_bytes(fmt_in, HIDDEN)];
+        let mut act_down = vec![0u8; Kernels::act_row_bytes(fmt_down, FFN)];
+        k.quantize_act(fmt_in, &x, &mut act_in);
+        k.quantize_act(fmt_down, &h, &mut act_down);
+        let mut out_ffn = vec![0f32; FFN];
+        let mut out_hidden = vec![0f32; HIDDEN];
+        let mut next = 0usize;
+        group.throughput(Throughput::Bytes(set_bytes as u64));
+        group.bench_function(kind.name(), |b| {
+            b.iter(|| {
+                let s = &sets[next % copies];
+                next += 1;
+                for e in s.chunks_exact(3) {
+                    k.dot_rows(&e[0].view(), 0, &act_in, &mut out_ffn);
+                    k.dot_rows(&e[1].view(), 0, &act_in, &mut out_ffn);
+                    k.dot_rows(&e[2].view(), 0, &act_down, &mut out_hidden);
+                }
+                black_box((&out_ffn, &out_hidden));
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_bandwidth, bench_experts);
+criterion_main!(benches);

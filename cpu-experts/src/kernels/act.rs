@@ -1,0 +1,294 @@
+//! Activation quantisers: one f32 row in, one quantised row out, in the two integer formats
+//! the CPU pairs with quantised weights (spec/formats.md §4.1, §4.2).
+//!
+//! The *values* are ggml's: Q8_0 is core's [`quantize_block_q8_0`] (ggml's
+//! `quantize_row_q8_0_ref`), Q8_K follows `quantize_row_q8_K_ref`. The *layout* is ours:
+//! struct-of-arrays, so that the int8 quants of a row are contiguous and the per-block
+//! scales can be loaded eight at a time as f32 (no fp16 conversion in the hot loop).
+//!
+//! Q8_0 row (`cols = 32·nb`), [`q8_0_row_bytes`]:
+//! `[0, cols) qs:i8 | [cols, cols+4nb) d:f32 | [cols+4nb, cols+8nb) ds:f32`
+//! where `d` is ggml's fp16 scale widened to f32 (exact) and `ds = d · Σ qs` over the block
+//! (exact too: 11 significant bits times at most 13). `ds` serves the offset and min terms of
+//! Q4_0/Q4_1/Q5_x and compressed-tensors weights.
+//!
+//! Q8_K row (`cols = 256·nb`), [`q8k_row_bytes`]:
+//! `[0, cols) qs:i8 | [cols, cols+4nb) d:f32 | [cols+4nb, cols+36nb) bsums:i16[16]`
+//! with `bsums[16b + j] = Σ qs[256b + 16j .. +16]`.
+//!
+//! One deliberate difference from ggml: a block containing a NaN gets `d = NaN`, so the NaN
+//! reaches every dot product that reads the block. ggml instead quantises the NaN to 0 (or,
+//! for Q8_0, poisons `d` only when the NaN is the block's last element), which hides it.
+//! Finite blocks and blocks with ±inf (ggml already gives d = ±inf there) are bit-identical
+//! to ggml.
+
+use lagoon_core::quant::q8_0::quantize_block_q8_0;
+use lagoon_core::quant::{QK, QK_K};
+
+/// Bytes of a Q8_0 activation row of `cols` (a multiple of 32) elements.
+pub const fn q8_0_row_bytes(cols: usize) -> usize {
+    cols + 8 * (cols / QK)
+}
+
+/// Bytes of a Q8_K activation row of `cols` (a multiple of 256) elements.
+pub const fn q8k_row_bytes(cols: usize) -> usize {
+    cols + 36 * (cols / QK_K)
+}
+
+/// The parts of a Q8_0 activation row.
+#[derive(Clone, Copy)]
+pub struct Q8_0Act<'a> {
+    /// int8 quants, element order.
+    pub qs: &'a [i8],
+    /// Per-block scale (f32 little-endian bytes).
+    pub d: &'a [[u8; 4]],
+    /// Per-block `d · Σ qs` (f32 little-endian bytes).
+    pub ds: &'a [[u8; 4]],
+}
+
+impl<'a> Q8_0Act<'a> {
+    /// Splits a row of `cols` elements; `None` if `bytes` is not exactly that row's size.
+    #[inline]
+    pub fn new(bytes: &'a [u8], cols: usize) -> Option<Self> {
+        if !cols.is_multiple_of(QK) || bytes.len() != q8_0_row_bytes(cols) {
+            return None;
+        }
+        let nb = cols / QK;
+        let (qs, rest) = bytes.split_at(cols);
+        let (d, ds) = rest.split_at(4 * nb);
+        Some(Q8_0Act {
+            qs: i8_slice(qs),
+            d: d.as_chunks::<4>().0,
+            ds: ds.as_chunks::<4>().0,
+        })
+    }
+
+    /// Scale of block `b`.
+    #[inline]
+    pub fn d(&self, b: usize) -> f32 {
+        f32::from_le_bytes(self.d[b])
+    }
+
+    /// `d · Σ qs` of block `b`.
+    #[inline]
+    pub fn ds(&self, b: usize) -> f32 {
+        f32::from_le_bytes(self.ds[b])
+    }
+}
+
+/// The parts of a Q8_K activation row.
+#[derive(Clone, Copy)]
+pub struct Q8KAct<'a> {
+    /// int8 quants, element order.
+    pub qs: &'a [i8],
+    /// Per-256-block scale (f32 little-endian bytes).
+    pub d: &'a [[u8; 4]],
+    /// Per-16 sums of `qs` (i16 little-endian bytes), 16 per block.
+    pub bsums: &'a [[u8; 2]],
+}
+
+impl<'a> Q8KAct<'a> {
+    /// Splits a row of `cols` elements; `None` if `bytes` is not exactly that row's size.
+    #[inline]
+    pub fn new(bytes: &'a [u8], cols: usize) -> Option<Self> {
+        if !cols.is_multiple_of(QK_K) || bytes.len() != q8k_row_bytes(cols) {
+            return None;
+        }
+        let nb = cols / QK_K;
+        let (qs, rest) = bytes.split_at(cols);
+        let (d, bsums) = rest.split_at(4 * nb);
+        Some(Q8KAct {
+            qs: i8_slice(qs),
+            d: d.as_chunks::<4>().0,
+            bsums: bsums.as_chunks::<2>().0,
+        })
+    }
+
+    /// Scale of super-block `b`.
+    #[inline]
+    pub fn d(&self, b: usize) -> f32 {
+        f32::from_le_bytes(self.d[b])
+    }
+
+    /// Sum of the 16 quants of group `j` (0..16) of super-block `b`.
+    #[inline]
+    pub fn bsum(&self, b: usize, j: usize) -> i16 {
+        i16::from_le_bytes(self.bsums[16 * b + j])
+    }
+}
+
+/// Views bytes as `i8` (same size and alignment).
+#[inline]
+fn i8_slice(b: &[u8]) -> &[i8] {
+    // SAFETY: u8 and i8 have the same size, alignment and validity (every bit pattern), so
+    // the pointer and length describe the same initialised memory for the same lifetime.
+    unsafe { core::slice::from_raw_parts(b.as_ptr().cast::<i8>(), b.len()) }
+}
+
+/// Quantises `x` (a multiple of 32 elements) into a Q8_0 activation row (`out` exactly
+/// [`q8_0_row_bytes`]). Values are ggml's `quantize_row_q8_0_ref` (through core's
+/// quantiser): `d = fp16(amax/127)`, `q = roundf(x · 127/amax)` ties away from zero.
+///
+/// llama.cpp on AVX2 rounds ties to even instead (spec §4.2); the two differ only for
+/// elements landing exactly on .5, a one-unit difference in one quant.
+pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) {
+    let cols = x.len();
+    debug_assert!(cols.is_multiple_of(QK) && out.len() == q8_0_row_bytes(cols));
+    let nb = cols / QK;
+    if out.len() != q8_0_row_bytes(cols) {
+        out.fill(0xFF); // all-NaN scales: a wrong call shows up as NaN, never a panic
+        return;
+    }
+    let (qs, rest) = out.split_at_mut(cols);
+    let (d_out, ds_out) = rest.split_at_mut(4 * nb);
+    let blocks = x.as_chunks::<QK>().0;
+    for (b, xb) in blocks.iter().enumerate() {
+        let blk = quantize_block_q8_0(xb);
+        let nan = xb.iter().any(|v| v.is_nan());
+        let d = if nan { f32::NAN } else { blk.d.to_f32() };
+        let mut sum = 0i32;
+        for (o, &q) in qs[QK * b..QK * (b + 1)].iter_mut().zip(&blk.qs) {
+            *o = q as u8;
+            sum += i32::from(q);
+        }
+        d_out[4 * b..4 * b + 4].copy_from_slice(&d.to_le_bytes());
+        ds_out[4 * b..4 * b + 4].copy_from_slice(&(d * sum as f32).to_le_bytes());
+    }
+}
+
+/// ggml's `nearest_int`: adds 1.5·2²³ so the f32 adder rounds to nearest, ties to even,
+/// and reads the integer back from the mantissa. Valid for |v| < 2²²; NaN gives garbage
+/// bits (as in ggml), which callers mask by poisoning `d`.
+#[inline]
+fn nearest_int(v: f32) -> i32 {
+    let bits = (v + 12_582_912.0).to_bits() as i32;
+    (bits & 0x007F_FFFF) - 0x0040_0000
+}
+
+/// Quantises `x` (a multiple of 256 elements) into a Q8_K activation row (`out` exactly
+/// [`q8k_row_bytes`]), with ggml's `quantize_row_q8_K_ref` semantics:
+///
+/// * `max` is the element of largest magnitude, **with its sign** (first one on ties; NaN
+///   never wins the comparison);
+/// * all-zero block: `d = 0`, quants and sums 0;
+/// * otherwise `iscale = −127 / max`, `q = min(127, nearest_int(iscale · x))` (ties to even),
+///   `d = 1 / iscale` as f32 — so `d` is **negative** when the largest element is positive,
+///   and the quants carry the opposite sign of `x`; `d · q` still approximates `x`;
+/// * `bsums[j]` = Σ of the 16 quants of group j.
+pub fn quantize_row_q8k(x: &[f32], out: &mut [u8]) {
+    let cols = x.len();
+    debug_assert!(cols.is_multiple_of(QK_K) && out.len() == q8k_row_bytes(cols));
+    let nb = cols / QK_K;
+    if out.len() != q8k_row_bytes(cols) {
+        out.fill(0xFF);
+        return;
+    }
+    let (qs, rest) = out.split_at_mut(cols);
+    let (d_out, bsums_out) = rest.split_at_mut(4 * nb);
+    for (b, xb) in x.as_chunks::<QK_K>().0.iter().enumerate() {
+        let q = &mut qs[QK_K * b..QK_K * (b + 1)];
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        let mut nan = false;
+        for &v in xb {
+            nan |= v.is_nan();
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = if amax == 0.0 {
+            q.fill(0);
+            0.0
+        } else {
+            let iscale = -127.0 / max;
+            for (o, &v) in q.iter_mut().zip(xb) {
+                *o = nearest_int(iscale * v).min(127) as i8 as u8;
+            }
+            1.0 / iscale
+        };
+        let d = if nan { f32::NAN } else { d };
+        d_out[4 * b..4 * b + 4].copy_from_slice(&d.to_le_bytes());
+        for (j, g) in q.as_chunks::<16>().0.iter().enumerate() {
+            let s: i32 = g.iter().map(|&v| i32::from(v as i8)).sum();
+            let o = 2 * (16 * b + j);
+            bsums_out[o..o + 2].copy_from_slice(&(s as i16).to_le_bytes());
+        }
+    }
+}
+
+/// Decodes a Q8_0 activation row back to f32 (`d · q`), for tests and debugging.
+pub fn dequantize_row_q8_0(bytes: &[u8], out: &mut [f32]) {
+    let Some(a) = Q8_0Act::new(bytes, out.len()) else {
+        out.fill(f32::NAN);
+        return;
+    };
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = a.d(i / QK) * f32::from(a.qs[i]);
+    }
+}
+
+/// Decodes a Q8_K activation row back to f32 (`d · q`), for tests and debugging.
+pub fn dequantize_row_q8k(bytes: &[u8], out: &mut [f32]) {
+    let Some(a) = Q8KAct::new(bytes, out.len()) else {
+        out.fill(f32::NAN);
+        return;
+    };
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = a.d(i / QK_K) * f32::from(a.qs[i]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8k_sign_convention() {
+        // spec §4.2: the largest element +2.0 gives d = −1/63.5 and q = −127 for it.
+        let mut x = [0.0f32; QK_K];
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = (i as f32 - 100.0) / 100.0;
+        }
+        x[7] = 2.0;
+        let mut out = vec![0u8; q8k_row_bytes(QK_K)];
+        quantize_row_q8k(&x, &mut out);
+        let a = Q8KAct::new(&out, QK_K).unwrap();
+        assert_eq!(a.d(0), 1.0 / (-127.0 / 2.0));
+        assert!(a.d(0) < 0.0);
+        assert_eq!(a.qs[7], -127);
+        for j in 0..16 {
+            let s: i32 = a.qs[16 * j..16 * j + 16].iter().map(|&v| v as i32).sum();
+            assert_eq!(i32::from(a.bsum(0, j)), s);
+        }
+    }
+
+    #[test]
+    fn nearest_int_ties_to_even() {
+        assert_eq!(nearest_int(0.5), 0);
+        assert_eq!(nearest_int(1.5), 2);
+        assert_eq!(nearest_int(2.5), 2);
+        assert_eq!(nearest_int(-2.5), -2);
+        assert_eq!(nearest_int(-2.6), -3);
+        assert_eq!(nearest_int(127.0), 127);
+    }
+
+    #[test]
+    fn zero_block_and_nan() {
+        let mut x = [0.0f32; 2 * QK_K];
+        x[QK_K + 3] = f32::NAN;
+        x[QK_K + 4] = 1.0;
+        let mut out = vec![0u8; q8k_row_bytes(2 * QK_K)];
+        quantize_row_q8k(&x, &mut out);
+        let a = Q8KAct::new(&out, 2 * QK_K).unwrap();
+        assert_eq!(a.d(0), 0.0);
+        assert!(a.d(1).is_nan());
+        let mut out = vec![0u8; q8_0_row_bytes(64)];
+        let mut x = [0.25f32; 64];
+        x[0] = f32::NAN;
+        quantize_row_q8_0(&x, &mut out);
+        let a = Q8_0Act::new(&out, 64).unwrap();
+        assert!(a.d(0).is_nan() && a.ds(0).is_nan());
+        assert_eq!(a.d(1), quantize_block_q8_0(&[0.25; QK]).d.to_f32());
+        assert_eq!(a.ds(1), a.d(1) * 127.0 * 32.0);
+    }
+}

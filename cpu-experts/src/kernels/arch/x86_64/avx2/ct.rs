@@ -1,0 +1,133 @@
+//! compressed-tensors pack-quantized int4 × Q8_0 activations (symmetric part; the zero
+//! point term is added by `kernels::ct::dot_row`).
+//!
+//! Scalar: `Σ_g s_g · Σ_{b∈g} d_b · Σ_{l<32} (nib − 8)·q_a`.
+//!
+//! Bit layout: a row is little-endian int32 words, column c is nibble c of the byte stream,
+//! low nibble first (byte c/2, bits 4·(c%2)..). So 32 bytes hold columns 0..64 with even
+//! columns in the low nibbles: `unpacklo/hi_epi8(lo, hi)` restores element order per 128-bit
+//! lane, giving lanes {0..16, 32..48} and {16..32, 48..64}; the activations are permuted the
+//! same way (`vperm2i128`), so each 128-bit lane of the products belongs to one 32-block.
+//!
+//! Eight blocks (256 columns) per step: the per-block sums of `nib·q_a` are reduced to one
+//! i32 per block with three `hadd`s, then
+//! `acc += S ⊙ (D ⊙ B − 8·DS)` on 8 f32 lanes, with `S` the per-block weight scale, `D` the
+//! activation scales, `DS = d·Σ q_a` — the −8 offset comes back through `DS`, which is why
+//! the nibbles can go to `maddubs` unsigned (pair sums ≤ 2·15·127).
+
+use core::arch::x86_64::*;
+
+use lagoon_core::quant::ct::ScaleDtype;
+
+use super::{hsum_ps, ld_ps, ld128, ld256, wrap};
+use crate::kernels::act::Q8_0Act;
+use crate::kernels::ct::load_scale;
+
+wrap!(vec_dot_ct_nib4_q8_0 => ct_nib4(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, a: &[u8], n: usize) -> f32);
+
+/// Eight per-block weight scales for blocks `8k..8k+8` (`run` columns per scale, so
+/// `per = run/32` blocks share one): one vector load when `per == 1`, a broadcast when a
+/// scale spans all eight, else the `8/per` scales loaded and spread with `vpermps`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_scales(scales: &[u8], sd: ScaleDtype, per: usize, k: usize) -> __m256 {
+    match per {
+        1 => match sd {
+            ScaleDtype::Bf16 => {
+                let s = &scales[16 * k..16 * k + 16].as_chunks::<16>().0[0];
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(s))))
+            }
+            ScaleDtype::F16 => {
+                _mm256_cvtph_ps(ld128(&scales[16 * k..16 * k + 16].as_chunks::<16>().0[0]))
+            }
+            ScaleDtype::F32 => ld_ps(&scales[32 * k..32 * k + 32].as_chunks::<32>().0[0]),
+        },
+        2 | 4 => {
+            let g0 = 8 * k / per;
+            let s = |i: usize| load_scale(sd, scales, g0 + i);
+            let (v, idx) = if per == 2 {
+                (
+                    _mm256_setr_ps(s(0), s(1), s(2), s(3), 0.0, 0.0, 0.0, 0.0),
+                    _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
+                )
+            } else {
+                (
+                    _mm256_setr_ps(s(0), s(1), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+                    _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                )
+            };
+            _mm256_permutevar8x32_ps(v, idx)
+        }
+        p if p.is_multiple_of(8) => _mm256_set1_ps(load_scale(sd, scales, 8 * k / per)),
+        _ => {
+            let s: [f32; 8] = core::array::from_fn(|i| load_scale(sd, scales, (8 * k + i) / per));
+            _mm256_setr_ps(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7])
+        }
+    }
+}
+
+/// See the module comment. Rows whose block count is not a multiple of 8 finish their last
+/// `nb % 8` blocks one by one in scalar code.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ct_nib4(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, a: &[u8], n: usize) -> f32 {
+    let Some(act) = Q8_0Act::new(a, n) else {
+        return f32::NAN;
+    };
+    let nb = n / 32;
+    let n_groups = n.div_ceil(run.max(1));
+    if row.len() < n / 2
+        || run == 0
+        || !run.is_multiple_of(32)
+        || scales.len() < n_groups * sd.size()
+    {
+        return f32::NAN;
+    }
+    let n8 = nb / 8;
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let w8 = row.as_chunks::<128>().0;
+    let q8 = act.qs.as_chunks::<256>().0;
+    let d8 = act.d.as_flattened().as_chunks::<32>().0;
+    let ds8 = act.ds.as_flattened().as_chunks::<32>().0;
+    let mut acc = _mm256_setzero_ps();
+    for k in 0..n8 {
+        let (w, q) = (w8[k].as_chunks::<32>().0, q8[k].as_chunks::<32>().0);
+        let mut v = [_mm256_setzero_si256(); 4];
+        for p in 0..4 {
+            let x = ld256(&w[p]);
+            let lo = _mm256_and_si256(x, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+            let e1 = _mm256_unpacklo_epi8(lo, hi); // columns 0..16 | 32..48
+            let e2 = _mm256_unpackhi_epi8(lo, hi); // columns 16..32 | 48..64
+            let (a0, a1) = (ld256(&q[2 * p]), ld256(&q[2 * p + 1]));
+            let p1 = _mm256_permute2x128_si256::<0x20>(a0, a1);
+            let p2 = _mm256_permute2x128_si256::<0x31>(a0, a1);
+            let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(e1, p1), _mm256_maddubs_epi16(e2, p2));
+            v[p] = _mm256_madd_epi16(s16, ones); // lanes 0-3: block 2p, 4-7: block 2p+1
+        }
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let bsum = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(h, order));
+        let t = _mm256_fmsub_ps(
+            ld_ps(&d8[k]),
+            bsum,
+            _mm256_mul_ps(_mm256_set1_ps(8.0), ld_ps(&ds8[k])),
+        );
+        acc = _mm256_fmadd_ps(block_scales(scales, sd, run / 32, k), t, acc);
+    }
+    let mut sum = hsum_ps(acc);
+    if n8 * 8 < nb {
+        // Tail blocks, one at a time as in the scalar kernel.
+        for b in n8 * 8..nb {
+            let g = 32 * b / run;
+            let s = load_scale(sd, scales, g);
+            let qa = &act.qs[32 * b..32 * b + 32];
+            let wb = &row[16 * b..16 * b + 16];
+            let sumi: i32 = (0..32)
+                .map(|c| (i32::from((wb[c / 2] >> (4 * (c % 2))) & 0xF) - 8) * i32::from(qa[c]))
+                .sum();
+            sum += s * (act.d(b) * sumi as f32);
+        }
+    }
+    sum
+}

@@ -1,0 +1,95 @@
+//! Float weights (F32, F16, BF16) × f32 activations, and the fallback's f32 · f32.
+//!
+//! Scalar: `Σ_i w_i · a_i` in f32. Here: weights widened to f32 eight at a time (F16 through
+//! F16C `vcvtph2ps`, BF16 by shifting the 16 bits into the top of an f32 — both exact), four
+//! FMA accumulators over 32 elements per step, then 8-element steps, then a scalar tail.
+
+use core::arch::x86_64::*;
+
+use super::{hsum_ps, ld_ps, ld128, wrap};
+use crate::kernels::scalar::{blocks, f32_act};
+
+/// The shared loop. `$WB` is bytes per weight element; `$widen` turns `&[u8; 8·$WB]` into
+/// 8 f32 lanes.
+macro_rules! float_loop {
+    ($w:expr, $a:expr, $n:expr, $WB:literal, $widen:expr, $scalar:expr) => {{
+        let (Some(av), Some(_)) = (f32_act($a, $n), blocks::<$WB>($w, $n)) else {
+            return f32::NAN;
+        };
+        let widen = $widen;
+        let a_bytes = av.as_flattened();
+        let (w32, wt) = $w.as_chunks::<{ 32 * $WB }>();
+        let (a32, at_) = a_bytes.as_chunks::<128>();
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (wc, ac) in w32.iter().zip(a32) {
+            let (wc, ac) = (wc.as_chunks::<{ 8 * $WB }>().0, ac.as_chunks::<32>().0);
+            for k in 0..4 {
+                acc[k] = _mm256_fmadd_ps(widen(&wc[k]), ld_ps(&ac[k]), acc[k]);
+            }
+        }
+        let (w8, wt) = wt.as_chunks::<{ 8 * $WB }>();
+        let (a8, at_) = at_.as_chunks::<32>();
+        for (wc, ac) in w8.iter().zip(a8) {
+            acc[0] = _mm256_fmadd_ps(widen(wc), ld_ps(ac), acc[0]);
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut sum = hsum_ps(s);
+        let scalar = $scalar;
+        for (wc, ac) in wt.as_chunks::<$WB>().0.iter().zip(at_.as_chunks::<4>().0) {
+            sum += scalar(wc) * f32::from_le_bytes(*ac);
+        }
+        sum
+    }};
+}
+
+wrap!(vec_dot_f32_f32 => f32_f32(w: &[u8], a: &[u8], n: usize) -> f32);
+wrap!(vec_dot_f16_f32 => f16_f32(w: &[u8], a: &[u8], n: usize) -> f32);
+wrap!(vec_dot_bf16_f32 => bf16_f32(w: &[u8], a: &[u8], n: usize) -> f32);
+wrap!(dot_f32_act => f32_act_dot(w: &[f32], a: &[[u8; 4]]) -> f32);
+
+/// F32 × F32 (4-byte LE elements).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f32_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    float_loop!(w, a, n, 4, |x: &[u8; 32]| ld_ps(x), |x: &[u8; 4]| {
+        f32::from_le_bytes(*x)
+    })
+}
+
+/// F16 × F32: `vcvtph2ps` widens 8 halves at once.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    float_loop!(
+        w,
+        a,
+        n,
+        2,
+        |x: &[u8; 16]| _mm256_cvtph_ps(ld128(x)),
+        |x: &[u8; 2]| crate::kernels::scalar::f16_to_f32(u16::from_le_bytes(*x))
+    )
+}
+
+/// BF16 × F32: zero-extend to 32 bits and shift into the top half.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bf16_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    float_loop!(
+        w,
+        a,
+        n,
+        2,
+        |x: &[u8; 16]| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(
+            x
+        )))),
+        |x: &[u8; 2]| f32::from_bits(u32::from(u16::from_le_bytes(*x)) << 16)
+    )
+}
+
+/// Dequantised f32 weights × f32 activation bytes (the fallback).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f32_act_dot(w: &[f32], a: &[[u8; 4]]) -> f32 {
+    let n = w.len().min(a.len());
+    // SAFETY: reinterprets the first n f32s as their 4n bytes (f32 has no invalid bit
+    // patterns as bytes, u8 has alignment 1, and the borrow keeps `w` alive).
+    let wb = unsafe { core::slice::from_raw_parts(w.as_ptr().cast::<u8>(), 4 * n) };
+    let ab = a[..n].as_flattened();
+    f32_f32(wb, ab, n)
+}

@@ -1,0 +1,154 @@
+//! Legacy 32-element weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) × Q8_0 activations.
+//!
+//! Shared shape, per block b: 32 weight quants expanded to one 256-bit register in element
+//! order, `Σ q_w·q_a` as 8 i32 lanes (exact), then `acc += (d_w·d_a) · lanes` in f32; two
+//! accumulators over even/odd blocks hide the FMA latency. Types with a min add
+//! `m_w · ds_a` (ds_a = d_a·Σ q_a from the activation row) in a scalar accumulator.
+
+use core::arch::x86_64::*;
+
+use super::{at, dot_i8, dot_u8i8, f16_at, hsum_ps, ld128, ld256, wrap};
+use crate::kernels::act::Q8_0Act;
+use crate::kernels::scalar::blocks;
+
+/// Runs the two-accumulator loop over `nb` blocks of `$B` bytes. `$blk` is a block
+/// expression evaluated with `$w: &[u8; $B]`, `$q: &[i8; 32]` in scope, giving
+/// `(lanes: __m256i, d_w: f32, m_w: f32)`; when `$min`, `m_w` multiplies the block's `ds_a`.
+macro_rules! legacy_loop {
+    ($w_row:expr, $a:expr, $n:expr, $B:literal, $min:literal, |$w:ident, $q:ident| $blk:expr) => {{
+        let (Some(a), Some(wb)) = (Q8_0Act::new($a, $n), blocks::<$B>($w_row, $n / 32)) else {
+            return f32::NAN;
+        };
+        let qa = a.qs.as_chunks::<32>().0;
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut accm = 0.0f32;
+        let (wp, wt) = wb.as_chunks::<2>();
+        let (qp, qt) = qa.as_chunks::<2>();
+        for (k, (w2, q2)) in wp.iter().zip(qp).enumerate() {
+            for h in 0..2 {
+                let ($w, $q) = (&w2[h], &q2[h]);
+                let (lanes, dw, mw): (__m256i, f32, f32) = $blk;
+                let b = 2 * k + h;
+                let dd = _mm256_set1_ps(dw * a.d(b));
+                acc[h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[h]);
+                if $min {
+                    accm += mw * a.ds(b);
+                }
+            }
+        }
+        for ($w, $q) in wt.iter().zip(qt) {
+            let (lanes, dw, mw): (__m256i, f32, f32) = $blk;
+            let b = wb.len() - 1;
+            let dd = _mm256_set1_ps(dw * a.d(b));
+            acc[0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[0]);
+            if $min {
+                accm += mw * a.ds(b);
+            }
+        }
+        hsum_ps(_mm256_add_ps(acc[0], acc[1])) + accm
+    }};
+}
+
+/// The 32 nibbles of a legacy `qs[16]` in element order: lane 0 = low nibbles (elements
+/// 0..16), lane 1 = high nibbles (elements 16..32). Unsigned 0..15.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles(qs: &[u8; 16]) -> __m256i {
+    let x = ld128(qs);
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(x), x);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Bit j of `qh` (a little-endian u32) spread to byte j: 0xFF where set, 0 elsewhere.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bits_to_bytes(qh: &[u8; 4]) -> __m256i {
+    let v = _mm256_set1_epi32(i32::from_le_bytes(*qh));
+    // Byte j takes qh byte j/8 (shuffle works per 128-bit lane; both lanes hold all 4 bytes).
+    let spread = _mm256_shuffle_epi8(
+        v,
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0x0000_0000_0000_0000,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+}
+
+wrap!(vec_dot_q8_0_q8_0 => q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32);
+wrap!(vec_dot_q4_0_q8_0 => q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32);
+wrap!(vec_dot_q4_1_q8_0 => q4_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32);
+wrap!(vec_dot_q5_0_q8_0 => q5_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32);
+wrap!(vec_dot_q5_1_q8_0 => q5_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32);
+
+/// Q8_0 × Q8_0. Block (34 B): `[0..2) d:f16 | [2..34) qs:i8[32]`.
+/// Scalar: `sumf += (Σ_j qs[j]·q_a[j]) · (d·d_a)`. Sign trick for the i8×i8 products.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    legacy_loop!(w, a, n, 34, false, |w, q| (
+        dot_i8(ld256(at::<u8, 2, 32, 34>(w)), ld256(q)),
+        f16_at::<0, 34>(w),
+        0.0
+    ))
+}
+
+/// Q4_0 × Q8_0. Block (18 B): `[0..2) d | [2..18) qs[16]`; element j < 16 is the low nibble
+/// of qs[j], element j + 16 the high nibble; q = nibble − 8.
+/// Scalar: `sumf += (Σ_j (nib_j − 8)·q_a[j]) · (d·d_a)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    legacy_loop!(w, a, n, 18, false, |w, q| {
+        let x = _mm256_sub_epi8(nibbles(at::<u8, 2, 16, 18>(w)), _mm256_set1_epi8(8));
+        (dot_i8(x, ld256(q)), f16_at::<0, 18>(w), 0.0)
+    })
+}
+
+/// Q4_1 × Q8_0. Block (20 B): `[0..2) d | [2..4) m | [4..20) qs[16]`, nibbles as Q4_0,
+/// unsigned. Scalar: `sumf += (Σ nib·q_a)·(d·d_a) + m·ds_a`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    legacy_loop!(w, a, n, 20, true, |w, q| {
+        let x = nibbles(at::<u8, 4, 16, 20>(w));
+        (
+            dot_u8i8(x, ld256(q)),
+            f16_at::<0, 20>(w),
+            f16_at::<2, 20>(w),
+        )
+    })
+}
+
+/// Q5_0 × Q8_0. Block (22 B): `[0..2) d | [2..6) qh:u32 | [6..22) qs[16]`; element j's
+/// bit 4 is qh bit j; q = 5-bit − 16. `nib | 0xF0` where the bit is clear is `nib − 16` as
+/// a signed byte. Scalar: `sumf += (Σ q·q_a)·(d·d_a)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    legacy_loop!(w, a, n, 22, false, |w, q| {
+        let hb = bits_to_bytes(at::<u8, 2, 4, 22>(w));
+        let x = _mm256_or_si256(
+            nibbles(at::<u8, 6, 16, 22>(w)),
+            _mm256_andnot_si256(hb, _mm256_set1_epi8(0xF0u8 as i8)),
+        );
+        (dot_i8(x, ld256(q)), f16_at::<0, 22>(w), 0.0)
+    })
+}
+
+/// Q5_1 × Q8_0. Block (24 B): `[0..2) d | [2..4) m | [4..8) qh | [8..24) qs[16]`; q =
+/// 5-bit unsigned. Scalar: `sumf += (Σ q·q_a)·(d·d_a) + m·ds_a`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    legacy_loop!(w, a, n, 24, true, |w, q| {
+        let hb = bits_to_bytes(at::<u8, 4, 4, 24>(w));
+        let x = _mm256_or_si256(
+            nibbles(at::<u8, 8, 16, 24>(w)),
+            _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
+        );
+        (
+            dot_u8i8(x, ld256(q)),
+            f16_at::<0, 24>(w),
+            f16_at::<2, 24>(w),
+        )
+    })
+}

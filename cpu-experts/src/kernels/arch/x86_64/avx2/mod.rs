@@ -1,0 +1,145 @@
+//! AVX2 + FMA + F16C kernels (Haswell / Zen 1 and later).
+//!
+//! Each kernel is a `#[target_feature(enable = "avx2,fma,f16c")]` function with a private
+//! safe wrapper of the [`RowDot`](super::super::super::RowDot) shape. The wrappers are only
+//! reachable through [`table`], which takes an [`Avx2Fma`] proof token, which only
+//! [`Avx2Fma::detect`] builds after the CPU reported all three features: that is the
+//! whole safety argument for calling the kernels.
+//!
+//! The integer part of every block is computed exactly as in the scalar oracle; only the f32
+//! accumulation order differs (8 lanes, several accumulators).
+
+mod ct;
+mod float;
+mod k16;
+mod k4;
+mod legacy;
+
+use core::arch::x86_64::*;
+
+use super::super::super::{Table, scalar_table};
+
+/// Proof that this CPU runs AVX2, FMA and F16C. Zero-sized; only [`Avx2Fma::detect`] makes
+/// one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx2Fma(());
+
+impl Avx2Fma {
+    /// `Some` iff the running CPU reports AVX2, FMA and F16C.
+    pub(crate) fn detect() -> Option<Self> {
+        (is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        .then_some(Avx2Fma(()))
+    }
+}
+
+/// The AVX2 table: scalar kernels overridden by every AVX2 kernel that exists.
+pub(crate) fn table(_proof: Avx2Fma) -> Table {
+    Table {
+        name: "avx2",
+        force_fallback: false,
+        q8_0: legacy::vec_dot_q8_0_q8_0,
+        q4_0: legacy::vec_dot_q4_0_q8_0,
+        q4_1: legacy::vec_dot_q4_1_q8_0,
+        q5_0: legacy::vec_dot_q5_0_q8_0,
+        q5_1: legacy::vec_dot_q5_1_q8_0,
+        q2k: k16::vec_dot_q2k_q8k,
+        q3k: k16::vec_dot_q3k_q8k,
+        q4k: k4::vec_dot_q4k_q8k,
+        q5k: k4::vec_dot_q5k_q8k,
+        q6k: k16::vec_dot_q6k_q8k,
+        f32: float::vec_dot_f32_f32,
+        f16: float::vec_dot_f16_f32,
+        bf16: float::vec_dot_bf16_f32,
+        dot_f32: float::dot_f32_act,
+        ct_nib4: ct::vec_dot_ct_nib4_q8_0,
+        ..scalar_table()
+    }
+}
+
+/// Declares the safe wrapper `$name` of the target-feature kernel `$kernel` with the given
+/// signature. The wrapper is only placed in the table built by [`table`].
+macro_rules! wrap {
+    ($(#[$m:meta])* $name:ident => $kernel:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+        $(#[$m])*
+        pub(super) fn $name($($arg: $ty),*) -> $ret {
+            // SAFETY: `$kernel` only needs AVX2, FMA and F16C. This wrapper is reachable only
+            // through the table built by `avx2::table`, which requires an `Avx2Fma` token,
+            // and `Avx2Fma::detect` builds one only after detecting all three features.
+            unsafe { $kernel($($arg),*) }
+        }
+    };
+}
+pub(crate) use wrap;
+
+/// `&b[O..O + L]` as an array reference (bounds checked at compile time).
+#[inline(always)]
+pub(super) fn at<T, const O: usize, const L: usize, const B: usize>(b: &[T; B]) -> &[T; L] {
+    const { assert!(O + L <= B) };
+    // SAFETY: O + L <= B (asserted at compile time), so the L elements starting at O lie
+    // inside `b`; `[T; L]` has the alignment of `T`; the borrow keeps `b`'s lifetime.
+    unsafe { &*b.as_ptr().add(O).cast::<[T; L]>() }
+}
+
+/// Loads 32 bytes (no alignment needed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn ld256<T: Copy>(b: &[T; 32]) -> __m256i {
+    const { assert!(size_of::<T>() == 1) };
+    // SAFETY: `b` is 32 readable bytes (T is one byte, asserted above); `loadu` accepts
+    // any alignment.
+    unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+/// Loads 16 bytes (no alignment needed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn ld128<T: Copy>(b: &[T; 16]) -> __m128i {
+    const { assert!(size_of::<T>() == 1) };
+    // SAFETY: `b` is 16 readable bytes; `loadu` accepts any alignment.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+/// Loads 8 little-endian f32 from 32 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn ld_ps(b: &[u8; 32]) -> __m256 {
+    // SAFETY: `b` is 32 readable bytes; `loadu` accepts any alignment; x86 is little-endian.
+    unsafe { _mm256_loadu_ps(b.as_ptr().cast()) }
+}
+
+/// Horizontal sum of 8 f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// fp16 bits at byte `O` of a block → f32, through F16C (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16_at<const O: usize, const B: usize>(b: &[u8; B]) -> f32 {
+    let h = u16::from_le_bytes(*at::<u8, O, 2, B>(b));
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+}
+
+/// `Σ x·y` of signed bytes as 8 i32 lanes (ggml's sign trick: `maddubs` wants an unsigned
+/// first operand, so move x's sign onto y). Exact while |x| ≤ 128 and |y| ≤ 127.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+/// `Σ u·y` of unsigned x signed bytes as 8 i32 lanes. Exact while 2·u·|y| < 2¹⁵.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot_u8i8(u: __m256i, y: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1))
+}

@@ -1,0 +1,416 @@
+//! The CPU dot-product kernel table: activation quantisers and one `vec_dot` per weight
+//! encoding, scalar and AVX2, resolved once into [`Kernels`] (ggml's `type_traits_cpu`).
+//!
+//! Each weight type dots against one activation format ([`ActFormat`], spec §4.1): legacy
+//! 32-blocks and compressed-tensors int4/int8 against Q8_0, K-quants against Q8_K, float
+//! weights against f32. Types without a kernel (FP8, other ct widths, and any type core's
+//! `dequantize_row` learns later, IQ included) take the fallback: the row is dequantised by
+//! core's reference decoder into a stack buffer, chunk by chunk, and dotted with f32
+//! activations. Nothing here allocates.
+//!
+//! ```text
+//! let k = Kernels::detect();
+//! let fmt = k.act_format(&w);
+//! k.quantize_act(fmt, &x, &mut act[..Kernels::act_row_bytes(fmt, w.cols)]);
+//! k.dot_rows(&w, r0, &act, &mut out);      // out[i] = W[r0 + i] · x
+//! ```
+
+pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod arch;
+pub mod ct;
+pub mod scalar;
+
+use lagoon_core::dtype::GgmlType;
+use lagoon_core::quant;
+use lagoon_core::quant::ct::CtMatrix;
+use lagoon_core::weights::{Encoding, MatRef};
+
+/// What a weight type dots against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActFormat {
+    /// f32, little-endian (float weights and the dequantising fallback).
+    F32,
+    /// 32-element blocks of int8 with an f32 scale (ggml Q8_0 values; layout in [`act`]).
+    Q8_0,
+    /// 256-element blocks of int8 with an f32 scale and per-16 sums (ggml Q8_K values).
+    Q8K,
+}
+
+/// One weight row (bytes) · one activation row (bytes) over `n` elements.
+pub(crate) type RowDot = fn(w: &[u8], a: &[u8], n: usize) -> f32;
+/// Dequantised f32 weights · f32 activation bytes (the fallback's inner product).
+pub(crate) type F32Dot = fn(w: &[f32], a: &[[u8; 4]]) -> f32;
+
+/// Every kernel of one instruction set. Built by [`scalar_table`] or by the AVX2 module
+/// from a proof token; copied into [`Kernels`] once.
+#[derive(Clone, Copy)]
+pub(crate) struct Table {
+    pub name: &'static str,
+    /// Send every type through the dequantising fallback (a test and debugging oracle).
+    pub force_fallback: bool,
+    pub q8_0: RowDot,
+    pub q4_0: RowDot,
+    pub q4_1: RowDot,
+    pub q5_0: RowDot,
+    pub q5_1: RowDot,
+    pub q2k: RowDot,
+    pub q3k: RowDot,
+    pub q4k: RowDot,
+    pub q5k: RowDot,
+    pub q6k: RowDot,
+    pub f32: RowDot,
+    pub f16: RowDot,
+    pub bf16: RowDot,
+    pub dot_f32: F32Dot,
+    pub ct_nib4: ct::CtRowDot,
+    pub ct_u8: ct::CtRowDot,
+    pub ct_i8: ct::CtRowDot,
+}
+
+/// The scalar kernels.
+pub(crate) fn scalar_table() -> Table {
+    use scalar::*;
+    Table {
+        name: "scalar",
+        force_fallback: false,
+        q8_0: vec_dot_q8_0_q8_0,
+        q4_0: vec_dot_q4_0_q8_0,
+        q4_1: vec_dot_q4_1_q8_0,
+        q5_0: vec_dot_q5_0_q8_0,
+        q5_1: vec_dot_q5_1_q8_0,
+        q2k: vec_dot_q2k_q8k,
+        q3k: vec_dot_q3k_q8k,
+        q4k: vec_dot_q4k_q8k,
+        q5k: vec_dot_q5k_q8k,
+        q6k: vec_dot_q6k_q8k,
+        f32: vec_dot_f32_f32,
+        f16: vec_dot_f16_f32,
+        bf16: vec_dot_bf16_f32,
+        dot_f32: dot_f32_act,
+        ct_nib4: ct::vec_dot_ct_nib4_q8_0,
+        ct_u8: ct::vec_dot_ct_u8_q8_0,
+        ct_i8: ct::vec_dot_ct_i8_q8_0,
+    }
+}
+
+/// Widest compressed-tensors row the fallback decodes (its whole-row decoder needs the row
+/// in one buffer): 64 KiB of stack. Laguna's widest input is 12288 (S 2.1 dense `down`).
+pub const MAX_CT_FALLBACK_COLS: usize = 16384;
+
+/// Elements per fallback chunk for ggml types (decoded block-aligned, any row width).
+const FALLBACK_CHUNK: usize = 4096;
+
+/// The resolved kernel table. Cheap to copy; resolve once at load.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    t: Table,
+}
+
+impl core::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Kernels")
+            .field("name", &self.t.name)
+            .finish()
+    }
+}
+
+/// How a matrix is dotted.
+enum Plan<'m> {
+    /// A ggml type with an integer or float kernel: row `r` is `data[r·rb..(r+1)·rb]`.
+    Ggml {
+        f: RowDot,
+        data: &'m [u8],
+        rb: usize,
+    },
+    /// A compressed-tensors integer matrix.
+    CtInt {
+        f: ct::CtRowDot,
+        m: &'m CtMatrix<'m>,
+        p: ct::CtIntPlan,
+    },
+    /// A ggml type decoded chunk by chunk (`blk` elements in `blk_bytes`).
+    GgmlFallback {
+        ty: GgmlType,
+        data: &'m [u8],
+        rb: usize,
+        blk: usize,
+        blk_bytes: usize,
+    },
+    /// A compressed-tensors matrix decoded whole-row.
+    CtFallback(&'m CtMatrix<'m>),
+    /// Nothing can decode it: NaN.
+    Invalid,
+}
+
+impl Kernels {
+    /// The best kernels this CPU runs (AVX2+FMA+F16C when detected), unless the
+    /// environment sets `LAGOON_FORCE_SCALAR=1`.
+    pub fn detect() -> Kernels {
+        if std::env::var_os("LAGOON_FORCE_SCALAR").is_some_and(|v| v == "1") {
+            return Kernels::scalar();
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(t) = arch::x86_64::best_table() {
+            return Kernels { t };
+        }
+        Kernels::scalar()
+    }
+
+    /// The scalar reference kernels.
+    pub fn scalar() -> Kernels {
+        Kernels { t: scalar_table() }
+    }
+
+    /// Every weight type through the dequantising fallback: core's reference decoder, then an
+    /// f32 dot with unquantised activations (`act_format` is always F32). Slow; an oracle for
+    /// tests and for debugging a suspect kernel.
+    #[doc(hidden)]
+    pub fn dequant_fallback() -> Kernels {
+        let mut t = scalar_table();
+        t.name = "dequant-fallback";
+        t.force_fallback = true;
+        Kernels { t }
+    }
+
+    /// `"avx2"`, `"scalar"` (or `"dequant-fallback"`).
+    pub fn name(&self) -> &'static str {
+        self.t.name
+    }
+
+    /// The activation format `w` is dotted against.
+    pub fn act_format(&self, w: &MatRef<'_>) -> ActFormat {
+        if self.t.force_fallback {
+            return ActFormat::F32;
+        }
+        match &w.enc {
+            Encoding::Ggml { ty, .. } => match ty {
+                GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                    if w.cols.is_multiple_of(quant::QK) =>
+                {
+                    ActFormat::Q8_0
+                }
+                GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
+                    if w.cols.is_multiple_of(quant::QK_K) =>
+                {
+                    ActFormat::Q8K
+                }
+                _ => ActFormat::F32,
+            },
+            Encoding::Ct(m) => match ct::plan(m) {
+                Some(_) => ActFormat::Q8_0,
+                None => ActFormat::F32,
+            },
+        }
+    }
+
+    /// Bytes of one activation row of `cols` elements in `fmt`.
+    pub fn act_row_bytes(fmt: ActFormat, cols: usize) -> usize {
+        match fmt {
+            ActFormat::F32 => 4 * cols,
+            ActFormat::Q8_0 => act::q8_0_row_bytes(cols),
+            ActFormat::Q8K => act::q8k_row_bytes(cols),
+        }
+    }
+
+    /// Quantises one activation row `x` (`cols` elements) into `out`
+    /// (exactly [`Kernels::act_row_bytes`]`(fmt, cols)` bytes).
+    pub fn quantize_act(&self, fmt: ActFormat, x: &[f32], out: &mut [u8]) {
+        match fmt {
+            ActFormat::F32 => {
+                debug_assert_eq!(out.len(), 4 * x.len());
+                for (o, v) in out.as_chunks_mut::<4>().0.iter_mut().zip(x) {
+                    *o = v.to_le_bytes();
+                }
+            }
+            ActFormat::Q8_0 => act::quantize_row_q8_0(x, out),
+            ActFormat::Q8K => act::quantize_row_q8k(x, out),
+        }
+    }
+
+    /// `out[i] = W[r0 + i] · act` for `i < out.len()`; `act` is one activation row in
+    /// `self.act_format(w)`. Rows past the matrix or a wrong-sized `act` give NaN.
+    pub fn dot_rows(&self, w: &MatRef<'_>, r0: usize, act: &[u8], out: &mut [f32]) {
+        let n = out.len();
+        self.dot_rows_multi(w, r0, n, act, act.len(), 1, out, n);
+    }
+
+    /// `out[t·out_stride + i] = W[r0 + i] · act_t` for `i < n_rows`, `t < n_act`, where
+    /// `act_t = acts[t·act_stride ..][..act_row_bytes]`. Each weight row is read from memory
+    /// once and dotted with every token while it is in L1.
+    pub fn dot_rows_multi(
+        &self,
+        w: &MatRef<'_>,
+        r0: usize,
+        n_rows: usize,
+        acts: &[u8],
+        act_stride: usize,
+        n_act: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let cols = w.cols;
+        let fmt = self.act_format(w);
+        let ab = Self::act_row_bytes(fmt, cols);
+        debug_assert!(r0 + n_rows <= w.rows, "rows {r0}+{n_rows} of {}", w.rows);
+        debug_assert!(n_act == 0 || (n_act - 1) * act_stride + ab <= acts.len());
+        debug_assert!(n_act == 0 || (n_act - 1) * out_stride + n_rows <= out.len());
+        let act_t = |t: usize| acts.get(t * act_stride..t * act_stride + ab);
+        let mut put = |t: usize, i: usize, v: f32| {
+            if let Some(o) = out.get_mut(t * out_stride + i) {
+                *o = v;
+            }
+        };
+        let plan = self.plan(w);
+        for i in 0..n_rows {
+            let r = r0 + i;
+            if r >= w.rows {
+                (0..n_act).for_each(|t| put(t, i, f32::NAN));
+                continue;
+            }
+            match &plan {
+                Plan::Ggml { f, data, rb } => {
+                    let row = data.get(r * rb..(r + 1) * rb);
+                    for t in 0..n_act {
+                        let v = match (row, act_t(t)) {
+                            (Some(row), Some(a)) => f(row, a, cols),
+                            _ => f32::NAN,
+                        };
+                        put(t, i, v);
+                    }
+                }
+                Plan::CtInt { f, m, p } => {
+                    for t in 0..n_act {
+                        let v = act_t(t).map_or(f32::NAN, |a| ct::dot_row(*f, m, p, r, a));
+                        put(t, i, v);
+                    }
+                }
+                Plan::GgmlFallback {
+                    ty,
+                    data,
+                    rb,
+                    blk,
+                    blk_bytes,
+                } => {
+                    let mut acc = [0.0f32; MAX_FALLBACK_TOKENS];
+                    let row = data.get(r * rb..(r + 1) * rb);
+                    // Tokens in groups so that each chunk is decoded once per group.
+                    for t0 in (0..n_act).step_by(MAX_FALLBACK_TOKENS) {
+                        let nt = (n_act - t0).min(MAX_FALLBACK_TOKENS);
+                        acc[..nt].fill(0.0);
+                        let mut buf = [0.0f32; FALLBACK_CHUNK];
+                        let per = FALLBACK_CHUNK / blk * blk;
+                        let mut c0 = 0;
+                        while c0 < cols {
+                            let c1 = (c0 + per).min(cols);
+                            let dec = &mut buf[..c1 - c0];
+                            match row.and_then(|r| {
+                                r.get(c0 / blk * blk_bytes..c1.div_ceil(*blk) * blk_bytes)
+                            }) {
+                                Some(src) => quant::dequantize_row(*ty, src, dec),
+                                None => dec.fill(f32::NAN),
+                            }
+                            for (k, a) in acc[..nt].iter_mut().enumerate() {
+                                *a += match act_t(t0 + k) {
+                                    Some(a) => (self.t.dot_f32)(dec, &a.as_chunks::<4>().0[c0..c1]),
+                                    None => f32::NAN,
+                                };
+                            }
+                            c0 = c1;
+                        }
+                        for (k, &a) in acc[..nt].iter().enumerate() {
+                            put(t0 + k, i, a);
+                        }
+                    }
+                }
+                Plan::CtFallback(m) => {
+                    let mut buf = [0.0f32; MAX_CT_FALLBACK_COLS];
+                    let ok = cols <= MAX_CT_FALLBACK_COLS;
+                    if ok {
+                        m.dequant_row(r, &mut buf[..cols]);
+                    }
+                    for t in 0..n_act {
+                        let v = match act_t(t) {
+                            Some(a) if ok => (self.t.dot_f32)(&buf[..cols], a.as_chunks::<4>().0),
+                            _ => f32::NAN,
+                        };
+                        put(t, i, v);
+                    }
+                }
+                Plan::Invalid => (0..n_act).for_each(|t| put(t, i, f32::NAN)),
+            }
+        }
+    }
+
+    /// Whether `w` can be dotted by this table (a ggml type core decodes, or any
+    /// compressed-tensors matrix of at most [`MAX_CT_FALLBACK_COLS`] columns or with an
+    /// integer kernel). Call at load; [`Kernels::dot_rows`] gives NaN for the others.
+    pub fn supports(&self, w: &MatRef<'_>) -> bool {
+        !matches!(self.plan(w), Plan::Invalid)
+    }
+
+    /// Picks the kernel for `w` (once per call, never per row).
+    fn plan<'m>(&self, w: &'m MatRef<'m>) -> Plan<'m> {
+        let t = &self.t;
+        match &w.enc {
+            Encoding::Ggml { ty, data } => {
+                let Some(rb) = ty.row_bytes(w.cols as u64).map(|b| b as usize) else {
+                    return Plan::Invalid;
+                };
+                let f = match (ty, self.act_format(w)) {
+                    _ if t.force_fallback => None,
+                    (GgmlType::Q8_0, ActFormat::Q8_0) => Some(t.q8_0),
+                    (GgmlType::Q4_0, ActFormat::Q8_0) => Some(t.q4_0),
+                    (GgmlType::Q4_1, ActFormat::Q8_0) => Some(t.q4_1),
+                    (GgmlType::Q5_0, ActFormat::Q8_0) => Some(t.q5_0),
+                    (GgmlType::Q5_1, ActFormat::Q8_0) => Some(t.q5_1),
+                    (GgmlType::Q2K, ActFormat::Q8K) => Some(t.q2k),
+                    (GgmlType::Q3K, ActFormat::Q8K) => Some(t.q3k),
+                    (GgmlType::Q4K, ActFormat::Q8K) => Some(t.q4k),
+                    (GgmlType::Q5K, ActFormat::Q8K) => Some(t.q5k),
+                    (GgmlType::Q6K, ActFormat::Q8K) => Some(t.q6k),
+                    (GgmlType::F32, _) => Some(t.f32),
+                    (GgmlType::F16, _) => Some(t.f16),
+                    (GgmlType::BF16, _) => Some(t.bf16),
+                    _ => None,
+                };
+                match f {
+                    Some(f) => Plan::Ggml { f, data, rb },
+                    None if quant::supported(*ty) => {
+                        let (blk, blk_bytes) = ty.block();
+                        Plan::GgmlFallback {
+                            ty: *ty,
+                            data,
+                            rb,
+                            blk,
+                            blk_bytes,
+                        }
+                    }
+                    None => Plan::Invalid,
+                }
+            }
+            Encoding::Ct(m) => match ct::plan(m).filter(|_| !t.force_fallback) {
+                Some(p) => Plan::CtInt {
+                    f: match p.codes {
+                        ct::Codes::Nib4 => t.ct_nib4,
+                        ct::Codes::U8 => t.ct_u8,
+                        ct::Codes::I8 => t.ct_i8,
+                    },
+                    m,
+                    p,
+                },
+                None if w.cols <= MAX_CT_FALLBACK_COLS && m.layout.check().is_ok() => {
+                    Plan::CtFallback(m)
+                }
+                None => Plan::Invalid,
+            },
+        }
+    }
+}
+
+/// Tokens the ggml fallback dots per decoded chunk (stack accumulators).
+const MAX_FALLBACK_TOKENS: usize = 8;
