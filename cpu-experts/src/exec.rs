@@ -189,7 +189,16 @@ pub(crate) fn run(
                 let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
                 match &st.kernels {
                     None => matmul(&st.pool, &st.scratch.threads, mat(w, wid), xs, rows, o),
-                    Some(k) => matmul_fast(k, &st.pool, &st.scratch.threads, &mut st.scratch.act, mat(w, wid), xs, rows, o),
+                    Some(k) => matmul_fast(
+                        k,
+                        &st.pool,
+                        &st.scratch.threads,
+                        &mut st.scratch.act,
+                        mat(w, wid),
+                        xs,
+                        rows,
+                        o,
+                    ),
                 }
             }
             Op::Rope { x, sliding, out } => {
@@ -360,10 +369,21 @@ fn matmul(
 }
 
 /// Quantises `n` activation rows of `cols` into `act` (row stride = the format's row bytes).
-fn quantize_rows(k: &Kernels, fmt: ActFormat, xs: &[f32], n: usize, cols: usize, act: &mut [u8]) -> usize {
+fn quantize_rows(
+    k: &Kernels,
+    fmt: ActFormat,
+    xs: &[f32],
+    n: usize,
+    cols: usize,
+    act: &mut [u8],
+) -> usize {
     let ab = Kernels::act_row_bytes(fmt, cols);
     for t in 0..n {
-        k.quantize_act(fmt, &xs[t * cols..(t + 1) * cols], &mut act[t * ab..(t + 1) * ab]);
+        k.quantize_act(
+            fmt,
+            &xs[t * cols..(t + 1) * cols],
+            &mut act[t * ab..(t + 1) * ab],
+        );
     }
     ab
 }
@@ -416,15 +436,26 @@ fn group_pairs(s: &mut Scratch, ids: &[f32], n: usize, k: usize, n_experts: usiz
             }
         }
         if s.pairs.len() > start {
-            s.groups.push((e as u32, start as u32, (s.pairs.len() - start) as u32));
+            s.groups
+                .push((e as u32, start as u32, (s.pairs.len() - start) as u32));
         }
     }
 }
 
 /// The fast expert layer: the same work split and summation order as [`experts`], with
 /// quantised activations and tiles of [`ROW_TILE`] rows per kernel call.
-fn experts_fast(kern: &Kernels, st: &mut State, c: &ModelConfig, w: &ModelWeights<'_>, layer: usize, v: [Value; 4], n: usize) {
-    let Ffn::Moe { gate, up, down, .. } = &w.layers[layer].ffn else { unreachable!("experts on a dense layer") };
+fn experts_fast(
+    kern: &Kernels,
+    st: &mut State,
+    c: &ModelConfig,
+    w: &ModelWeights<'_>,
+    layer: usize,
+    v: [Value; 4],
+    n: usize,
+) {
+    let Ffn::Moe { gate, up, down, .. } = &w.layers[layer].ffn else {
+        unreachable!("experts on a dense layer")
+    };
     let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
     let [xv, idv, wv, ov] = v;
     let ([xs, ids, ws], o) = io(&mut st.arena, [(xv, n), (idv, n), (wv, n)], (ov, n));
@@ -448,7 +479,8 @@ fn experts_fast(kern: &Kernels, st: &mut State, c: &ModelConfig, w: &ModelWeight
                     let tile = &mut sc.tile[..nr];
                     kern.dot_rows(mat, r0, &act[t * ab..(t + 1) * ab], tile);
                     // SAFETY: (pair j, rows r0..r0+nr) is written by this work item only.
-                    unsafe { dst.slice(j as usize * i + r0..j as usize * i + r0 + nr) }.copy_from_slice(tile);
+                    unsafe { dst.slice(j as usize * i + r0..j as usize * i + r0 + nr) }
+                        .copy_from_slice(tile);
                 }
             }
         }
@@ -472,7 +504,12 @@ fn experts_fast(kern: &Kernels, st: &mut State, c: &ModelConfig, w: &ModelWeight
                 for j in start..start + m {
                     let (t, slot) = pairs[j as usize];
                     let y = &mut sc.tile[..nr];
-                    kern.dot_rows(&down[e as usize], r0, &act2[j as usize * ab2..(j as usize + 1) * ab2], y);
+                    kern.dot_rows(
+                        &down[e as usize],
+                        r0,
+                        &act2[j as usize * ab2..(j as usize + 1) * ab2],
+                        y,
+                    );
                     let wt = ws[t as usize * k + slot as usize];
                     // SAFETY: output rows r0..r0+nr belong to this thread only.
                     let dst = unsafe { out.slice(t as usize * h + r0..t as usize * h + r0 + nr) };

@@ -143,7 +143,11 @@ impl<'w> Session<'w> {
             ropes,
             tokens: Vec::with_capacity(ubatch),
             pool,
-            kernels: if opts.reference { None } else { Some(Kernels::detect()) },
+            kernels: if opts.reference {
+                None
+            } else {
+                Some(Kernels::detect())
+            },
         };
         Session {
             cfg: cfg.clone(),
@@ -173,7 +177,10 @@ impl<'w> Session<'w> {
 
     /// The kernel set in use: `"reference"`, `"scalar"` or `"avx2"`.
     pub fn kernels_name(&self) -> &'static str {
-        self.state.kernels.as_ref().map_or("reference", |k| k.name())
+        self.state
+            .kernels
+            .as_ref()
+            .map_or("reference", |k| k.name())
     }
 
     /// Bytes of KV cache and arena.
