@@ -27,10 +27,14 @@ impl std::error::Error for CudaUnavailable {}
 
 /// Checks that the CUDA driver and NVRTC libraries can be loaded, without touching a device.
 pub fn probe() -> Result<(), CudaUnavailable> {
-    if !cudarc::driver::sys::is_culib_present() {
+    // SAFETY: `is_culib_present` dlopens the NVIDIA driver library, which runs its
+    // initialisers; the driver supports being loaded into any process, and cudarc caches
+    // the handle so later calls reuse it.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(CudaUnavailable::NoDriver);
     }
-    if !cudarc::nvrtc::sys::is_culib_present() {
+    // SAFETY: as above, for the NVRTC library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(CudaUnavailable::NoNvrtc);
     }
     Ok(())
