@@ -54,6 +54,7 @@ pub(crate) fn table(_proof: Avx2Fma) -> Table {
         bf16: float::vec_dot_bf16_f32,
         dot_f32: float::dot_f32_act,
         ct_nib4: ct::vec_dot_ct_nib4_q8_0,
+        prefetch: prefetch_bytes,
         ..scalar_table()
     }
 }
@@ -142,4 +143,14 @@ pub(super) fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_u8i8(u: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1))
+}
+
+wrap!(prefetch_bytes => prefetch(b: &[u8]) -> ());
+
+/// `prefetcht0` on every 64-byte line of `b`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch(b: &[u8]) {
+    for line in b.chunks(64) {
+        _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+    }
 }
