@@ -17,6 +17,8 @@ use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant::ct::{CtKind, CtLayout, CtMatrix, CtStrategy, PackOrder, ScaleDtype};
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cpu::kernels::Kernels;
+use lagoon_cpu::pool::{SharedOut, ThreadPool, chunk};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const HIDDEN: usize = 3072;
 const FFN: usize = 1024;
@@ -263,5 +265,134 @@ fn bench_experts(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_bandwidth, bench_experts);
+/// Threads for the multi-threaded groups: `LAGOON_BENCH_THREADS`, else every core.
+fn bench_threads() -> usize {
+    std::env::var("LAGOON_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Streaming read with every thread of the pool, each summing its own slice.
+fn bench_bandwidth_mt(c: &mut Criterion) {
+    let pool = ThreadPool::new(bench_threads());
+    let nt = pool.n_threads();
+    let mut buf = vec![0u64; target_bytes() / 8];
+    let mut rng = Rng(7);
+    for v in buf.iter_mut() {
+        *v = rng.next();
+    }
+    let mut g = c.benchmark_group(format!("stream_read_{nt}t"));
+    g.throughput(Throughput::Bytes(8 * buf.len() as u64));
+    let total = AtomicU64::new(0);
+    g.bench_function("sum_u64", |b| {
+        b.iter(|| {
+            pool.run(&|ti| {
+                let mut acc = [0u64; 8];
+                for ch in buf[chunk(buf.len(), nt, ti)].as_chunks::<8>().0 {
+                    for k in 0..8 {
+                        acc[k] = acc[k].wrapping_add(ch[k]);
+                    }
+                }
+                total.fetch_add(
+                    acc.iter().fold(0, |a, &v| a.wrapping_add(v)),
+                    Ordering::Relaxed,
+                );
+            });
+            black_box(total.load(Ordering::Relaxed))
+        })
+    });
+    g.finish();
+}
+
+/// The decode expert layer with all threads: one pool dispatch per token for gate/up of the
+/// ten experts (rows split across threads) and one for down, as `lagoon-cpu`'s expert layer
+/// does.
+fn bench_experts_mt(c: &mut Criterion) {
+    let k = Kernels::detect();
+    let pool = ThreadPool::new(bench_threads());
+    let nt = pool.n_threads();
+    let kinds = [
+        Kind::G(GgmlType::Q4K),
+        Kind::G(GgmlType::Q8_0),
+        Kind::CtInt4(32),
+        Kind::G(GgmlType::Q6K),
+    ];
+    let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}_{nt}t", k.name()));
+    for kind in kinds {
+        let mut rng = Rng(0x5EED);
+        let set: Vec<Mat> = (0..EXPERTS)
+            .flat_map(|_| {
+                [
+                    Mat::build(kind, FFN, HIDDEN, &mut rng),
+                    Mat::build(kind, FFN, HIDDEN, &mut rng),
+                    Mat::build(kind, HIDDEN, FFN, &mut rng),
+                ]
+            })
+            .collect();
+        let set_bytes: usize = set.iter().map(Mat::bytes).sum();
+        let copies = target_bytes().div_ceil(set_bytes).max(1);
+        let sets: Vec<Vec<Mat>> = (0..copies).map(|_| set.clone()).collect();
+        drop(set);
+        let (fmt_in, fmt_down) = (
+            k.act_format(&sets[0][0].view()),
+            k.act_format(&sets[0][2].view()),
+        );
+        let x: Vec<f32> = (0..HIDDEN)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let h: Vec<f32> = (0..FFN)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+            .collect();
+        let mut act_in = vec![0u8; Kernels::act_row_bytes(fmt_in, HIDDEN)];
+        let mut act_down = vec![0u8; Kernels::act_row_bytes(fmt_down, FFN)];
+        k.quantize_act(fmt_in, &x, &mut act_in);
+        k.quantize_act(fmt_down, &h, &mut act_down);
+        let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
+        let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
+        let mut next = 0usize;
+        group.throughput(Throughput::Bytes(set_bytes as u64));
+        group.bench_function(kind.name(), |b| {
+            b.iter(|| {
+                let s = &sets[next % copies];
+                next += 1;
+                let gu = SharedOut::new(&mut out_gu);
+                pool.run(&|ti| {
+                    // Work item: (matrix m of the 20 gate/up matrices, 16-row tile).
+                    let tiles = FFN / 16;
+                    for f in chunk(2 * EXPERTS * tiles, nt, ti) {
+                        let (m, r0) = (f / tiles, (f % tiles) * 16);
+                        let mat = &s[(m / 2) * 3 + m % 2];
+                        // SAFETY: each (matrix, tile) is one work item.
+                        let o = unsafe { gu.slice(m * FFN + r0..m * FFN + r0 + 16) };
+                        k.dot_rows(&mat.view(), r0, &act_in, o);
+                    }
+                });
+                let hid = SharedOut::new(&mut out_hidden);
+                pool.run(&|ti| {
+                    let tiles = HIDDEN / 16;
+                    for tile in chunk(tiles, nt, ti) {
+                        for e in 0..EXPERTS {
+                            // SAFETY: each (expert, tile) is written by the tile's owner only.
+                            let o = unsafe {
+                                hid.slice(e * HIDDEN + tile * 16..e * HIDDEN + tile * 16 + 16)
+                            };
+                            k.dot_rows(&s[e * 3 + 2].view(), tile * 16, &act_down, o);
+                        }
+                    }
+                });
+                black_box((&out_gu, &out_hidden));
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_bandwidth,
+    bench_experts,
+    bench_bandwidth_mt,
+    bench_experts_mt
+);
 criterion_main!(benches);
