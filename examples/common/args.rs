@@ -1,4 +1,5 @@
 //! A minimal `--flag value` parser shared by the examples (keeps them free of a CLI crate).
+#![allow(dead_code)] // each example uses a subset of these helpers
 
 use std::collections::HashMap;
 

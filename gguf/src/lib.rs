@@ -7,6 +7,7 @@ pub mod compressed;
 pub mod error;
 pub mod gguf;
 pub mod hf;
+pub mod synth;
 pub mod validate;
 
 pub use checkpoint::{Checkpoint, Source, Tensor, TensorRecord};

@@ -1,0 +1,551 @@
+//! llama-bench for lagoon: prompt processing and generation speed of any checkpoint, each
+//! figure next to the machine's own memory-bandwidth floor.
+//!
+//! `bench --model PATH [-p N[,N..]] [-n N[,N..]] [-ub N] [-d N[,N..]] [-r N] [--threads N]
+//!  [--reference] [--no-warmup] [--json]`
+//!
+//! Semantics follow llama-bench: `pp N` evaluates a prompt of N random tokens (in ubatches
+//! of `-ub`, default 512; `-b` is accepted as a synonym), `tg N` generates N tokens one at a
+//! time after a one-token start, and `-d D` first prefills D tokens (not timed) so the test
+//! runs at that context depth. Each test runs `-r` times (default 5) after one warmup run
+//! (pp: the whole prompt, tg: one token, as llama-bench does); the median, min and max
+//! tokens/s are reported. `--threads` defaults to all cores; `--reference` forces the
+//! scalar reference path.
+//!
+//! Every test also reports the weight bytes it streams per token, the GB/s that implies,
+//! and that as a fraction of the floor: the streaming-read bandwidth this program measures
+//! first (a multi-threaded sum over a buffer much larger than the last-level cache, best of
+//! five passes, same thread count). Bytes per token:
+//! - tg: every dense matrix (attention, dense FFN, router, shared expert), top-k of the
+//!   experts of each MoE layer, the lm_head and one embedding row;
+//! - pp: per ubatch of u tokens, the dense matrices and the lm_head once (logits of the
+//!   last token only), u embedding rows and, per MoE layer, the experts a uniform router
+//!   touches, `E·(1 − (1 − k/E)^u)`; divided by u.
+//!
+//! FLOPs per token count 2 per multiply-add of those matrices (k experts for every token)
+//! plus attention (`4·Hq·D` per visible key).
+//!
+//! Output: a markdown table, or with `--json` one JSON object per test per line.
+
+#[path = "common/args.rs"]
+mod args;
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use lagoon::core::config::ModelConfig;
+use lagoon::core::laguna::weights::Ffn;
+use lagoon::{Checkpoint, ModelWeights, Session, SessionOptions};
+use serde_json::json;
+
+fn main() -> anyhow::Result<()> {
+    let a = args::Args::parse(&["json", "reference", "no-warmup"])?;
+    let model = a.get("model").context("--model PATH is required")?;
+    let list = |name: &str, default: &str| -> anyhow::Result<Vec<usize>> {
+        a.get(name)
+            .unwrap_or(default)
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("-{name}: `{s}` is not a number"))
+            })
+            .collect()
+    };
+    let prompts = list("p", "512")?;
+    let gens = list("n", "128")?;
+    let depths = list("d", "0")?;
+    let ubatch: usize = match a.get("ub") {
+        Some(_) => a.num("ub", 512)?,
+        None => a.num("b", 512)?,
+    };
+    let reps: usize = a.num("r", 5)?;
+    anyhow::ensure!(ubatch > 0 && reps > 0, "-ub and -r must be at least 1");
+    let n_threads = match a.num("threads", 0usize)? {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let reference = a.flag("reference");
+    let warmup = !a.flag("no-warmup");
+    let as_json = a.flag("json");
+
+    // The floor first, before the model's pages compete for memory.
+    let floor = measure_floor(n_threads);
+    eprintln!(
+        "floor: {:.2} GB/s streaming read ({} threads, {} MiB buffer)",
+        floor.gb_s,
+        n_threads,
+        floor.buffer_bytes >> 20
+    );
+
+    let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
+    let weights = lagoon::weights(&ckpt)?;
+    let costs = Costs::new(&ckpt, &weights);
+    let c = &ckpt.config;
+    let max_p = prompts.iter().copied().max().unwrap_or(0);
+    let max_n = gens.iter().copied().max().unwrap_or(0);
+    let n_ctx = depths.iter().copied().max().unwrap_or(0) + max_p.max(max_n + 1) + 1;
+    let mut s = Session::new(
+        c,
+        &weights,
+        SessionOptions {
+            n_ctx,
+            ubatch,
+            all_logits: false,
+            n_threads,
+            reference,
+        },
+    );
+    let model_name = Path::new(model)
+        .file_name()
+        .map_or(model.to_string(), |n| n.to_string_lossy().into_owned());
+    let mut tokens = TokenStream::new(c.vocab_size);
+
+    let mut rows = Vec::new();
+    for &depth in &depths {
+        let tests = prompts
+            .iter()
+            .filter(|&&p| p > 0)
+            .map(|&p| Test::Pp(p))
+            .chain(gens.iter().filter(|&&n| n > 0).map(|&n| Test::Tg(n)));
+        for test in tests {
+            if warmup {
+                let w = match test {
+                    Test::Pp(p) => Test::Pp(p),
+                    Test::Tg(_) => Test::Tg(1),
+                };
+                run(&mut s, w, 0, &mut tokens)?;
+            }
+            let mut samples = Vec::with_capacity(reps);
+            for _ in 0..reps {
+                let secs = run(&mut s, test, depth, &mut tokens)?;
+                samples.push(test.n_tokens() as f64 / secs);
+            }
+            let bytes = costs.bytes_per_token(c, test, ubatch);
+            let flops = costs.flops_per_token(c, test, depth, ubatch);
+            let row = Row::new(test, depth, samples, bytes, flops, floor.gb_s);
+            if as_json {
+                println!(
+                    "{}",
+                    row.json(&model_name, &costs, n_threads, ubatch, reference)
+                );
+            } else {
+                eprintln!("{} @ d{}: {:.2} t/s", test.name(), depth, row.median);
+            }
+            rows.push(row);
+        }
+    }
+    if !as_json {
+        print_table(
+            &model_name,
+            &costs,
+            n_threads,
+            ubatch,
+            reference,
+            floor.gb_s,
+            &rows,
+        );
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Test {
+    Pp(usize),
+    Tg(usize),
+}
+
+impl Test {
+    fn name(self) -> String {
+        match self {
+            Test::Pp(n) => format!("pp{n}"),
+            Test::Tg(n) => format!("tg{n}"),
+        }
+    }
+
+    fn n_tokens(self) -> usize {
+        match self {
+            Test::Pp(n) | Test::Tg(n) => n,
+        }
+    }
+}
+
+/// Random token ids above the special range (xorshift64*).
+struct TokenStream {
+    state: u64,
+    vocab: usize,
+}
+
+impl TokenStream {
+    fn new(vocab: usize) -> TokenStream {
+        TokenStream {
+            state: 0x9e37_79b9_7f4a_7c15,
+            vocab,
+        }
+    }
+
+    fn next(&mut self) -> u32 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let x = self.state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let lo = 32.min(self.vocab - 1);
+        (lo + (x >> 33) as usize % (self.vocab - lo)) as u32
+    }
+
+    fn take(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+/// One timed run of `test` at `depth`; returns its seconds.
+fn run(s: &mut Session<'_>, test: Test, depth: usize, t: &mut TokenStream) -> anyhow::Result<f64> {
+    s.reset();
+    if depth > 0 {
+        s.prefill(&t.take(depth), |_| {})?;
+    }
+    match test {
+        Test::Pp(n) => {
+            let prompt = t.take(n);
+            let t0 = Instant::now();
+            s.prefill(&prompt, |_| {})?;
+            Ok(t0.elapsed().as_secs_f64())
+        }
+        Test::Tg(n) => {
+            let mut next = lagoon::sample::argmax(s.step(&[t.next()])?);
+            let t0 = Instant::now();
+            for _ in 0..n {
+                next = lagoon::sample::argmax(s.step(&[next])?);
+            }
+            Ok(t0.elapsed().as_secs_f64())
+        }
+    }
+}
+
+/// Weight bytes and multiply-adds by what touches them.
+struct Costs {
+    /// Every tensor of the checkpoint.
+    model_bytes: u64,
+    n_params: u64,
+    /// Matrices every step reads whole: attention, dense FFN, router, shared expert.
+    dense_bytes: u64,
+    dense_macs: u64,
+    lm_head_bytes: u64,
+    lm_head_macs: u64,
+    embd_row_bytes: u64,
+    /// Per MoE layer: one expert's bytes and multiply-adds.
+    expert_bytes: Vec<u64>,
+    expert_macs: Vec<u64>,
+}
+
+impl Costs {
+    fn new(ckpt: &Checkpoint, w: &ModelWeights<'_>) -> Costs {
+        let model_bytes = ckpt
+            .records()
+            .iter()
+            .flat_map(|r| r.parts.iter().flat_map(|p| p.spans()))
+            .map(|s| s.len as u64)
+            .sum();
+        let n_params = ckpt
+            .records()
+            .iter()
+            .map(|r| r.shape.iter().product::<usize>() as u64)
+            .sum();
+        let b = |m: &lagoon::core::weights::MatRef<'_>| m.n_bytes() as u64;
+        let macs = |m: &lagoon::core::weights::MatRef<'_>| (m.rows * m.cols) as u64;
+        let mut c = Costs {
+            model_bytes,
+            n_params,
+            dense_bytes: 0,
+            dense_macs: 0,
+            lm_head_bytes: b(&w.output),
+            lm_head_macs: macs(&w.output),
+            embd_row_bytes: b(&w.token_embd) / w.token_embd.rows.max(1) as u64,
+            expert_bytes: Vec::new(),
+            expert_macs: Vec::new(),
+        };
+        for l in &w.layers {
+            let mut dense = vec![&l.q, &l.k, &l.v, &l.o];
+            dense.extend(l.gate.as_ref());
+            match &l.ffn {
+                Ffn::Dense(m) => dense.extend([&m.gate, &m.up, &m.down]),
+                Ffn::Moe {
+                    router,
+                    gate,
+                    up,
+                    down,
+                    shared,
+                    ..
+                } => {
+                    dense.push(router);
+                    if let Some(m) = shared {
+                        dense.extend([&m.gate, &m.up, &m.down]);
+                    }
+                    let n = gate.len().max(1) as u64;
+                    let all = |v: &[lagoon::core::weights::MatRef<'_>], f: &dyn Fn(&lagoon::core::weights::MatRef<'_>) -> u64| {
+                        v.iter().map(f).sum::<u64>()
+                    };
+                    c.expert_bytes
+                        .push((all(gate, &b) + all(up, &b) + all(down, &b)) / n);
+                    c.expert_macs
+                        .push((all(gate, &macs) + all(up, &macs) + all(down, &macs)) / n);
+                }
+            }
+            c.dense_bytes += dense.iter().map(|m| b(m)).sum::<u64>();
+            c.dense_macs += dense.iter().map(|m| macs(m)).sum::<u64>();
+        }
+        c
+    }
+
+    /// Sizes of the ubatches a test evaluates.
+    fn ubatches(test: Test, ubatch: usize) -> Vec<usize> {
+        match test {
+            Test::Tg(n) => vec![1; n],
+            Test::Pp(n) => (0..n).step_by(ubatch).map(|s| ubatch.min(n - s)).collect(),
+        }
+    }
+
+    /// Weight bytes streamed per token (see the module docs).
+    fn bytes_per_token(&self, c: &ModelConfig, test: Test, ubatch: usize) -> f64 {
+        let (e, k) = (c.n_experts.max(1) as f64, c.n_experts_used as f64);
+        let per_step = |u: usize| {
+            let touched = e * (1.0 - (1.0 - k / e).powi(u as i32));
+            let experts: f64 = self.expert_bytes.iter().map(|&b| b as f64 * touched).sum();
+            (self.dense_bytes + self.lm_head_bytes) as f64
+                + u as f64 * self.embd_row_bytes as f64
+                + experts
+        };
+        let ubs = Self::ubatches(test, ubatch);
+        ubs.iter().map(|&u| per_step(u)).sum::<f64>() / test.n_tokens() as f64
+    }
+
+    /// FLOPs per token at context `depth` (attention over the keys each token sees).
+    fn flops_per_token(&self, c: &ModelConfig, test: Test, depth: usize, ubatch: usize) -> f64 {
+        let k = c.n_experts_used as u64;
+        let matmul = 2 * (self.dense_macs + k * self.expert_macs.iter().sum::<u64>());
+        let n = test.n_tokens();
+        // Tokens at positions depth.. (tg: after its one-token start).
+        let first = depth + matches!(test, Test::Tg(_)) as usize;
+        let mut attn = 0u64;
+        for p in first..first + n {
+            for l in 0..c.n_layers {
+                let keys = if c.is_sliding(l) {
+                    (p + 1).min(c.sliding_window)
+                } else {
+                    p + 1
+                };
+                attn += 4 * (c.n_heads[l] * c.head_dim * keys) as u64;
+            }
+        }
+        let steps = Self::ubatches(test, ubatch).len() as f64;
+        matmul as f64 + attn as f64 / n as f64 + 2.0 * self.lm_head_macs as f64 * steps / n as f64
+    }
+}
+
+struct Row {
+    test: Test,
+    depth: usize,
+    samples: Vec<f64>,
+    median: f64,
+    min: f64,
+    max: f64,
+    bytes_per_token: f64,
+    flops_per_token: f64,
+    floor_gb_s: f64,
+}
+
+impl Row {
+    fn new(
+        test: Test,
+        depth: usize,
+        mut samples: Vec<f64>,
+        bytes: f64,
+        flops: f64,
+        floor: f64,
+    ) -> Row {
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        let m = sorted.len();
+        let median = if m % 2 == 1 {
+            sorted[m / 2]
+        } else {
+            (sorted[m / 2 - 1] + sorted[m / 2]) / 2.0
+        };
+        samples.shrink_to_fit();
+        Row {
+            test,
+            depth,
+            median,
+            min: sorted[0],
+            max: sorted[m - 1],
+            samples,
+            bytes_per_token: bytes,
+            flops_per_token: flops,
+            floor_gb_s: floor,
+        }
+    }
+
+    fn gb_s(&self) -> f64 {
+        self.median * self.bytes_per_token / 1e9
+    }
+
+    fn json(
+        &self,
+        model: &str,
+        c: &Costs,
+        threads: usize,
+        ubatch: usize,
+        reference: bool,
+    ) -> String {
+        let (n_prompt, n_gen) = match self.test {
+            Test::Pp(n) => (n, 0),
+            Test::Tg(n) => (0, n),
+        };
+        json!({
+            "model": model,
+            "model_bytes": c.model_bytes,
+            "n_params": c.n_params,
+            "backend": "cpu",
+            "reference": reference,
+            "threads": threads,
+            "n_ubatch": ubatch,
+            "test": self.test.name(),
+            "n_prompt": n_prompt,
+            "n_gen": n_gen,
+            "depth": self.depth,
+            "reps": self.samples.len(),
+            "tokens_per_s": self.median,
+            "tokens_per_s_min": self.min,
+            "tokens_per_s_max": self.max,
+            "samples_tokens_per_s": self.samples,
+            "bytes_per_token": self.bytes_per_token,
+            "achieved_gb_s": self.gb_s(),
+            "floor_gb_s": self.floor_gb_s,
+            "fraction_of_floor": self.gb_s() / self.floor_gb_s,
+            "flops_per_token": self.flops_per_token,
+            "achieved_gflops": self.median * self.flops_per_token / 1e9,
+        })
+        .to_string()
+    }
+}
+
+fn print_table(
+    model: &str,
+    c: &Costs,
+    threads: usize,
+    ubatch: usize,
+    reference: bool,
+    floor: f64,
+    rows: &[Row],
+) {
+    let backend = if reference { "cpu (reference)" } else { "cpu" };
+    println!(
+        "| model | size | params | backend | threads | n_ubatch | test | t/s (median) | min – max | MB/token | GB/s | % of floor | GFLOP/s |"
+    );
+    println!(
+        "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for r in rows {
+        let test = if r.depth > 0 {
+            format!("{} @ d{}", r.test.name(), r.depth)
+        } else {
+            r.test.name()
+        };
+        println!(
+            "| {model} | {:.2} GiB | {:.2} B | {backend} | {threads} | {ubatch} | {test} | {:.2} | {:.2} – {:.2} | {:.1} | {:.2} | {:.1}% | {:.1} |",
+            c.model_bytes as f64 / (1u64 << 30) as f64,
+            c.n_params as f64 / 1e9,
+            r.median,
+            r.min,
+            r.max,
+            r.bytes_per_token / 1e6,
+            r.gb_s(),
+            100.0 * r.gb_s() / floor,
+            r.median * r.flops_per_token / 1e9,
+        );
+    }
+    println!("\nfloor: {floor:.2} GB/s streaming read, {threads} threads");
+}
+
+struct Floor {
+    gb_s: f64,
+    buffer_bytes: usize,
+}
+
+/// Last-level cache size from sysfs (`index3`, else the largest index), in bytes.
+fn llc_bytes() -> Option<usize> {
+    let dir = Path::new("/sys/devices/system/cpu/cpu0/cache");
+    (0..8)
+        .rev()
+        .filter_map(|i| std::fs::read_to_string(dir.join(format!("index{i}/size"))).ok())
+        .filter_map(|s| {
+            let s = s.trim();
+            let (num, mult) = match s.chars().last()? {
+                'K' => (&s[..s.len() - 1], 1 << 10),
+                'M' => (&s[..s.len() - 1], 1 << 20),
+                'G' => (&s[..s.len() - 1], 1 << 30),
+                _ => (s, 1),
+            };
+            num.parse::<usize>().ok().map(|n| n * mult)
+        })
+        .max()
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+fn mem_available() -> Option<usize> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb << 10)
+}
+
+/// Streaming-read bandwidth: `threads` threads sum disjoint slices of a buffer 8× the
+/// last-level cache (1–4 GiB, at most a quarter of available memory); best of 5 passes.
+fn measure_floor(threads: usize) -> Floor {
+    const GIB: usize = 1 << 30;
+    let cap = mem_available().map_or(4 * GIB, |m| (m / 4).clamp(256 << 20, 4 * GIB));
+    let bytes = (8 * llc_bytes().unwrap_or(32 << 20)).clamp(GIB.min(cap), cap);
+    let n = bytes / 8;
+    let per = n.div_ceil(threads);
+    let mut buf = vec![0u64; n];
+    // First touch in parallel, with data, so every page is really mapped.
+    std::thread::scope(|s| {
+        for (t, chunk) in buf.chunks_mut(per).enumerate() {
+            s.spawn(move || {
+                for (i, x) in chunk.iter_mut().enumerate() {
+                    *x = (i as u64) ^ (t as u64) << 40;
+                }
+            });
+        }
+    });
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let total = std::thread::scope(|s| {
+            let hs: Vec<_> = buf.chunks(per).map(|c| s.spawn(move || sum(c))).collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        std::hint::black_box(total);
+        best = best.max(bytes as f64 / secs / 1e9);
+    }
+    Floor {
+        gb_s: best,
+        buffer_bytes: bytes,
+    }
+}
+
+/// Wrapping sum with 8 independent accumulators (vectorises; no dependency chain).
+fn sum(c: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let (blocks, rest) = c.as_chunks::<8>();
+    for b in blocks {
+        for i in 0..8 {
+            acc[i] = acc[i].wrapping_add(b[i]);
+        }
+    }
+    acc.iter().chain(rest).fold(0u64, |a, &x| a.wrapping_add(x))
+}

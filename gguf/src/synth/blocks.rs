@@ -1,0 +1,257 @@
+//! Random quant blocks with realistic scales: each generator writes whole blocks whose
+//! decoded values have mean ≈ 0 and standard deviation ≈ `std`, using random quants and
+//! random sub-scales (what a quantiser produces from random weights, without quantising
+//! anything). Layouts are ggml's (`ggml-common.h`, spec/formats.md §3); the field offsets
+//! are written out here because the IQ block structs are not in `lagoon_core` yet.
+//!
+//! The decoded standard deviation of each type is `super-scale × RMS(sub-scale) × RMS(quant)`,
+//! with the RMS of the uniform quant and sub-scale ranges computed by [`rms_range`] and the
+//! RMS of the IQ grids (over uniformly drawn grid indices) taken from ggml's tables.
+
+use half::{bf16, f16};
+use lagoon_core::dtype::GgmlType;
+
+use super::rng::WyRand;
+
+/// RMS of `iq2xxs_grid` values over all 256 points (bytes ∈ {8, 25, 43}).
+const IQ2XXS_GRID_RMS: f32 = 23.117_746;
+/// RMS of `iq2s_grid` values over all 1024 points.
+const IQ2S_GRID_RMS: f32 = 24.430_343;
+/// RMS of `iq3xxs_grid` values over all 256 points (bytes ∈ {4, 12, …, 62}).
+const IQ3XXS_GRID_RMS: f32 = 30.848_673;
+
+/// The types [`fill_blocks`] generates.
+pub fn supported(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q8_0 | Q4K | Q5K | Q6K | IQ2XXS | IQ2S | IQ3XXS
+    )
+}
+
+/// RMS of `k + offset` over the integers `k` in `lo..=hi` (uniformly drawn quants or
+/// sub-scales).
+pub fn rms_range(lo: i32, hi: i32, offset: f32) -> f32 {
+    let n = (hi - lo + 1) as f64;
+    let s: f64 = (lo..=hi)
+        .map(|k| (f64::from(k) + f64::from(offset)).powi(2))
+        .sum();
+    (s / n).sqrt() as f32
+}
+
+/// Fills `out` (a whole number of `ty` blocks) with random blocks of decoded standard
+/// deviation `std` and mean 0. Float types get approximately normal values.
+pub fn fill_blocks(ty: GgmlType, std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    use GgmlType::*;
+    let (_, bb) = ty.block();
+    debug_assert!(out.len().is_multiple_of(bb));
+    match ty {
+        F32 => fill_floats(ty, 0.0, std, rng, out),
+        F16 => fill_floats(ty, 0.0, std, rng, out),
+        BF16 => fill_floats(ty, 0.0, std, rng, out),
+        Q8_0 => q8_0(std, rng, out),
+        Q4K => q4k(std, rng, out),
+        Q5K => q5k(std, rng, out),
+        Q6K => q6k(std, rng, out),
+        IQ2XXS => iq2xxs(std, rng, out),
+        IQ2S => iq2s(std, rng, out),
+        IQ3XXS => iq3xxs(std, rng, out),
+        _ => unreachable!("plan refuses types without a generator"),
+    }
+}
+
+/// Float values `mean + std·N(0,1)` in `ty` (F32, F16 or BF16).
+pub fn fill_floats(ty: GgmlType, mean: f32, std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    match ty {
+        GgmlType::F32 => {
+            for c in out.chunks_exact_mut(4) {
+                c.copy_from_slice(&(mean + std * rng.normal()).to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for c in out.chunks_exact_mut(2) {
+                c.copy_from_slice(&f16::from_f32(mean + std * rng.normal()).to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for c in out.chunks_exact_mut(2) {
+                c.copy_from_slice(&bf16::from_f32(mean + std * rng.normal()).to_le_bytes());
+            }
+        }
+        _ => unreachable!("only float types hold explicit values"),
+    }
+}
+
+/// Explicit values in `ty` (F32, F16 or BF16).
+pub fn write_values(ty: GgmlType, values: &[f32], out: &mut [u8]) {
+    let w = ty.block().1;
+    for (c, &v) in out.chunks_exact_mut(w).zip(values) {
+        match ty {
+            GgmlType::F32 => c.copy_from_slice(&v.to_le_bytes()),
+            GgmlType::F16 => c.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
+            GgmlType::BF16 => c.copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
+            _ => unreachable!("only float types hold explicit values"),
+        }
+    }
+}
+
+fn put_f16(b: &mut [u8], x: f32) {
+    b[..2].copy_from_slice(&f16::from_f32(x).to_le_bytes());
+}
+
+/// Q8_0 (34 B): `d:f16 | qs:i8[32]`, `y = d·q`, q uniform over all of i8.
+fn q8_0(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let d = std / rms_range(-128, 127, 0.0);
+    for b in out.chunks_exact_mut(34) {
+        put_f16(b, d);
+        rng.fill(&mut b[2..34]);
+    }
+}
+
+/// The 12-byte 6-bit scale/min packing of Q4_K and Q5_K (`get_scale_min_k4` inverted).
+fn pack_scale_min_k4(sc: &[u8; 8], m: &[u8; 8], s: &mut [u8]) {
+    for j in 0..4 {
+        s[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+        s[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
+        s[j + 8] = (sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4);
+    }
+}
+
+/// Sub-scales drawn from the upper half of the 6-bit range, as a quantiser's are after it
+/// normalises the largest to 63.
+const K_SC_LO: i32 = 32;
+const K_SC_HI: i32 = 63;
+
+/// Random 6-bit scales with mins equal to them, so `y = d·sc·(q − q_mid)` when
+/// `dmin = q_mid·d`: zero mean for uniform quants.
+fn k4_scales(rng: &mut WyRand, s: &mut [u8]) {
+    let sc: [u8; 8] = core::array::from_fn(|_| rng.range(K_SC_LO, K_SC_HI) as u8);
+    pack_scale_min_k4(&sc, &sc, s);
+}
+
+/// Q4_K (144 B): `d | dmin | scales[12] | qs[128]`, `y = d·sc·q − dmin·m`, q in 0..15.
+fn q4k(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let d = std / (rms_range(K_SC_LO, K_SC_HI, 0.0) * rms_range(0, 15, -7.5));
+    for b in out.chunks_exact_mut(144) {
+        put_f16(&mut b[0..2], d);
+        put_f16(&mut b[2..4], 7.5 * d);
+        k4_scales(rng, &mut b[4..16]);
+        rng.fill(&mut b[16..144]);
+    }
+}
+
+/// Q5_K (176 B): `d | dmin | scales[12] | qh[32] | qs[128]`, q in 0..31.
+fn q5k(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let d = std / (rms_range(K_SC_LO, K_SC_HI, 0.0) * rms_range(0, 31, -15.5));
+    for b in out.chunks_exact_mut(176) {
+        put_f16(&mut b[0..2], d);
+        put_f16(&mut b[2..4], 15.5 * d);
+        k4_scales(rng, &mut b[4..16]);
+        rng.fill(&mut b[16..176]);
+    }
+}
+
+/// Q6_K (210 B): `ql[128] | qh[64] | scales:i8[16] | d`, `y = d·sc·q`, q in −32..31.
+fn q6k(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    const LO: i32 = 64;
+    const HI: i32 = 127;
+    let d = std / (rms_range(LO, HI, 0.0) * rms_range(-32, 31, 0.0));
+    for b in out.chunks_exact_mut(210) {
+        rng.fill(&mut b[0..192]);
+        for s in &mut b[192..208] {
+            *s = rng.range(LO, HI) as u8;
+        }
+        put_f16(&mut b[208..210], d);
+    }
+}
+
+/// RMS of the IQ sub-scale factor `0.5 + s` for 4-bit `s` drawn uniformly.
+fn iq_scale_rms() -> f32 {
+    rms_range(0, 15, 0.5)
+}
+
+/// IQ2_XXS (66 B): `d | 8 × (4 grid-index bytes | u32: 4 × 7-bit sign index, 4-bit s)`,
+/// `y = d·(0.5 + s)·0.25 · grid · sign`.
+fn iq2xxs(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let d = std / (0.25 * iq_scale_rms() * IQ2XXS_GRID_RMS);
+    for b in out.chunks_exact_mut(66) {
+        put_f16(b, d);
+        rng.fill(&mut b[2..66]);
+        // The 4-bit sub-scale is the top nibble of each group's u32; random bytes already
+        // make it uniform in 0..15 and every grid index and sign index is valid.
+    }
+}
+
+/// IQ2_S (82 B): `d | qs[32] | signs[32] | qh[8] | scales[8]` (10-bit grid indices,
+/// explicit sign bytes, two 4-bit sub-scales per byte), `y = d·(0.5 + s)·0.25 · grid · sign`.
+fn iq2s(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let d = std / (0.25 * iq_scale_rms() * IQ2S_GRID_RMS);
+    for b in out.chunks_exact_mut(82) {
+        put_f16(b, d);
+        rng.fill(&mut b[2..82]);
+    }
+}
+
+/// IQ3_XXS (98 B): `d | qs[64] (grid indices) | 8 × u32 (4 × 7-bit sign index, 4-bit s)`,
+/// `y = d·(0.5 + s)·0.5 · grid · sign`.
+fn iq3xxs(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let d = std / (0.5 * iq_scale_rms() * IQ3XXS_GRID_RMS);
+    for b in out.chunks_exact_mut(98) {
+        put_f16(b, d);
+        rng.fill(&mut b[2..98]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lagoon_core::quant::dequantize_row;
+
+    fn moments(v: &[f32]) -> (f64, f64) {
+        let n = v.len() as f64;
+        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        (mean, var.sqrt())
+    }
+
+    /// Every type with a lagoon decoder decodes to finite values of the intended spread.
+    /// (The IQ types are checked against gguf-py's decoder in `gguf/tests/synth.rs`.)
+    #[test]
+    fn decoded_blocks_have_the_requested_std() {
+        use GgmlType::*;
+        let std = 0.03f32;
+        for ty in [F32, F16, BF16, Q8_0, Q4K, Q5K, Q6K] {
+            let n = 256 * 64;
+            let mut bytes = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
+            fill_blocks(ty, std, &mut WyRand::new(3), &mut bytes);
+            let mut y = vec![0.0f32; n];
+            dequantize_row(ty, &bytes, &mut y);
+            assert!(y.iter().all(|v| v.is_finite()), "{ty:?}");
+            let (mean, s) = moments(&y);
+            assert!(mean.abs() < 0.05 * f64::from(std), "{ty:?} mean {mean}");
+            assert!(
+                (s / f64::from(std) - 1.0).abs() < 0.05,
+                "{ty:?} std {s} vs {std}"
+            );
+        }
+    }
+
+    #[test]
+    fn scale_min_packing_inverts_get_scale_min_k4() {
+        let sc = [1, 2, 3, 4, 58, 28, 14, 0];
+        let m = [5, 6, 7, 8, 41, 11, 29, 15];
+        let mut s = [0u8; 12];
+        pack_scale_min_k4(&sc, &m, &mut s);
+        // spec/formats.md §3.8: these are the bytes of the worked example.
+        assert_eq!(
+            s,
+            [
+                0xC1, 0x42, 0x03, 0x04, 0x85, 0x06, 0x47, 0x08, 0x9A, 0xBC, 0xDE, 0xF0
+            ]
+        );
+    }
+}

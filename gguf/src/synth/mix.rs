@@ -1,0 +1,205 @@
+//! Tensor roles and the type mixes that assign a ggml type to each role, modelled on what
+//! llama.cpp's `llama-quant.cpp` and unsloth's "UD" recipes produce (spec/formats.md §2.3,
+//! §5).
+
+use lagoon_core::dtype::GgmlType;
+
+/// What a tensor is in the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    TokenEmbd,
+    Output,
+    OutputNorm,
+    AttnNorm,
+    Q,
+    K,
+    V,
+    QNorm,
+    KNorm,
+    AttnGate,
+    O,
+    FfnNorm,
+    DenseGate,
+    DenseUp,
+    DenseDown,
+    Router,
+    RouterBias,
+    ExpGate,
+    ExpUp,
+    ExpDown,
+    ShGate,
+    ShUp,
+    ShDown,
+}
+
+impl Role {
+    /// A 1-D vector (norm gain or bias): always F32 in GGUF, never quantised.
+    pub fn is_vector(self) -> bool {
+        matches!(
+            self,
+            Role::OutputNorm
+                | Role::AttnNorm
+                | Role::QNorm
+                | Role::KNorm
+                | Role::FfnNorm
+                | Role::RouterBias
+        )
+    }
+
+    /// A stacked routed-expert tensor `[E, out, in]`.
+    pub fn is_routed_expert(self) -> bool {
+        matches!(self, Role::ExpGate | Role::ExpUp | Role::ExpDown)
+    }
+}
+
+/// A checkpoint's type mix (`--types`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TypeMix {
+    /// llama.cpp Q4_K_M: Q4_K, with Q6_K for `output`, and for `attn_v` and the FFN down
+    /// projections on the `use_more_bits` layers.
+    Q4KM,
+    /// Q8_0 for every matrix.
+    Q8_0,
+    /// unsloth UD-Q3_K_M-like: routed experts IQ3_XXS (down Q4_K on `use_more_bits`
+    /// layers), attention, dense and shared expert Q8_0, embeddings Q4_K, output Q6_K.
+    UdQ3KM,
+    /// UD-IQ2_M-like: expert gate/up IQ2_XXS, down IQ2_S (one step up), attention,
+    /// dense and shared expert Q4_K, embeddings Q4_K, output Q5_K.
+    Iq2M,
+    /// BF16 matrices (an unquantised conversion).
+    Bf16,
+    /// compressed-tensors W4A16 group 32 directory (poolside's INT4 release layout).
+    Int4G32,
+}
+
+impl TypeMix {
+    pub const ALL: [TypeMix; 6] = [
+        TypeMix::Q4KM,
+        TypeMix::Q8_0,
+        TypeMix::UdQ3KM,
+        TypeMix::Iq2M,
+        TypeMix::Bf16,
+        TypeMix::Int4G32,
+    ];
+
+    /// The CLI spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            TypeMix::Q4KM => "q4_k_m",
+            TypeMix::Q8_0 => "q8_0",
+            TypeMix::UdQ3KM => "ud-q3_k_m",
+            TypeMix::Iq2M => "iq2_m",
+            TypeMix::Bf16 => "bf16",
+            TypeMix::Int4G32 => "int4-g32",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TypeMix> {
+        TypeMix::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s))
+    }
+
+    /// `general.file_type` (a `llama_ftype`), or `None` for the directory format.
+    pub fn file_type(self) -> Option<u32> {
+        match self {
+            TypeMix::Q4KM => Some(15),
+            TypeMix::Q8_0 => Some(7),
+            TypeMix::UdQ3KM => Some(12),
+            TypeMix::Iq2M => Some(29),
+            TypeMix::Bf16 => Some(32),
+            TypeMix::Int4G32 => None,
+        }
+    }
+
+    /// The GGUF type of a tensor with this role in layer `layer` of `n_layers`, before
+    /// the block-size fallback of [`fit_block`].
+    pub fn ggml_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlType {
+        use GgmlType::*;
+        use Role::*;
+        if role.is_vector() || role == Router {
+            return F32;
+        }
+        let more = use_more_bits(layer, n_layers);
+        match self {
+            TypeMix::Q8_0 => Q8_0,
+            TypeMix::Bf16 | TypeMix::Int4G32 => BF16,
+            TypeMix::Q4KM => match role {
+                Output => Q6K,
+                V | DenseDown | ExpDown | ShDown if more => Q6K,
+                _ => Q4K,
+            },
+            TypeMix::UdQ3KM => match role {
+                TokenEmbd => Q4K,
+                Output => Q6K,
+                ExpGate | ExpUp => IQ3XXS,
+                ExpDown if more => Q4K,
+                ExpDown => IQ3XXS,
+                _ => Q8_0,
+            },
+            TypeMix::Iq2M => match role {
+                Output => Q5K,
+                ExpGate | ExpUp => IQ2XXS,
+                ExpDown => IQ2S,
+                _ => Q4K,
+            },
+        }
+    }
+}
+
+/// llama.cpp's `use_more_bits(i_layer, n_layers)`: the first and last eighth of the
+/// layers and every third layer in between get the larger type.
+pub fn use_more_bits(l: usize, n: usize) -> bool {
+    l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2
+}
+
+/// llama.cpp's fallback when a row (`ne[0]`) is not a whole number of blocks: 256-element
+/// types fall back to Q8_0, and anything not a multiple of 32 to BF16.
+pub fn fit_block(ty: GgmlType, ne0: u64) -> GgmlType {
+    if ne0.is_multiple_of(ty.block().0 as u64) {
+        ty
+    } else if ne0.is_multiple_of(32) {
+        GgmlType::Q8_0
+    } else {
+        GgmlType::BF16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for m in TypeMix::ALL {
+            assert_eq!(TypeMix::parse(m.name()), Some(m));
+        }
+    }
+
+    #[test]
+    fn use_more_bits_matches_llama_cpp_for_40_layers() {
+        // n/8 = 5, 7n/8 = 35: layers 0-4, 35-39, and 7, 10, ..., 34.
+        let got: Vec<usize> = (0..40).filter(|&l| use_more_bits(l, 40)).collect();
+        let mut want: Vec<usize> = (0..5).collect();
+        want.extend((7..35).step_by(3));
+        want.extend(35..40);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn q4_k_m_bumps_down_projections_on_more_bits_layers() {
+        let m = TypeMix::Q4KM;
+        assert_eq!(m.ggml_type(Role::ExpDown, 0, 40), GgmlType::Q6K);
+        assert_eq!(m.ggml_type(Role::ExpDown, 5, 40), GgmlType::Q4K);
+        assert_eq!(m.ggml_type(Role::ExpGate, 0, 40), GgmlType::Q4K);
+        assert_eq!(m.ggml_type(Role::Output, 3, 40), GgmlType::Q6K);
+        assert_eq!(m.ggml_type(Role::Router, 3, 40), GgmlType::F32);
+    }
+
+    #[test]
+    fn fallback_keeps_whole_blocks() {
+        assert_eq!(fit_block(GgmlType::Q4K, 512), GgmlType::Q4K);
+        assert_eq!(fit_block(GgmlType::Q4K, 96), GgmlType::Q8_0);
+        assert_eq!(fit_block(GgmlType::IQ2S, 100), GgmlType::BF16);
+    }
+}
