@@ -40,7 +40,10 @@ use lagoon::{Checkpoint, ModelWeights, Session, SessionOptions};
 use serde_json::json;
 
 fn main() -> anyhow::Result<()> {
-    let a = args::Args::parse(&["json", "reference", "no-warmup"])?;
+    let a = args::Args::parse(
+        include_str!("bench.rs"),
+        &["json", "reference", "no-warmup"],
+    )?;
     let model = a.get("model").context("--model PATH is required")?;
     let list = |name: &str, default: &str| -> anyhow::Result<Vec<usize>> {
         a.get(name)

@@ -16,7 +16,7 @@ use lagoon::sample::{Rng, SamplerParams, sample};
 use lagoon::{Checkpoint, Session, SessionOptions};
 
 fn main() -> anyhow::Result<()> {
-    let a = args::Args::parse(&["reference"])?;
+    let a = args::Args::parse(include_str!("generate.rs"), &["reference"])?;
     let model = a.get("model").unwrap_or(lagoon::BUNDLED_MODEL);
     let n_gen: usize = a.num("n", 32)?;
     let params = SamplerParams {

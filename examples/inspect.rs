@@ -43,7 +43,7 @@ fn role(name: &str) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
-    let a = args::Args::parse(&["tensors"])?;
+    let a = args::Args::parse(include_str!("inspect.rs"), &["tensors"])?;
     let model = a.get("model").context("--model PATH is required")?;
     let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
     match &ckpt.source {

@@ -18,7 +18,7 @@ use anyhow::Context;
 use lagoon::{Checkpoint, Session, SessionOptions};
 
 fn main() -> anyhow::Result<()> {
-    let a = args::Args::parse(&["decode", "reference"])?;
+    let a = args::Args::parse(include_str!("logits.rs"), &["decode", "reference"])?;
     let model = a.get("model").context("--model PATH is required")?;
     let tokens = a.tokens("tokens")?.context("--tokens 1,2,3 is required")?;
     let ubatch: usize = a.num("ubatch", 512)?;

@@ -20,7 +20,7 @@ use anyhow::Context;
 use lagoon::gguf::synth::{self, Preset, SynthOptions, TypeMix};
 
 fn main() -> anyhow::Result<()> {
-    let a = args::Args::parse(&["no-sync"])?;
+    let a = args::Args::parse(include_str!("synth.rs"), &["no-sync"])?;
     let names = |v: Vec<&str>| v.join("|");
     let preset_name = a.get("preset").with_context(|| {
         format!(

@@ -9,12 +9,24 @@ pub struct Args {
 }
 
 impl Args {
-    /// Parses `std::env::args`. `switches` are the flags that take no value.
-    pub fn parse(switches: &[&str]) -> anyhow::Result<Args> {
+    /// Parses `std::env::args`. `switches` are the flags that take no value. `source` is the
+    /// example's own source (`include_str!`): `--help` / `-h` prints its `//!` header and exits.
+    pub fn parse(source: &str, switches: &[&str]) -> anyhow::Result<Args> {
         let mut values = HashMap::new();
         let mut flags = Vec::new();
         let mut it = std::env::args().skip(1);
         while let Some(a) = it.next() {
+            if a == "--help" || a == "-h" {
+                for line in source.lines().take_while(|l| l.starts_with("//!")) {
+                    println!(
+                        "{}",
+                        line.trim_start_matches("//!")
+                            .strip_prefix(' ')
+                            .unwrap_or("")
+                    );
+                }
+                std::process::exit(0);
+            }
             let Some(name) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
                 anyhow::bail!("unexpected argument `{a}`; options look like `--name value`");
             };
