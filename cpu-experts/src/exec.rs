@@ -12,8 +12,11 @@ use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
 use crate::kernels::{ActFormat, Kernels};
-use crate::pool::{SharedOut, ThreadPool, chunk};
+use crate::pool::{Dynamic, SharedOut, ThreadPool};
 use crate::session::State;
+
+/// Work items are handed out in about this many claims per thread (see [`Dynamic`]).
+const CLAIMS_PER_THREAD: usize = 8;
 
 /// Rows a thread computes per kernel call: a tile of `ROW_TILE` weight rows is read once
 /// and dotted with every token of the step while it sits in L1/L2.
@@ -232,9 +235,10 @@ pub(crate) fn run(
                 let out = SharedOut::new(o);
                 let threads = &st.scratch.threads;
                 let nt = st.pool.n_threads();
+                let work = Dynamic::balanced(n * hq, nt, CLAIMS_PER_THREAD);
                 st.pool.run(&|ti| {
                     let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-                    for job in chunk(n * hq, nt, ti) {
+                    for job in work.items() {
                         let (t, h) = (job / hq, job % hq);
                         let pos = pos0 + t;
                         let first = if sliding {
@@ -354,10 +358,11 @@ fn matmul(
     let (rows, cols) = (wm.rows, wm.cols);
     let out = SharedOut::new(o);
     let nt = pool.n_threads();
+    let work = Dynamic::balanced(rows, nt, CLAIMS_PER_THREAD);
     pool.run(&|ti| {
         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
         let row = &mut sc.row[..cols];
-        for r in chunk(rows, nt, ti) {
+        for r in work.items() {
             wm.dequant_row(r, row);
             for t in 0..n {
                 let v = ops::dot(&xs[t * cols..(t + 1) * cols], row);
@@ -407,9 +412,10 @@ fn matmul_fast(
     let out = SharedOut::new(o);
     let nt = pool.n_threads();
     let n_tiles = rows.div_ceil(ROW_TILE);
+    let work = Dynamic::balanced(n_tiles, nt, CLAIMS_PER_THREAD);
     pool.run(&|ti| {
         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        for tile in chunk(n_tiles, nt, ti) {
+        for tile in work.items() {
             let r0 = tile * ROW_TILE;
             let m = ROW_TILE.min(rows - r0);
             k.dot_rows_multi(wm, r0, m, act, ab, n, &mut sc.tile[..n * m], m);
@@ -467,9 +473,10 @@ fn experts_fast(
     let nt = st.pool.n_threads();
     let tiles = i.div_ceil(ROW_TILE);
     let (eg, eu) = (SharedOut::new(&mut s.eg), SharedOut::new(&mut s.eu));
+    let work = Dynamic::balanced(groups.len() * tiles, nt, CLAIMS_PER_THREAD);
     st.pool.run(&|ti| {
         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        for f in chunk(groups.len() * tiles, nt, ti) {
+        for f in work.items() {
             let (e, start, m) = groups[f / tiles];
             let r0 = (f % tiles) * ROW_TILE;
             let nr = ROW_TILE.min(i - r0);
@@ -495,9 +502,10 @@ fn experts_fast(
     o.fill(0.0);
     let out = SharedOut::new(o);
     let tiles = h.div_ceil(ROW_TILE);
+    let work = Dynamic::balanced(tiles, nt, CLAIMS_PER_THREAD);
     st.pool.run(&|ti| {
         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        for tile in chunk(tiles, nt, ti) {
+        for tile in work.items() {
             let r0 = tile * ROW_TILE;
             let nr = ROW_TILE.min(h - r0);
             for &(e, start, m) in groups.iter() {
@@ -550,10 +558,11 @@ fn experts(
     let nt = st.pool.n_threads();
     // Gate and up: work item f = (group f / I, row f % I), for all of the group's tokens.
     let (eg, eu) = (SharedOut::new(&mut s.eg), SharedOut::new(&mut s.eu));
+    let work = Dynamic::balanced(groups.len() * i, nt, CLAIMS_PER_THREAD);
     st.pool.run(&|ti| {
         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
         let row = &mut sc.row[..h];
-        for f in chunk(groups.len() * i, nt, ti) {
+        for f in work.items() {
             let (e, start, m) = groups[f / i];
             let r = f % i;
             for (mat, dst) in [(&gate[e as usize], &eg), (&up[e as usize], &eu)] {
@@ -574,10 +583,11 @@ fn experts(
     o.fill(0.0);
     let out = SharedOut::new(o);
     let act = &s.eg;
+    let work = Dynamic::balanced(h, nt, CLAIMS_PER_THREAD);
     st.pool.run(&|ti| {
         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
         let row = &mut sc.row[..i];
-        for r in chunk(h, nt, ti) {
+        for r in work.items() {
             for &(e, start, m) in groups.iter() {
                 down[e as usize].dequant_row(r, row);
                 for j in start..start + m {

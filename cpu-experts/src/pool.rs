@@ -169,6 +169,43 @@ pub fn chunk(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     start..start + base + usize::from(i < extra)
 }
 
+/// Work handed out on demand: each call of `next` claims the next `grain` items of `0..n`
+/// (an atomic counter shared by the threads of one dispatch). Threads that run fast or
+/// start early take more, so one slow core (a noisy neighbour, a late wake-up) does not hold
+/// the whole dispatch back as a static split would. Which thread gets an item never changes
+/// what is computed for it.
+pub struct Dynamic {
+    next: AtomicUsize,
+    n: usize,
+    grain: usize,
+}
+
+impl Dynamic {
+    pub fn new(n: usize, grain: usize) -> Dynamic {
+        Dynamic {
+            next: AtomicUsize::new(0),
+            n,
+            grain: grain.max(1),
+        }
+    }
+
+    /// A grain that gives each of `threads` about `per_thread` claims.
+    pub fn balanced(n: usize, threads: usize, per_thread: usize) -> Dynamic {
+        Dynamic::new(n, n.div_ceil(threads * per_thread))
+    }
+
+    /// The next range of items, or `None` when all are claimed.
+    pub fn claim(&self) -> Option<std::ops::Range<usize>> {
+        let start = self.next.fetch_add(self.grain, Ordering::Relaxed);
+        (start < self.n).then(|| start..(start + self.grain).min(self.n))
+    }
+
+    /// Every item this thread claims, one at a time.
+    pub fn items(&self) -> impl Iterator<Item = usize> + '_ {
+        std::iter::from_fn(|| self.claim()).flatten()
+    }
+}
+
 /// A raw pointer to an output buffer that several threads write at disjoint indices.
 #[derive(Clone, Copy)]
 pub struct SharedOut(*mut f32, usize);
@@ -245,6 +282,21 @@ mod tests {
             sum.fetch_add(i, Ordering::Relaxed);
         });
         assert_eq!(sum.load(Ordering::Relaxed), 6);
+    }
+
+    #[test]
+    fn dynamic_claims_every_item_once() {
+        let pool = ThreadPool::new(3);
+        for (n, grain) in [(0, 1), (1, 4), (100, 7), (1000, 1)] {
+            let d = Dynamic::new(n, grain);
+            let seen: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|_| {
+                for i in d.items() {
+                    seen[i].fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            assert!(seen.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+        }
     }
 
     #[test]
