@@ -196,6 +196,54 @@ fn bench_bandwidth(c: &mut Criterion) {
     g.finish();
 }
 
+/// Copies of one ten-expert set (gate, up, down each) spread over [`target_bytes`], and one
+/// token's activations quantised for the gate/up and the down matrices.
+struct Experts {
+    sets: Vec<Vec<Mat>>,
+    set_bytes: usize,
+    act_in: Vec<u8>,
+    act_down: Vec<u8>,
+}
+
+impl Experts {
+    fn build(k: &Kernels, kind: Kind) -> Experts {
+        let mut rng = Rng(0x5EED);
+        let set: Vec<Mat> = (0..EXPERTS)
+            .flat_map(|_| {
+                [
+                    Mat::build(kind, FFN, HIDDEN, &mut rng),
+                    Mat::build(kind, FFN, HIDDEN, &mut rng),
+                    Mat::build(kind, HIDDEN, FFN, &mut rng),
+                ]
+            })
+            .collect();
+        let set_bytes: usize = set.iter().map(Mat::bytes).sum();
+        let copies = target_bytes().div_ceil(set_bytes).max(1);
+        let sets: Vec<Vec<Mat>> = (0..copies).map(|_| set.clone()).collect();
+        // Activations quantised once (per-token quantisation is O(cols), not timed).
+        let (fmt_in, fmt_down) = (
+            k.act_format(&sets[0][0].view()),
+            k.act_format(&sets[0][2].view()),
+        );
+        let x: Vec<f32> = (0..HIDDEN)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let h: Vec<f32> = (0..FFN)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+            .collect();
+        let mut act_in = vec![0u8; Kernels::act_row_bytes(fmt_in, HIDDEN)];
+        let mut act_down = vec![0u8; Kernels::act_row_bytes(fmt_down, FFN)];
+        k.quantize_act(fmt_in, &x, &mut act_in);
+        k.quantize_act(fmt_down, &h, &mut act_down);
+        Experts {
+            sets,
+            set_bytes,
+            act_in,
+            act_down,
+        }
+    }
+}
+
 fn bench_experts(c: &mut Criterion) {
     let k = Kernels::detect();
     let kinds = [
@@ -216,35 +264,13 @@ fn bench_experts(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}", k.name()));
     for kind in kinds {
-        let mut rng = Rng(0x5EED);
-        // One set: ten experts × (gate, up, down).
-        let set: Vec<Mat> = (0..EXPERTS)
-            .flat_map(|_| {
-                [
-                    Mat::build(kind, FFN, HIDDEN, &mut rng),
-                    Mat::build(kind, FFN, HIDDEN, &mut rng),
-                    Mat::build(kind, HIDDEN, FFN, &mut rng),
-                ]
-            })
-            .collect();
-        let set_bytes: usize = set.iter().map(Mat::bytes).sum();
-        let copies = target_bytes().div_ceil(set_bytes).max(1);
-        let sets: Vec<Vec<Mat>> = (0..copies).map(|_| set.clone()).collect();
-        drop(set);
-        // Activations quantised once (per-token quantisation is O(cols), not timed).
-        let first = sets[0][0].view();
-        let down0 = sets[0][2].view();
-        let (fmt_in, fmt_down) = (k.act_format(&first), k.act_format(&down0));
-        let x: Vec<f32> = (0..HIDDEN)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-            .collect();
-        let h: Vec<f32> = (0..FFN)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
-            .collect();
-        let mut act_in = vec![0u8; Kernels::act_row_bytes(fmt_in, HIDDEN)];
-        let mut act_down = vec![0u8; Kernels::act_row_bytes(fmt_down, FFN)];
-        k.quantize_act(fmt_in, &x, &mut act_in);
-        k.quantize_act(fmt_down, &h, &mut act_down);
+        let Experts {
+            sets,
+            set_bytes,
+            act_in,
+            act_down,
+        } = Experts::build(&k, kind);
+        let copies = sets.len();
         let mut out_ffn = vec![0f32; FFN];
         let mut out_hidden = vec![0f32; HIDDEN];
         let mut next = 0usize;
@@ -320,34 +346,13 @@ fn bench_experts_mt(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}_{nt}t", k.name()));
     for kind in kinds {
-        let mut rng = Rng(0x5EED);
-        let set: Vec<Mat> = (0..EXPERTS)
-            .flat_map(|_| {
-                [
-                    Mat::build(kind, FFN, HIDDEN, &mut rng),
-                    Mat::build(kind, FFN, HIDDEN, &mut rng),
-                    Mat::build(kind, HIDDEN, FFN, &mut rng),
-                ]
-            })
-            .collect();
-        let set_bytes: usize = set.iter().map(Mat::bytes).sum();
-        let copies = target_bytes().div_ceil(set_bytes).max(1);
-        let sets: Vec<Vec<Mat>> = (0..copies).map(|_| set.clone()).collect();
-        drop(set);
-        let (fmt_in, fmt_down) = (
-            k.act_format(&sets[0][0].view()),
-            k.act_format(&sets[0][2].view()),
-        );
-        let x: Vec<f32> = (0..HIDDEN)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-            .collect();
-        let h: Vec<f32> = (0..FFN)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
-            .collect();
-        let mut act_in = vec![0u8; Kernels::act_row_bytes(fmt_in, HIDDEN)];
-        let mut act_down = vec![0u8; Kernels::act_row_bytes(fmt_down, FFN)];
-        k.quantize_act(fmt_in, &x, &mut act_in);
-        k.quantize_act(fmt_down, &h, &mut act_down);
+        let Experts {
+            sets,
+            set_bytes,
+            act_in,
+            act_down,
+        } = Experts::build(&k, kind);
+        let copies = sets.len();
         let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
         let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
         let mut next = 0usize;
