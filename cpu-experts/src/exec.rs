@@ -172,7 +172,19 @@ pub(crate) fn run(
 ) {
     let vals = &graph.values;
     let d = c.head_dim;
-    for op in &graph.nodes {
+    let mut skip = 0;
+    for (i, op) in graph.nodes.iter().enumerate() {
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
+        if let (Some(k), Op::MatMul { x, .. }) = (st.kernels, op) {
+            let batch = same_input_matmuls(&graph.nodes[i..], *x);
+            if batch > 1 && matmuls_fused(&k, st, graph, w, &graph.nodes[i..i + batch], n) {
+                skip = batch - 1;
+                continue;
+            }
+        }
         match *op {
             Op::Embed { out } => {
                 let (_, o) = io::<0>(&mut st.arena, [], (vals[out], n));
@@ -391,6 +403,106 @@ fn quantize_rows(
         );
     }
     ab
+}
+
+/// Most matmuls fused into one dispatch (Q, K, V and the gate read the same normed input).
+const MAX_FUSED: usize = 4;
+
+/// How many nodes from the start of `nodes` are matmuls of the value `x` (at most
+/// [`MAX_FUSED`]).
+fn same_input_matmuls(nodes: &[Op], x: usize) -> usize {
+    nodes
+        .iter()
+        .take(MAX_FUSED)
+        .take_while(|op| matches!(op, Op::MatMul { x: x2, .. } if *x2 == x))
+        .count()
+}
+
+/// Runs consecutive matmuls of one input as a single pool dispatch: the input is quantised
+/// once and the row tiles of every matrix are handed out together. Returns `false` (and does
+/// nothing) when the matrices want different activation formats or the outputs are not
+/// disjoint; the caller then runs them one by one.
+fn matmuls_fused(
+    k: &Kernels,
+    st: &mut State,
+    graph: &Graph,
+    w: &ModelWeights<'_>,
+    nodes: &[Op],
+    n: usize,
+) -> bool {
+    let vals = &graph.values;
+    let mut mats: [Option<(&MatRef<'_>, Value)>; MAX_FUSED] = [None; MAX_FUSED];
+    let mut xv = None;
+    for (slot, op) in mats.iter_mut().zip(nodes) {
+        let Op::MatMul { x, w: wid, out } = *op else {
+            return false;
+        };
+        xv = Some(vals[x]);
+        *slot = Some((mat(w, wid), vals[out]));
+    }
+    let Some(xv) = xv else { return false };
+    let fmt = k.act_format(mats[0].as_ref().map(|m| m.0).expect("at least one matmul"));
+    if mats
+        .iter()
+        .flatten()
+        .any(|(m, _)| k.act_format(m) != fmt || m.cols != xv.cols)
+    {
+        return false;
+    }
+    // Every output must be disjoint from the input and from each other (no allocation here:
+    // this runs on every decode step).
+    let range = |v: Value| v.offset..v.offset + v.rows(n) * v.cols;
+    let ranges: [core::ops::Range<usize>; MAX_FUSED + 1] = core::array::from_fn(|j| match j {
+        0 => range(xv),
+        _ => mats[j - 1].map_or(0..0, |(_, o)| range(o)),
+    });
+    let used = &ranges[..1 + nodes.len().min(MAX_FUSED)];
+    for (a, ra) in used.iter().enumerate() {
+        if ra.end > st.arena.len()
+            || used[a + 1..]
+                .iter()
+                .any(|rb| ra.start < rb.end && rb.start < ra.end)
+        {
+            return false;
+        }
+    }
+    let cols = xv.cols;
+    let ab = quantize_rows(k, fmt, &st.arena[range(xv)], n, cols, &mut st.scratch.act);
+    let act = &st.scratch.act[..n * ab];
+    let base = st.arena.as_mut_ptr();
+    let outs: [Option<SharedOut>; MAX_FUSED] = core::array::from_fn(|j| {
+        // SAFETY: each output range lies inside the arena and overlaps neither the input nor
+        // another output (checked above); the arena is not touched otherwise until the
+        // dispatch below returns.
+        mats[j].map(|(_, o)| unsafe { SharedOut::from_raw(base.add(o.offset), o.rows(n) * o.cols) })
+    });
+    // Tile index space: matrix j owns tiles first[j]..first[j + 1].
+    let mut first = [0usize; MAX_FUSED + 1];
+    for j in 0..MAX_FUSED {
+        first[j + 1] = first[j] + mats[j].map_or(0, |(m, _)| m.rows.div_ceil(ROW_TILE));
+    }
+    let nt = st.pool.n_threads();
+    let work = Dynamic::balanced(first[MAX_FUSED], nt, CLAIMS_PER_THREAD);
+    let threads = &st.scratch.threads;
+    st.pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        for f in work.items() {
+            let j = first.partition_point(|&s| s <= f) - 1;
+            let (Some((wm, _)), Some(out)) = (mats[j], &outs[j]) else {
+                continue;
+            };
+            let rows = wm.rows;
+            let r0 = (f - first[j]) * ROW_TILE;
+            let m = ROW_TILE.min(rows - r0);
+            k.dot_rows_multi(wm, r0, m, act, ab, n, &mut sc.tile[..n * m], m);
+            for t in 0..n {
+                // SAFETY: tile (j, r0) is claimed by exactly one thread.
+                let dst = unsafe { out.slice(t * rows + r0..t * rows + r0 + m) };
+                dst.copy_from_slice(&sc.tile[t * m..(t + 1) * m]);
+            }
+        }
+    });
+    true
 }
 
 /// The fast matmul: activations quantised once per token (as the weight type asks), output

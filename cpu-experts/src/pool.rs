@@ -220,6 +220,15 @@ impl SharedOut {
         SharedOut(s.as_mut_ptr(), s.len())
     }
 
+    /// A view of `len` elements at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for writes for as long as the `SharedOut` is used, and
+    /// accessed through nothing else meanwhile.
+    pub unsafe fn from_raw(ptr: *mut f32, len: usize) -> SharedOut {
+        SharedOut(ptr, len)
+    }
+
     /// A mutable view of `range`.
     ///
     /// # Safety

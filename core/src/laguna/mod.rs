@@ -112,6 +112,13 @@ pub fn build(c: &ModelConfig, gates: &[GateMode], max_tokens: usize, all_logits:
         let q = matmul(&mut b, hn, w(L::Q), hq * d);
         let k = matmul(&mut b, hn, w(L::K), c.n_kv_heads * d);
         let v = matmul(&mut b, hn, w(L::V), c.n_kv_heads * d);
+        // The gate reads the same normed input: emitted next to Q/K/V so that backends can
+        // run the four projections as one dispatch.
+        let g = match gates[l] {
+            GateMode::None => None,
+            GateMode::PerHead => Some(matmul(&mut b, hn, w(L::Gate), hq)),
+            GateMode::PerElement => Some(matmul(&mut b, hn, w(L::Gate), hq * d)),
+        };
         let q = norm(&mut b, q, w(L::QNorm), hq * d);
         let k = norm(&mut b, k, w(L::KNorm), c.n_kv_heads * d);
         let sliding = c.is_sliding(l);
@@ -124,19 +131,10 @@ pub fn build(c: &ModelConfig, gates: &[GateMode], max_tokens: usize, all_logits:
             q,
             out: o,
         });
-        match gates[l] {
-            GateMode::None => {}
-            GateMode::PerHead | GateMode::PerElement => {
-                let cols = if gates[l] == GateMode::PerHead {
-                    hq
-                } else {
-                    hq * d
-                };
-                let g = matmul(&mut b, hn, w(L::Gate), cols);
-                let og = b.value(hq * d);
-                b.push(Op::GateMul { o, g, out: og });
-                o = og;
-            }
+        if let Some(g) = g {
+            let og = b.value(hq * d);
+            b.push(Op::GateMul { o, g, out: og });
+            o = og;
         }
         let attn = matmul(&mut b, o, w(L::O), h);
         x = add(&mut b, x, attn, h);
