@@ -17,6 +17,7 @@ pub use lagoon_cpu as cpu;
 pub use lagoon_cpu::{Session, SessionOptions, StepError};
 pub use lagoon_gguf as gguf;
 pub use lagoon_gguf::{Checkpoint, Error};
+pub mod chat;
 pub mod tokenizer;
 
 /// The model's weights as views into the checkpoint (nothing is copied but the small norm
