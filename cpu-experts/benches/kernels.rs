@@ -393,11 +393,45 @@ fn bench_experts_mt(c: &mut Criterion) {
     group.finish();
 }
 
+/// Prefill: one 1024 × 3072 Q4_K matrix × 64 tokens through `dot_rows_multi` in tiles of 16
+/// rows (as `matmul_fast`), single thread, weights in cache. Throughput in elements is
+/// FLOP (2·rows·cols·tokens).
+fn prefill_q4k_64tok(c: &mut Criterion) {
+    const TOK: usize = 64;
+    const TILE: usize = 16;
+    let k = Kernels::detect();
+    let mut rng = Rng(11);
+    let m = Mat::build(Kind::G(GgmlType::Q4K), FFN, HIDDEN, &mut rng);
+    let w = m.view();
+    let fmt = k.act_format(&w);
+    let ab = Kernels::act_row_bytes(fmt, HIDDEN);
+    let mut acts = vec![0u8; TOK * ab];
+    for t in 0..TOK {
+        let x: Vec<f32> = (0..HIDDEN)
+            .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        k.quantize_act(fmt, &x, &mut acts[t * ab..(t + 1) * ab]);
+    }
+    let mut tile = vec![0f32; TOK * TILE];
+    let mut group = c.benchmark_group(format!("prefill_{}", k.name()));
+    group.throughput(Throughput::Elements((2 * FFN * HIDDEN * TOK) as u64));
+    group.bench_function("prefill_q4k_64tok", |b| {
+        b.iter(|| {
+            for r0 in (0..FFN).step_by(TILE) {
+                k.dot_rows_multi(&w, r0, TILE, &acts, ab, TOK, &mut tile, TILE);
+                black_box(&tile);
+            }
+        })
+    });
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_bandwidth,
     bench_experts,
     bench_bandwidth_mt,
-    bench_experts_mt
+    bench_experts_mt,
+    prefill_q4k_64tok
 );
 criterion_main!(benches);

@@ -642,6 +642,65 @@ proptest! {
     }
 }
 
+/// `dot_rows_multi` with n_act tokens (1..=9, so every group size of the several-token
+/// kernels and every remainder) is bit-identical to `dot_rows` one token at a time, for
+/// ragged row counts, offsets and strides; a NaN in one token stays in that token.
+#[test]
+fn multi_token_matches_one_token() {
+    let fast = Kernels::detect();
+    let types = [
+        Wt::G(GgmlType::Q4K),
+        Wt::G(GgmlType::Q8_0),
+        Wt::G(GgmlType::Q6K),
+        Wt::G(GgmlType::Q5K),
+        Wt::G(GgmlType::Q4_0),
+    ];
+    for (ti, wt) in types.into_iter().enumerate() {
+        for (ci, (units, rows, r0)) in [(12, 17, 3), (1, 5, 0), (3, 1, 2)].into_iter().enumerate() {
+            let seed = 100 + 10 * ti as u64 + ci as u64;
+            let cols = units * wt.col_unit();
+            let scales = if ci == 2 {
+                Scales::Tiny
+            } else {
+                Scales::Normal
+            };
+            let o = build(wt, r0 + rows, cols, scales, seed);
+            with_mat(&o, |m| {
+                let fmt = fast.act_format(m);
+                let ab = Kernels::act_row_bytes(fmt, cols);
+                let stride = ab + 5;
+                for n_act in 1..=9usize {
+                    let mut acts = vec![0u8; (n_act - 1) * stride + ab];
+                    for t in 0..n_act {
+                        let mut x = act_row(cols, 1.0, seed * 31 + t as u64);
+                        if t == 5 {
+                            x[t % cols] = f32::NAN;
+                        }
+                        let (q, _) = quantise(&fast, fmt, &x);
+                        acts[t * stride..t * stride + ab].copy_from_slice(&q);
+                    }
+                    let out_stride = rows + 3;
+                    let mut out = vec![f32::INFINITY; (n_act - 1) * out_stride + rows];
+                    fast.dot_rows_multi(m, r0, rows, &acts, stride, n_act, &mut out, out_stride);
+                    for t in 0..n_act {
+                        let one = dots(&fast, m, r0, rows, &acts[t * stride..t * stride + ab]);
+                        for i in 0..rows {
+                            let got = out[t * out_stride + i];
+                            assert_eq!(
+                                got.to_bits(),
+                                one[i].to_bits(),
+                                "{wt:?} n_act {n_act} token {t} row {i}: {got} vs {}",
+                                one[i]
+                            );
+                            assert_eq!(got.is_nan(), t == 5, "{wt:?} token {t} row {i}");
+                        }
+                    }
+                }
+            });
+        }
+    }
+}
+
 /// Out-of-contract calls: debug builds assert; release builds give NaN, never a panic.
 #[test]
 fn rows_past_the_matrix_and_bad_acts_give_nan() {

@@ -39,6 +39,12 @@ pub enum ActFormat {
 
 /// One weight row (bytes) · one activation row (bytes) over `n` elements.
 pub(crate) type RowDot = fn(w: &[u8], a: &[u8], n: usize) -> f32;
+/// One weight row (bytes) · up to [`MULTI_TOKENS`] activation rows at once:
+/// `out[t] = w · acts[t]`, `out.len() == acts.len()`, each result bit-identical to the
+/// type's [`RowDot`] on that token alone.
+pub(crate) type MultiDot = fn(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]);
+/// Tokens one [`MultiDot`] call takes at most.
+const MULTI_TOKENS: usize = 4;
 /// Dequantised f32 weights · f32 activation bytes (the fallback's inner product).
 pub(crate) type F32Dot = fn(w: &[f32], a: &[[u8; 4]]) -> f32;
 
@@ -59,6 +65,10 @@ pub(crate) struct Table {
     pub q4k: RowDot,
     pub q5k: RowDot,
     pub q6k: RowDot,
+    /// Several tokens per weight row (prefill); `None`: the [`RowDot`] per token.
+    pub q4k_multi: Option<MultiDot>,
+    pub q8_0_multi: Option<MultiDot>,
+    pub q6k_multi: Option<MultiDot>,
     pub f32: RowDot,
     pub f16: RowDot,
     pub bf16: RowDot,
@@ -86,6 +96,9 @@ pub(crate) fn scalar_table() -> Table {
         q4k: vec_dot_q4k_q8k,
         q5k: vec_dot_q5k_q8k,
         q6k: vec_dot_q6k_q8k,
+        q4k_multi: None,
+        q8_0_multi: None,
+        q6k_multi: None,
         f32: vec_dot_f32_f32,
         f16: vec_dot_f16_f32,
         bf16: vec_dot_bf16_f32,
@@ -123,6 +136,8 @@ enum Plan<'m> {
     /// A ggml type with an integer or float kernel: row `r` is `data[r·rb..(r+1)·rb]`.
     Ggml {
         f: RowDot,
+        /// The several-token kernel, where the table has one for this type.
+        fm: Option<MultiDot>,
         data: &'m [u8],
         rb: usize,
     },
@@ -244,7 +259,10 @@ impl Kernels {
 
     /// `out[t·out_stride + i] = W[r0 + i] · act_t` for `i < n_rows`, `t < n_act`, where
     /// `act_t = acts[t·act_stride ..][..act_row_bytes]`. Each weight row is read from memory
-    /// once and dotted with every token while it is in L1.
+    /// once and dotted with every token while it is in L1. Where the table has a
+    /// several-token kernel for the type (AVX2: Q4_K, Q6_K, Q8_0) and `n_act ≥ 2`, tokens go
+    /// in groups of up to 4 so each weight block is unpacked once per group;
+    /// the results are bit-identical to one token at a time.
     pub fn dot_rows_multi(
         &self,
         w: &MatRef<'_>,
@@ -276,14 +294,38 @@ impl Kernels {
                 continue;
             }
             match &plan {
-                Plan::Ggml { f, data, rb } => {
+                Plan::Ggml { f, fm, data, rb } => {
                     if let Some(next) =
                         data.get((r + PREFETCH_ROWS) * rb..(r + PREFETCH_ROWS + 1) * rb)
                     {
                         (self.t.prefetch)(next);
                     }
                     let row = data.get(r * rb..(r + 1) * rb);
-                    for t in 0..n_act {
+                    let mut t0 = 0;
+                    if let (Some(fm), Some(row), 2..) = (fm, row, n_act) {
+                        // Groups of up to MULTI_TOKENS; a last group of one takes `f`.
+                        while n_act - t0 >= 2 {
+                            let nt = (n_act - t0).min(MULTI_TOKENS);
+                            let mut a: [&[u8]; MULTI_TOKENS] = [&[]; MULTI_TOKENS];
+                            let mut ok = true;
+                            for (k, slot) in a[..nt].iter_mut().enumerate() {
+                                match act_t(t0 + k) {
+                                    Some(x) => *slot = x,
+                                    None => ok = false,
+                                }
+                            }
+                            if !ok {
+                                break;
+                            }
+                            let mut v = [0.0f32; MULTI_TOKENS];
+                            fm(row, &a[..nt], cols, &mut v[..nt]);
+                            for (k, &v) in v[..nt].iter().enumerate() {
+                                put(t0 + k, i, v);
+                            }
+                            t0 += nt;
+                        }
+                    }
+                    for t in t0..n_act {
                         let v = match (row, act_t(t)) {
                             (Some(row), Some(a)) => f(row, a, cols),
                             _ => f32::NAN,
@@ -390,8 +432,14 @@ impl Kernels {
                     (GgmlType::BF16, _) => Some(t.bf16),
                     _ => None,
                 };
+                let fm = match ty {
+                    GgmlType::Q4K => t.q4k_multi,
+                    GgmlType::Q8_0 => t.q8_0_multi,
+                    GgmlType::Q6K => t.q6k_multi,
+                    _ => None,
+                };
                 match f {
-                    Some(f) => Plan::Ggml { f, data, rb },
+                    Some(f) => Plan::Ggml { f, fm, data, rb },
                     None if quant::supported(*ty) => {
                         let (blk, blk_bytes) = ty.block();
                         Plan::GgmlFallback {

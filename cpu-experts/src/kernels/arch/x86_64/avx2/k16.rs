@@ -212,3 +212,102 @@ fn q2k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
     }
     hsum_ps(acc) - hsum_ps(accm)
 }
+
+/// Q6_K × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`, `out.len() ==
+/// acts.len()`); see [`q6k_q8k_n`].
+pub(super) fn vec_dot_q6k_q8k_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+    // SAFETY: `q6k_multi` only needs AVX2, FMA and F16C. This wrapper is reachable only
+    // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
+    // `Avx2Fma::detect` builds one only after detecting all three features.
+    unsafe { q6k_multi(w, acts, n, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6k_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+    match *acts {
+        [a0, a1, a2, a3] => out.copy_from_slice(&q6k_q8k_n(w, [a0, a1, a2, a3], n)),
+        [a0, a1, a2] => out.copy_from_slice(&q6k_q8k_n(w, [a0, a1, a2], n)),
+        [a0, a1] => out.copy_from_slice(&q6k_q8k_n(w, [a0, a1], n)),
+        _ => {
+            for (o, a) in out.iter_mut().zip(acts) {
+                *o = q6k_q8k(w, a, n);
+            }
+        }
+    }
+}
+
+/// Q6_K × Q8_K against N activation rows: each super-block's planes and scales are unpacked
+/// once and dotted with every token. Per token, the f32 operations and their order are
+/// those of [`q6k_q8k`] (only exact i32 sums are grouped differently), so each result is
+/// bit-identical to the one-row kernel.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    let acts_q = acts.map(|a| Q8KAct::new(a, n));
+    let (Some(wb), true) = (
+        blocks::<210>(w, n / 256),
+        acts_q.iter().all(Option::is_some),
+    ) else {
+        return acts.map(|a| q6k_q8k(w, a, n));
+    };
+    let a = acts_q.map(|a| a.unwrap_or_else(|| unreachable!()));
+    let qa = a.map(|a| a.qs.as_chunks::<256>().0);
+    let bsums = a.map(|a| a.bsums.as_chunks::<16>().0);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x30);
+    let rep = 0x0101_0101_0101_0101u64;
+    let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    // Super-block b into accumulator b & 1 of every token.
+    let mut step = |b: usize, blk: &[u8; 210], h1: usize| {
+        let sc8 = ld128(at::<u8, 192, 16, 210>(blk));
+        let ql = at::<u8, 0, 128, 210>(blk).as_chunks::<32>().0;
+        let qh = at::<u8, 128, 64, 210>(blk).as_chunks::<32>().0;
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for h in 0..2 {
+            let (q0, q1, hb) = (ld256(&ql[2 * h]), ld256(&ql[2 * h + 1]), ld256(&qh[h]));
+            let u = [
+                _mm256_or_si256(
+                    _mm256_and_si256(q0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(q1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(q0), m4),
+                    _mm256_and_si256(hb, m2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(q1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(hb), m2),
+                ),
+            ];
+            for (g, &u) in u.iter().enumerate() {
+                let k = (8 * h + 2 * g) as u64;
+                let mask = _mm_set_epi64x((rep * (k + 1)) as i64, (rep * k) as i64);
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, mask));
+                for t in 0..N {
+                    let q = qa[t][b].as_chunks::<32>().0;
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(&q[4 * h + g])), sc);
+                    sumi[t] = _mm256_add_epi32(sumi[t], p);
+                }
+            }
+        }
+        let dw = f16_at::<208, 210>(blk);
+        for t in 0..N {
+            let corr = _mm256_slli_epi32::<5>(scaled_bsums(sc8, &bsums[t][b]));
+            let s = _mm256_sub_epi32(sumi[t], corr);
+            let d = _mm256_set1_ps(a[t].d(b) * dw);
+            acc[t][h1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][h1]);
+        }
+    };
+    let (wp, wt) = wb.as_chunks::<2>();
+    for (k, w2) in wp.iter().enumerate() {
+        step(2 * k, &w2[0], 0);
+        step(2 * k + 1, &w2[1], 1);
+    }
+    if let [blk] = wt {
+        step(wb.len() - 1, blk, 0);
+    }
+    core::array::from_fn(|t| hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1])))
+}

@@ -142,3 +142,99 @@ fn q5k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
         }
     )
 }
+
+/// Q4_K × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`, `out.len() ==
+/// acts.len()`); see [`q4k_q8k_n`].
+pub(super) fn vec_dot_q4k_q8k_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+    // SAFETY: `q4k_multi` only needs AVX2, FMA and F16C. This wrapper is reachable only
+    // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
+    // `Avx2Fma::detect` builds one only after detecting all three features.
+    unsafe { q4k_multi(w, acts, n, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+    match *acts {
+        [a0, a1, a2, a3] => out.copy_from_slice(&q4k_q8k_n(w, [a0, a1, a2, a3], n)),
+        [a0, a1, a2] => out.copy_from_slice(&q4k_q8k_n(w, [a0, a1, a2], n)),
+        [a0, a1] => out.copy_from_slice(&q4k_q8k_n(w, [a0, a1], n)),
+        _ => {
+            for (o, a) in out.iter_mut().zip(acts) {
+                *o = q4k_q8k(w, a, n);
+            }
+        }
+    }
+}
+
+/// Q4_K × Q8_K against N activation rows: each super-block's nibbles and scales are
+/// unpacked once and dotted with every token. Per token, every f32 operation is the one
+/// [`q4k_q8k`] performs, in the same order (only the exact i32 sums are grouped
+/// differently), so each result is bit-identical to the one-row kernel.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    let acts_q = acts.map(|a| Q8KAct::new(a, n));
+    let (Some(wb), true) = (
+        blocks::<144>(w, n / 256),
+        acts_q.iter().all(Option::is_some),
+    ) else {
+        return acts.map(|a| q4k_q8k(w, a, n));
+    };
+    let a = acts_q.map(|a| a.unwrap_or_else(|| unreachable!()));
+    let nb = wb.len();
+    // Per token: its super-blocks' quants, scales and sums, each exactly nb long.
+    let mut qa: [&[[i8; 256]]; N] = [&[]; N];
+    let mut da: [&[[u8; 4]]; N] = [&[]; N];
+    let mut bsums: [&[[[u8; 2]; 16]]; N] = [&[]; N];
+    for t in 0..N {
+        qa[t] = &a[t].qs.as_chunks::<256>().0[..nb];
+        da[t] = &a[t].d[..nb];
+        bsums[t] = &a[t].bsums.as_chunks::<16>().0[..nb];
+    }
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut accm = [_mm_setzero_ps(); N];
+    for (b, blk) in wb.iter().enumerate() {
+        let dw = f16_at::<0, 144>(blk);
+        let dminw = f16_at::<2, 144>(blk);
+        let (sc, m) = scales_mins(at::<u8, 4, 12, 144>(blk));
+        let dat: [f32; N] = core::array::from_fn(|t| f32::from_le_bytes(da[t][b]));
+        for t in 0..N {
+            let dmin = _mm_set1_ps(dat[t] * dminw);
+            accm[t] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins_dot(&m, &bsums[t][b])), accm[t]);
+        }
+        let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+            i64::from_le_bytes(sc),
+        )));
+        let scale = |j: usize| {
+            _mm256_shuffle_epi8(
+                sc16,
+                _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16),
+            )
+        };
+        let qs = at::<u8, 16, 128, 144>(blk).as_chunks::<32>().0;
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            let x = ld256(&qs[c]);
+            let lo = _mm256_and_si256(x, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+            let (sl, sh) = (scale(2 * c), scale(2 * c + 1));
+            for t in 0..N {
+                let q = qa[t][b].as_chunks::<32>().0;
+                let pl = _mm256_maddubs_epi16(lo, ld256(&q[2 * c]));
+                let ph = _mm256_maddubs_epi16(hi, ld256(&q[2 * c + 1]));
+                let pl = _mm256_madd_epi16(pl, sl);
+                let ph = _mm256_madd_epi16(ph, sh);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(pl, ph));
+            }
+        }
+        for t in 0..N {
+            let d = _mm256_set1_ps(dat[t] * dw);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    core::array::from_fn(|t| {
+        let m = _mm_add_ps(accm[t], _mm_movehl_ps(accm[t], accm[t]));
+        let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        hsum_ps(acc[t]) - _mm_cvtss_f32(m)
+    })
+}

@@ -152,3 +152,64 @@ fn q5_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
         )
     })
 }
+
+/// Q8_0 × Q8_0 for up to 4 tokens at once (`out[t] = w · acts[t]`, `out.len() ==
+/// acts.len()`); see [`q8_0_q8_0_n`].
+pub(super) fn vec_dot_q8_0_q8_0_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+    // SAFETY: `q8_0_multi` only needs AVX2, FMA and F16C. This wrapper is reachable only
+    // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
+    // `Avx2Fma::detect` builds one only after detecting all three features.
+    unsafe { q8_0_multi(w, acts, n, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+    match *acts {
+        [a0, a1, a2, a3] => out.copy_from_slice(&q8_0_q8_0_n(w, [a0, a1, a2, a3], n)),
+        [a0, a1, a2] => out.copy_from_slice(&q8_0_q8_0_n(w, [a0, a1, a2], n)),
+        [a0, a1] => out.copy_from_slice(&q8_0_q8_0_n(w, [a0, a1], n)),
+        _ => {
+            for (o, a) in out.iter_mut().zip(acts) {
+                *o = q8_0_q8_0(w, a, n);
+            }
+        }
+    }
+}
+
+/// Q8_0 × Q8_0 against N activation rows: each weight block is loaded (and its sign taken)
+/// once and dotted with every token. Per token, the f32 operations and their order are
+/// those of [`q8_0_q8_0`] (even blocks into one accumulator, odd into the other, an odd
+/// last block into the even one), so each result is bit-identical to the one-row kernel.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_q8_0_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    let acts_q = acts.map(|a| Q8_0Act::new(a, n));
+    let (Some(wb), true) = (blocks::<34>(w, n / 32), acts_q.iter().all(Option::is_some)) else {
+        return acts.map(|a| q8_0_q8_0(w, a, n));
+    };
+    let a = acts_q.map(|a| a.unwrap_or_else(|| unreachable!()));
+    let qa = a.map(|a| a.qs.as_chunks::<32>().0);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    // Block b into accumulator h of every token.
+    let mut step = |b: usize, blk: &[u8; 34], h: usize| {
+        let x = ld256(at::<u8, 2, 32, 34>(blk));
+        let ax = _mm256_sign_epi8(x, x);
+        let dw = f16_at::<0, 34>(blk);
+        for t in 0..N {
+            let sy = _mm256_sign_epi8(ld256(&qa[t][b]), x);
+            let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+            let dd = _mm256_set1_ps(dw * a[t].d(b));
+            acc[t][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[t][h]);
+        }
+    };
+    // Pairs go to accumulators 0/1; an odd last block (no partner) to 0.
+    let (wp, wt) = wb.as_chunks::<2>();
+    for (k, w2) in wp.iter().enumerate() {
+        step(2 * k, &w2[0], 0);
+        step(2 * k + 1, &w2[1], 1);
+    }
+    if let [blk] = wt {
+        step(wb.len() - 1, blk, 0);
+    }
+    core::array::from_fn(|t| hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1])))
+}
