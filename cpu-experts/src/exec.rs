@@ -476,32 +476,9 @@ fn matmuls_fused(
         // dispatch below returns.
         mats[j].map(|(_, o)| unsafe { SharedOut::from_raw(base.add(o.offset), o.rows(n) * o.cols) })
     });
-    // Tile index space: matrix j owns tiles first[j]..first[j + 1].
-    let mut first = [0usize; MAX_FUSED + 1];
-    for j in 0..MAX_FUSED {
-        first[j + 1] = first[j] + mats[j].map_or(0, |(m, _)| m.rows.div_ceil(ROW_TILE));
-    }
-    let nt = st.pool.n_threads();
-    let work = Dynamic::balanced(first[MAX_FUSED], nt, CLAIMS_PER_THREAD);
-    let threads = &st.scratch.threads;
-    st.pool.run(&|ti| {
-        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        for f in work.items() {
-            let j = first.partition_point(|&s| s <= f) - 1;
-            let (Some((wm, _)), Some(out)) = (mats[j], &outs[j]) else {
-                continue;
-            };
-            let rows = wm.rows;
-            let r0 = (f - first[j]) * ROW_TILE;
-            let m = ROW_TILE.min(rows - r0);
-            k.dot_rows_multi(wm, r0, m, act, ab, n, &mut sc.tile[..n * m], m);
-            for t in 0..n {
-                // SAFETY: tile (j, r0) is claimed by exactly one thread.
-                let dst = unsafe { out.slice(t * rows + r0..t * rows + r0 + m) };
-                dst.copy_from_slice(&sc.tile[t * m..(t + 1) * m]);
-            }
-        }
-    });
+    let jobs: [Option<(&MatRef<'_>, SharedOut)>; MAX_FUSED] =
+        core::array::from_fn(|j| mats[j].map(|(m, _)| m).zip(outs[j]));
+    dot_tiles(k, &st.pool, &st.scratch.threads, &jobs, act, ab, n);
     true
 }
 
@@ -517,22 +494,47 @@ fn matmul_fast(
     n: usize,
     o: &mut [f32],
 ) {
-    let (rows, cols) = (wm.rows, wm.cols);
+    let cols = wm.cols;
     let fmt = k.act_format(wm);
     let ab = quantize_rows(k, fmt, xs, n, cols, act);
     let act = &act[..n * ab];
-    let out = SharedOut::new(o);
-    let nt = pool.n_threads();
-    let n_tiles = rows.div_ceil(ROW_TILE);
-    let work = Dynamic::balanced(n_tiles, nt, CLAIMS_PER_THREAD);
+    let jobs = [Some((wm, SharedOut::new(o))), None, None, None];
+    dot_tiles(k, pool, threads, &jobs, act, ab, n);
+}
+
+/// `out_j[t, r] = W_j[r] · act_t` for every matrix `j` of `jobs` and token `t < n`: the row
+/// tiles of all matrices form one index space handed out on demand, each tile dotted with
+/// every token by [`Kernels::dot_rows_multi`] (`act`: `n` rows of `ab` bytes).
+fn dot_tiles(
+    k: &Kernels,
+    pool: &ThreadPool,
+    threads: &[Mutex<ThreadScratch>],
+    jobs: &[Option<(&MatRef<'_>, SharedOut)>; MAX_FUSED],
+    act: &[u8],
+    ab: usize,
+    n: usize,
+) {
+    // Matrix j owns tiles first[j]..first[j + 1].
+    let mut first = [0usize; MAX_FUSED + 1];
+    for j in 0..MAX_FUSED {
+        first[j + 1] = first[j]
+            + jobs[j]
+                .as_ref()
+                .map_or(0, |(m, _)| m.rows.div_ceil(ROW_TILE));
+    }
+    let work = Dynamic::balanced(first[MAX_FUSED], pool.n_threads(), CLAIMS_PER_THREAD);
     pool.run(&|ti| {
         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        for tile in work.items() {
-            let r0 = tile * ROW_TILE;
+        for f in work.items() {
+            let j = first.partition_point(|&s| s <= f) - 1;
+            let Some((wm, out)) = &jobs[j] else { continue };
+            let rows = wm.rows;
+            let r0 = (f - first[j]) * ROW_TILE;
             let m = ROW_TILE.min(rows - r0);
             k.dot_rows_multi(wm, r0, m, act, ab, n, &mut sc.tile[..n * m], m);
             for t in 0..n {
-                // SAFETY: rows r0..r0+m belong to this thread's tiles only.
+                // SAFETY: tile (j, r0) is claimed by exactly one thread, and the outputs of
+                // different matrices are disjoint (the callers' contract).
                 let dst = unsafe { out.slice(t * rows + r0..t * rows + r0 + m) };
                 dst.copy_from_slice(&sc.tile[t * m..(t + 1) * m]);
             }
