@@ -2,7 +2,7 @@
 //! figure next to the machine's own memory-bandwidth floor.
 //!
 //! `bench --model PATH [-p N[,N..]] [-n N[,N..]] [-ub N] [-d N[,N..]] [-r N] [--threads N]
-//!  [--reference] [--no-warmup] [--json]`
+//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]]`
 //!
 //! Semantics follow llama-bench: `pp N` evaluates a prompt of N random tokens (in ubatches
 //! of `-ub`, default 512; `-b` is accepted as a synonym), `tg N` generates N tokens one at a
@@ -10,7 +10,8 @@
 //! runs at that context depth. Each test runs `-r` times (default 5) after one warmup run
 //! (pp: the whole prompt, tg: one token, as llama-bench does); the median, min and max
 //! tokens/s are reported. `--threads` defaults to all cores; `--reference` forces the
-//! scalar reference path.
+//! scalar reference path. `--device cuda[:N]` runs on CUDA device N (decode steps replayed
+//! as a CUDA graph); its floor is the device's copy bandwidth (see [`CUDA_FLOOR_GB_S`]).
 //!
 //! Every test also reports the weight bytes it streams per token, the GB/s that implies,
 //! and that as a fraction of the floor: the streaming-read bandwidth this program measures
@@ -36,7 +37,45 @@ use std::time::Instant;
 use anyhow::Context;
 use lagoon::core::config::ModelConfig;
 use lagoon::core::laguna::weights::Ffn;
+use lagoon::cuda_backend::{CudaSession, CudaSessionOptions};
 use lagoon::{Checkpoint, ModelWeights, Session, SessionOptions};
+
+/// The H200's device-to-device copy bandwidth (read + write counted), measured on the GPU
+/// machine (`shared/device/README.md`): the floor of a bandwidth-bound CUDA decode.
+/// TODO(#6): measure it at start-up like the CPU floor.
+const CUDA_FLOOR_GB_S: f64 = 4200.0;
+
+/// The session a bench runs on (one per run: the variants' size difference costs nothing).
+#[allow(clippy::large_enum_variant)]
+enum Backend<'w> {
+    Cpu(Session<'w>),
+    Cuda(CudaSession),
+}
+
+impl Backend<'_> {
+    fn reset(&mut self) {
+        match self {
+            Backend::Cpu(s) => s.reset(),
+            Backend::Cuda(s) => s.reset(),
+        }
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> anyhow::Result<()> {
+        match self {
+            Backend::Cpu(s) => s.prefill(tokens, |_| {})?,
+            Backend::Cuda(s) => s.prefill(tokens, |_| {})?,
+        }
+        Ok(())
+    }
+
+    /// One step; returns the argmax of its last logits row.
+    fn step(&mut self, tokens: &[u32]) -> anyhow::Result<u32> {
+        Ok(match self {
+            Backend::Cpu(s) => lagoon::sample::argmax(s.step(tokens)?),
+            Backend::Cuda(s) => lagoon::sample::argmax(s.step(tokens)?),
+        })
+    }
+}
 use serde_json::json;
 
 fn main() -> anyhow::Result<()> {
@@ -72,15 +111,36 @@ fn main() -> anyhow::Result<()> {
     let reference = a.flag("reference");
     let warmup = !a.flag("no-warmup");
     let as_json = a.flag("json");
+    let device = match a.get("device").unwrap_or("cpu") {
+        "cpu" => None,
+        "cuda" => Some(0),
+        d => Some(
+            d.strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .with_context(|| format!("--device `{d}`: use cpu, cuda or cuda:N"))?,
+        ),
+    };
 
     // The floor first, before the model's pages compete for memory.
-    let floor = measure_floor(n_threads);
-    eprintln!(
-        "floor: {:.2} GB/s streaming read ({} threads, {} MiB buffer)",
-        floor.gb_s,
-        n_threads,
-        floor.buffer_bytes >> 20
-    );
+    let floor = match device {
+        None => measure_floor(n_threads),
+        Some(_) => Floor {
+            gb_s: CUDA_FLOOR_GB_S,
+            buffer_bytes: 0,
+        },
+    };
+    match device {
+        None => eprintln!(
+            "floor: {:.2} GB/s streaming read ({} threads, {} MiB buffer)",
+            floor.gb_s,
+            n_threads,
+            floor.buffer_bytes >> 20
+        ),
+        Some(d) => eprintln!(
+            "device: cuda:{d}; floor: {:.0} GB/s (H200 device copy, measured once)",
+            floor.gb_s
+        ),
+    }
 
     let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
     let weights = lagoon::weights(&ckpt)?;
@@ -89,17 +149,36 @@ fn main() -> anyhow::Result<()> {
     let max_p = prompts.iter().copied().max().unwrap_or(0);
     let max_n = gens.iter().copied().max().unwrap_or(0);
     let n_ctx = depths.iter().copied().max().unwrap_or(0) + max_p.max(max_n + 1) + 1;
-    let mut s = Session::new(
-        c,
-        &weights,
-        SessionOptions {
-            n_ctx,
-            ubatch,
-            all_logits: false,
-            n_threads,
-            reference,
-        },
-    );
+    let mut s = match device {
+        None => Backend::Cpu(Session::new(
+            c,
+            &weights,
+            SessionOptions {
+                n_ctx,
+                ubatch,
+                all_logits: false,
+                n_threads,
+                reference,
+            },
+        )),
+        Some(device) => Backend::Cuda(CudaSession::new(
+            c,
+            &weights,
+            CudaSessionOptions {
+                n_ctx,
+                ubatch,
+                all_logits: false,
+                device,
+                cuda_graphs: true,
+                ..Default::default()
+            },
+        )?),
+    };
+    let backend = match (device, reference) {
+        (Some(d), _) => format!("cuda:{d}"),
+        (None, true) => "cpu (reference)".to_string(),
+        (None, false) => "cpu".to_string(),
+    };
     let model_name = Path::new(model)
         .file_name()
         .map_or(model.to_string(), |n| n.to_string_lossy().into_owned());
@@ -131,7 +210,7 @@ fn main() -> anyhow::Result<()> {
             if as_json {
                 println!(
                     "{}",
-                    row.json(&model_name, &costs, n_threads, ubatch, reference)
+                    row.json(&model_name, &costs, n_threads, ubatch, &backend)
                 );
             } else {
                 eprintln!("{} @ d{}: {:.2} t/s", test.name(), depth, row.median);
@@ -145,7 +224,7 @@ fn main() -> anyhow::Result<()> {
             &costs,
             n_threads,
             ubatch,
-            reference,
+            &backend,
             floor.gb_s,
             &rows,
         );
@@ -203,23 +282,23 @@ impl TokenStream {
 }
 
 /// One timed run of `test` at `depth`; returns its seconds.
-fn run(s: &mut Session<'_>, test: Test, depth: usize, t: &mut TokenStream) -> anyhow::Result<f64> {
+fn run(s: &mut Backend<'_>, test: Test, depth: usize, t: &mut TokenStream) -> anyhow::Result<f64> {
     s.reset();
     if depth > 0 {
-        s.prefill(&t.take(depth), |_| {})?;
+        s.prefill(&t.take(depth))?;
     }
     match test {
         Test::Pp(n) => {
             let prompt = t.take(n);
             let t0 = Instant::now();
-            s.prefill(&prompt, |_| {})?;
+            s.prefill(&prompt)?;
             Ok(t0.elapsed().as_secs_f64())
         }
         Test::Tg(n) => {
-            let mut next = lagoon::sample::argmax(s.step(&[t.next()])?);
+            let mut next = s.step(&[t.next()])?;
             let t0 = Instant::now();
             for _ in 0..n {
-                next = lagoon::sample::argmax(s.step(&[next])?);
+                next = s.step(&[next])?;
             }
             Ok(t0.elapsed().as_secs_f64())
         }
@@ -393,14 +472,7 @@ impl Row {
         self.median * self.bytes_per_token / 1e9
     }
 
-    fn json(
-        &self,
-        model: &str,
-        c: &Costs,
-        threads: usize,
-        ubatch: usize,
-        reference: bool,
-    ) -> String {
+    fn json(&self, model: &str, c: &Costs, threads: usize, ubatch: usize, backend: &str) -> String {
         let (n_prompt, n_gen) = match self.test {
             Test::Pp(n) => (n, 0),
             Test::Tg(n) => (0, n),
@@ -409,8 +481,8 @@ impl Row {
             "model": model,
             "model_bytes": c.model_bytes,
             "n_params": c.n_params,
-            "backend": "cpu",
-            "reference": reference,
+            "backend": backend,
+            "reference": backend.ends_with("(reference)"),
             "threads": threads,
             "n_ubatch": ubatch,
             "test": self.test.name(),
@@ -438,11 +510,10 @@ fn print_table(
     c: &Costs,
     threads: usize,
     ubatch: usize,
-    reference: bool,
+    backend: &str,
     floor: f64,
     rows: &[Row],
 ) {
-    let backend = if reference { "cpu (reference)" } else { "cpu" };
     println!(
         "| model | size | params | backend | threads | n_ubatch | test | t/s (median) | min – max | MB/token | GB/s | % of floor | GFLOP/s |"
     );

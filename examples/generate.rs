@@ -1,67 +1,321 @@
-//! Generates tokens from a prompt of token ids.
+//! Generates text with a Laguna model, streaming it to stdout.
 //!
-//! `generate [--model PATH] [--prompt-tokens 2,10,11] [-n 32] [--temp T] [--top-k K]
-//!  [--top-p P] [--seed S] [--ubatch N] [--ctx N] [--threads N] [--reference]`
+//! `generate [--model PATH] [--prompt TEXT | --chat TEXT | --prompt-tokens 2,10,11]
+//!  [--system TEXT] [--think | --no-think] [--chat-template FILE]
+//!  [-n | --max-tokens N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
+//!  [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]
+//!  [--stop STR]... [--reasoning-budget N] [--ids]
+//!  [--ctx N] [--ubatch N] [--threads N] [--reference]`
 //!
-//! Without `--model` it runs the small Laguna-architecture model bundled with the repository
-//! (random weights: it exercises the whole engine but writes no meaningful text).
+//! --prompt TEXT        raw completion: the tokenizer's BOS, then TEXT.
+//! --chat TEXT          one user turn rendered with the checkpoint's chat template
+//!                      (--system adds a system turn; --think / --no-think set
+//!                      `enable_thinking`, else the template's default). A checkpoint
+//!                      without a template gets --chat-template FILE or the Laguna v8 one.
+//! --prompt-tokens IDS  comma-separated prompt ids.
+//! --stop STR           stop string; repeatable, or a comma list (`\,` for a comma; `\n`,
+//!                      `\t`, `\\` escapes).
+//! --reasoning-budget N force `</think>` after N reasoning tokens.
+//! --ids                also print the generated ids on stdout at the end.
+//! Sampling defaults: greedy (temp 0), every filter and penalty off, seed 0, 256 tokens.
+//!
+//! Reasoning is shown dimmed on a terminal, otherwise wrapped in literal `<think>…</think>`
+//! (left open when generation is cut inside reasoning).
+//! Timings and the finish reason go to stderr. Without a prompt flag a default prompt is
+//! used: a chat turn when the checkpoint has a chat template, else a raw completion.
+//! Without `--model` it runs the small model bundled with the repository.
 
 #[path = "common/args.rs"]
 mod args;
 
+use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use anyhow::Context;
-use lagoon::sample::{Rng, SamplerParams, sample};
+use lagoon::chat::ChatTemplate;
+use lagoon::generate::prompt::{ChatRequest, encode_completion, encode_rendered};
+use lagoon::generate::{Channel, Event, GenerateParams, Generator, end_of_generation_ids};
+use lagoon::sample::{Sampler, SamplerParams};
+use lagoon::tokenizer::Tokenizer;
 use lagoon::{Checkpoint, Session, SessionOptions};
 
-fn main() -> anyhow::Result<()> {
-    let a = args::Args::parse(include_str!("generate.rs"), &["reference"])?;
-    let model = a.get("model").unwrap_or(lagoon::BUNDLED_MODEL);
-    let n_gen: usize = a.num("n", 32)?;
-    let params = SamplerParams {
-        temperature: a.num("temp", 0.0)?,
-        top_k: a.num("top-k", 0)?,
-        top_p: a.num("top-p", 1.0)?,
+/// Used by `--chat` when the checkpoint carries no template (spec/laguna.md §7.2).
+const LAGUNA_V8_TEMPLATE: &str = include_str!("../tests/fixtures/chat/laguna_v8.jinja");
+const DEFAULT_CHAT: &str = "Write a short poem about the sea.";
+const DEFAULT_COMPLETION: &str = "Once upon a time";
+
+/// Splits `--stop` values on unescaped commas and resolves `\n \t \\ \,`.
+fn stop_strings(values: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for v in values {
+        let mut cur = String::new();
+        let mut chars = v.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => cur.push('\n'),
+                    Some('t') => cur.push('\t'),
+                    Some(',') => cur.push(','),
+                    Some('\\') => cur.push('\\'),
+                    Some(o) => {
+                        cur.push('\\');
+                        cur.push(o);
+                    }
+                    None => cur.push('\\'),
+                },
+                ',' => out.push(std::mem::take(&mut cur)),
+                c => cur.push(c),
+            }
+        }
+        out.push(cur);
+    }
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+fn sampler_params(a: &args::Args) -> anyhow::Result<SamplerParams> {
+    let d = SamplerParams::default();
+    let p = SamplerParams {
+        temperature: a.num("temp", d.temperature)?,
+        top_k: a.num("top-k", d.top_k)?,
+        top_p: a.num("top-p", d.top_p)?,
+        min_p: a.num("min-p", d.min_p)?,
+        repetition_penalty: a.num("repeat-penalty", d.repetition_penalty)?,
+        presence_penalty: a.num("presence-penalty", d.presence_penalty)?,
+        frequency_penalty: a.num("frequency-penalty", d.frequency_penalty)?,
     };
-    let mut rng = Rng::new(a.num("seed", 0)?);
+    p.validate()?;
+    Ok(p)
+}
+
+/// Writes the stream, marking reasoning: ANSI dim on a terminal, else literal tags.
+struct Printer {
+    out: std::io::StdoutLock<'static>,
+    tty: bool,
+    open: bool,
+}
+
+impl Printer {
+    fn set_reasoning(&mut self, on: bool) -> std::io::Result<()> {
+        if on == self.open {
+            return Ok(());
+        }
+        self.open = on;
+        let mark = match (self.tty, on) {
+            (true, true) => "\x1b[2m",
+            (true, false) => "\x1b[0m",
+            (false, true) => "<think>",
+            (false, false) => "</think>",
+        };
+        self.out.write_all(mark.as_bytes())
+    }
+
+    fn event(&mut self, e: Event<'_>) -> std::io::Result<()> {
+        match e {
+            Event::Text { text, channel } => {
+                self.set_reasoning(channel == Channel::Reasoning)?;
+                self.out.write_all(text.as_bytes())?;
+                self.out.flush()
+            }
+            Event::ReasoningStart => self.set_reasoning(true),
+            Event::ReasoningEnd { .. } => self.set_reasoning(false),
+            Event::Token { .. } => Ok(()),
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = args::Args::parse(
+        include_str!("generate.rs"),
+        &["reference", "think", "no-think", "ids"],
+    )?;
+    let model = a.get("model").unwrap_or(lagoon::BUNDLED_MODEL);
+    let max_tokens: usize = match a.get_any(&["n", "max-tokens"]) {
+        Some((_, v)) => v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("`--max-tokens {v}` is not a valid number"))?,
+        None => 256,
+    };
+    anyhow::ensure!(max_tokens > 0, "--max-tokens must be at least 1");
+    let n_prompt_flags = ["prompt", "chat", "prompt-tokens"]
+        .iter()
+        .filter(|f| a.get(f).is_some())
+        .count();
+    anyhow::ensure!(
+        n_prompt_flags <= 1,
+        "give at most one of --prompt, --chat, --prompt-tokens"
+    );
+    anyhow::ensure!(
+        !(a.flag("think") && a.flag("no-think")),
+        "give --think or --no-think, not both"
+    );
+    let params = GenerateParams {
+        sampler: sampler_params(&a)?,
+        seed: a.num("seed", 0)?,
+        max_tokens,
+        stop: stop_strings(&a.all("stop")),
+        reasoning_budget: a
+            .get("reasoning-budget")
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| anyhow::anyhow!("`--reasoning-budget {v}` is not a number"))
+            })
+            .transpose()?,
+        ..Default::default()
+    };
 
     let t_load = Instant::now();
     let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
     let weights = lagoon::weights(&ckpt)?;
-    let prompt = a
-        .tokens("prompt-tokens")?
-        .unwrap_or_else(|| vec![ckpt.config.bos_token.unwrap_or(0)]);
-    let n_ctx: usize = a.num("ctx", prompt.len() + n_gen)?;
-    let ubatch: usize = a.num("ubatch", 64)?;
-    let n_threads: usize = a.num("threads", 0)?;
+    let tokenizer = Tokenizer::from_checkpoint(&ckpt);
+
+    // The prompt.
+    let prompt: Vec<u32> = if let Some(ids) = a.tokens("prompt-tokens")? {
+        ids
+    } else {
+        let tok = tokenizer
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{model}: {e}; use --prompt-tokens instead"))?;
+        let own_template = ChatTemplate::from_checkpoint(&ckpt);
+        let chat_text = match (a.get("prompt"), a.get("chat")) {
+            (Some(_), _) => None,
+            (None, Some(c)) => Some(c),
+            (None, None) if own_template.is_ok() => {
+                eprintln!("no prompt given: chatting with {DEFAULT_CHAT:?}");
+                Some(DEFAULT_CHAT)
+            }
+            (None, None) => None,
+        };
+        if let Some(text) = chat_text {
+            let template = match (a.get("chat-template"), own_template) {
+                (Some(f), _) => ChatTemplate::from_str(
+                    &std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?,
+                )?,
+                (None, Ok(t)) => t,
+                (None, Err(e)) => {
+                    eprintln!("{e}; using the Laguna v8 chat template");
+                    ChatTemplate::from_str(LAGUNA_V8_TEMPLATE)?
+                }
+            };
+            let thinking = match (a.flag("think"), a.flag("no-think")) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            };
+            let req = ChatRequest::user(text, a.get("system"), thinking);
+            encode_rendered(tok, &req.render(&template)?)
+        } else {
+            let text = a.get("prompt").unwrap_or_else(|| {
+                eprintln!("no prompt given: completing {DEFAULT_COMPLETION:?}");
+                DEFAULT_COMPLETION
+            });
+            encode_completion(tok, text)
+        }
+    };
+    anyhow::ensure!(!prompt.is_empty(), "the prompt has no tokens");
+
+    let n_ctx: usize = a.num("ctx", prompt.len() + max_tokens)?;
     let mut s = Session::new(
         &ckpt.config,
         &weights,
         SessionOptions {
             n_ctx,
-            ubatch,
+            ubatch: a.num("ubatch", 64)?,
             all_logits: false,
-            n_threads,
+            n_threads: a.num("threads", 0)?,
             reference: a.flag("reference"),
         },
     );
-    eprintln!("loaded {model} in {:.2} s", t_load.elapsed().as_secs_f64());
+    eprintln!(
+        "loaded {model} in {:.2} s; prompt: {} tokens",
+        t_load.elapsed().as_secs_f64(),
+        prompt.len()
+    );
 
-    let mut scratch = vec![(0.0f32, 0u32); ckpt.config.vocab_size];
+    let Ok(tok) = tokenizer.as_ref() else {
+        return ids_only(&ckpt, &mut s, &prompt, &params);
+    };
+    let ends = end_of_generation_ids(&ckpt.config.eos_tokens, tok);
+    let mut g = Generator::new(tok, ckpt.config.vocab_size, &ends, params)?;
+    let mut p = Printer {
+        out: std::io::stdout().lock(),
+        tty: std::io::stdout().is_terminal(),
+        open: false,
+    };
+    let mut io_err = None;
+    let outcome = g.generate(&mut s, &prompt, |e| {
+        if io_err.is_none()
+            && let Err(err) = p.event(e)
+        {
+            io_err = Some(err);
+        }
+    })?;
+    if p.tty {
+        p.set_reasoning(false)?;
+    }
+    writeln!(p.out)?;
+    if a.flag("ids") {
+        let ids: Vec<String> = g.tokens().iter().map(|t| t.to_string()).collect();
+        writeln!(p.out, "{}", ids.join(","))?;
+    }
+    p.out.flush()?;
+    if let Some(e) = io_err {
+        return Err(e).context("writing to stdout");
+    }
+
+    let o = outcome;
+    let prefill_s = o.prefill.as_secs_f64();
+    let decode_s = o.decode.as_secs_f64();
+    let n_decode = o.n_generated.saturating_sub(1);
+    eprintln!(
+        "prefill {} tokens: {:.1} tok/s; decode {} tokens: {:.1} tok/s ({} reasoning{})",
+        o.n_prompt_tokens,
+        o.n_prompt_tokens as f64 / prefill_s.max(1e-9),
+        n_decode,
+        n_decode as f64 / decode_s.max(1e-9),
+        o.n_reasoning_tokens,
+        if o.reasoning_forced {
+            ", </think> forced by the budget"
+        } else {
+            ""
+        }
+    );
+    eprintln!(
+        "finish_reason: {} — {}{}",
+        o.finish.as_str(),
+        o.finish,
+        if o.in_reasoning {
+            "; cut inside reasoning"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// A checkpoint without a tokenizer: sample ids and print them.
+fn ids_only(
+    ckpt: &Checkpoint,
+    s: &mut Session<'_>,
+    prompt: &[u32],
+    params: &GenerateParams,
+) -> anyhow::Result<()> {
+    eprintln!("the checkpoint has no tokenizer: printing token ids");
+    let mut sampler = Sampler::new(ckpt.config.vocab_size, params.sampler, params.seed)?;
+    sampler.reset(prompt, params.seed);
     let t0 = Instant::now();
     let mut last = Vec::new();
-    s.prefill(&prompt, |l| {
+    s.prefill(prompt, |l| {
         last.clear();
         last.extend_from_slice(l)
     })?;
     let t_prefill = t0.elapsed().as_secs_f64();
-    let mut next = sample(&last, &params, &mut rng, &mut scratch);
+    let mut next = sampler.sample(&last);
     let mut out = vec![next];
     let t1 = Instant::now();
-    while out.len() < n_gen && !ckpt.config.eos_tokens.contains(&next) {
-        let logits = s.step(&[next])?;
-        next = sample(logits, &params, &mut rng, &mut scratch);
+    while out.len() < params.max_tokens && !ckpt.config.eos_tokens.contains(&next) {
+        sampler.accept(next);
+        next = sampler.sample(s.step(&[next])?);
         out.push(next);
     }
     let t_decode = t1.elapsed().as_secs_f64();
@@ -70,7 +324,7 @@ fn main() -> anyhow::Result<()> {
     eprintln!(
         "prefill {} tokens: {:.1} tok/s; decode {} tokens: {:.1} tok/s",
         prompt.len(),
-        prompt.len() as f64 / t_prefill,
+        prompt.len() as f64 / t_prefill.max(1e-9),
         out.len() - 1,
         (out.len() - 1) as f64 / t_decode.max(1e-9)
     );

@@ -1,13 +1,14 @@
 //! Evaluates a token sequence and writes the logits of every position.
 //!
 //! `logits --model PATH --tokens 1,2,3 [--out FILE] [--ubatch N] [--decode] [--reference]
-//!  [--threads N]`
+//!  [--threads N] [--device cpu|cuda[:N]]`
 //!
 //! PATH is a `.gguf` file or a HF / compressed-tensors directory. FILE receives raw
 //! little-endian f32, row-major `[n_tokens, vocab]`. The argmax of each position is printed.
 //! `--decode` feeds the tokens one at a time through the KV cache; `--reference` forces the
 //! scalar reference path (weights decoded to f32, f32 math), the baseline for bisecting any
-//! numerical question about the fast kernels.
+//! numerical question about the fast kernels. `--device cuda[:N]` runs on CUDA device N
+//! (default 0) instead of the CPU (`--reference` and `--threads` then do not apply).
 
 #[path = "common/args.rs"]
 mod args;
@@ -15,6 +16,7 @@ mod args;
 use std::io::Write;
 
 use anyhow::Context;
+use lagoon::cuda_backend::{CudaSession, CudaSessionOptions};
 use lagoon::{Checkpoint, Session, SessionOptions};
 
 fn main() -> anyhow::Result<()> {
@@ -37,9 +39,25 @@ fn main() -> anyhow::Result<()> {
         n_threads,
         reference,
     };
-    let mut session = Session::new(&ckpt.config, &weights, opts);
     let mut all = Vec::with_capacity(tokens.len() * vocab);
-    session.prefill(&tokens, |l| all.extend_from_slice(l))?;
+    match parse_device(a.get("device").unwrap_or("cpu"))? {
+        None => {
+            let mut session = Session::new(&ckpt.config, &weights, opts);
+            session.prefill(&tokens, |l| all.extend_from_slice(l))?;
+        }
+        Some(device) => {
+            let copts = CudaSessionOptions {
+                n_ctx: opts.n_ctx,
+                ubatch: opts.ubatch,
+                all_logits: true,
+                device,
+                cuda_graphs: true,
+                ..Default::default()
+            };
+            let mut session = CudaSession::new(&ckpt.config, &weights, copts)?;
+            session.prefill(&tokens, |l| all.extend_from_slice(l))?;
+        }
+    }
     debug_assert_eq!(all.len(), tokens.len() * vocab);
 
     let argmax: Vec<String> = all
@@ -58,4 +76,17 @@ fn main() -> anyhow::Result<()> {
         eprintln!("wrote {} x {} logits to {out}", tokens.len(), vocab);
     }
     Ok(())
+}
+
+/// `cpu` → `None`, `cuda` / `cuda:N` → `Some(N)`.
+fn parse_device(s: &str) -> anyhow::Result<Option<usize>> {
+    match s {
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Some)
+            .with_context(|| format!("--device `{s}`: use cpu, cuda or cuda:N")),
+    }
 }

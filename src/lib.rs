@@ -15,9 +15,11 @@ pub use lagoon_core::laguna::ModelWeights;
 pub use lagoon_core::sample;
 pub use lagoon_cpu as cpu;
 pub use lagoon_cpu::{Session, SessionOptions, StepError};
+pub use lagoon_cuda as cuda_backend;
 pub use lagoon_gguf as gguf;
 pub use lagoon_gguf::{Checkpoint, Error};
 pub mod chat;
+pub mod generate;
 pub mod tokenizer;
 
 /// The model's weights as views into the checkpoint (nothing is copied but the small norm

@@ -1,5 +1,21 @@
-//! lagoon-cuda: the CUDA backend (issue #6). For now only the device probe exists; it turns
-//! a missing driver or NVRTC into an error instead of cudarc's panic.
+//! lagoon-cuda: the CUDA backend (issue #6).
+//!
+//! Kernels are `.cu` sources in `cuda/kernels/`, compiled by NVRTC at device init for the
+//! device's compute capability and cached on disk ([`compile`]); a manifest resolves every
+//! kernel once ([`manifest`]). [`CudaSession`] walks the same Laguna graph as the CPU
+//! backend with one launch per node over a planner-sized device arena. cudarc loads
+//! `libcuda`/`libnvrtc` at run time, so this crate builds without CUDA; [`probe`] turns
+//! their absence into an error instead of cudarc's panic.
+
+pub mod compile;
+pub mod device;
+pub mod error;
+pub mod manifest;
+pub mod session;
+pub mod weights;
+
+pub use error::CudaError;
+pub use session::{CudaSession, CudaSessionOptions};
 
 /// Why no CUDA device can be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,9 +32,9 @@ impl std::fmt::Display for CudaUnavailable {
             CudaUnavailable::NoDriver => {
                 f.write_str("no CUDA driver (libcuda) found on this machine")
             }
-            CudaUnavailable::NoNvrtc => {
-                f.write_str("no NVRTC (libnvrtc.so.13) found; install the CUDA 13.0 runtime")
-            }
+            CudaUnavailable::NoNvrtc => f.write_str(
+                "no NVRTC (libnvrtc.so.13) found; install the CUDA 13.0 runtime or put its lib directory on LD_LIBRARY_PATH",
+            ),
         }
     }
 }
@@ -33,7 +49,12 @@ pub fn probe() -> Result<(), CudaUnavailable> {
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(CudaUnavailable::NoDriver);
     }
-    // SAFETY: as above, for the NVRTC library.
+    probe_nvrtc()
+}
+
+/// Checks that NVRTC alone can be loaded (compiling needs no GPU).
+pub fn probe_nvrtc() -> Result<(), CudaUnavailable> {
+    // SAFETY: as in `probe`, for the NVRTC library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(CudaUnavailable::NoNvrtc);
     }

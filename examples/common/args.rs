@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 pub struct Args {
-    values: HashMap<String, String>,
+    /// Every value given for an option, in order (`get` takes the last).
+    values: HashMap<String, Vec<String>>,
     flags: Vec<String>,
 }
 
@@ -36,14 +37,35 @@ impl Args {
                 let v = it
                     .next()
                     .ok_or_else(|| anyhow::anyhow!("`--{name}` needs a value"))?;
-                values.insert(name.to_string(), v);
+                values
+                    .entry(name.to_string())
+                    .or_insert_with(Vec::new)
+                    .push(v);
             }
         }
         Ok(Args { values, flags })
     }
 
+    /// The option's value (the last one when given several times).
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.values.get(name).map(|s| s.as_str())
+        self.values
+            .get(name)
+            .and_then(|v| v.last())
+            .map(|s| s.as_str())
+    }
+
+    /// Every value of a repeatable option, in order.
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.values
+            .get(name)
+            .map(|v| v.iter().map(|s| s.as_str()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The value of the first of `names` that was given (for aliases such as `-n` /
+    /// `--max-tokens`).
+    pub fn get_any<'a>(&self, names: &[&'a str]) -> Option<(&'a str, &str)> {
+        names.iter().find_map(|&n| self.get(n).map(|v| (n, v)))
     }
 
     pub fn flag(&self, name: &str) -> bool {

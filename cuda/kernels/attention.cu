@@ -1,0 +1,132 @@
+// The KV cache store and causal (optionally sliding-window) GQA attention over it.
+//
+// Layer caches are rings of `cap` rows of `row = n_kv * d` f32: position p lives in row
+// p % cap (full layers: cap = n_ctx; sliding: window - 1 + ubatch, see cpu-experts/kv.rs).
+#include "common.cuh"
+
+#define ATT_WARPS 4
+#define ATT_MAX_D 256
+
+// Writes the step's K and V rows at their positions. One thread per element.
+extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
+                                    float* __restrict__ kc, float* __restrict__ vc, int cap, int row,
+                                    int n, const u32* __restrict__ params) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)n * row) return;
+    int t = (int)(idx / row), e = (int)(idx % row);
+    size_t dst = (size_t)((params[P_POS0] + t) % cap) * row + e;
+    kc[dst] = k[idx];
+    vc[dst] = v[idx];
+}
+
+// One (query head h, token t) per block (grid (hq, n)); query position p = pos0 + t sees keys
+// first..=p with first = max(0, p + 1 - window) on sliding layers (window > 0), else 0 —
+// exactly the window p - W < j <= p. KV head = h / (hq / n_kv). Scores are scaled by
+// 1/sqrt(d). Warp w takes keys first + w, first + w + ATT_WARPS, ... with an online softmax
+// (running max m, sum l, accumulator acc over the lane's dims lane + 32 i); the warps'
+// partial states are merged at the end. Mathematically the reference's softmax; the
+// summation order differs.
+//
+// Split-K (flash-decoding) when gridDim.z = S > 1: split s takes the s-th of S equal runs of
+// the visible keys and writes its unnormalised state (max M, sum L, sum of e^(score - M) v)
+// to part[((t hq + h) S + s) (d + 2) ..]; attention_merge combines the S states. The number
+// of visible keys is read from device memory, so a captured graph stays valid as the
+// context grows.
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+attention(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+          float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,
+          int window, const u32* __restrict__ params) {
+    int h = blockIdx.x, t = blockIdx.y;
+    int split = blockIdx.z, n_split = gridDim.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int kvh = h / (hq / n_kv);
+    int row = n_kv * d;
+    int pos = (int)params[P_POS0] + t;
+    int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    int last = pos;
+    if (n_split > 1) {
+        int per = (pos + 1 - first + n_split - 1) / n_split;
+        int lo = first + split * per;
+        last = min(pos, lo + per - 1);
+        first = lo;
+    }
+    float scale = 1.0f / sqrtf((float)d);
+    const float* qh = q + ((size_t)t * hq + h) * d;
+    float qr[ATT_MAX_D / 32], acc[ATT_MAX_D / 32];
+    #pragma unroll
+    for (int i = 0; i < ATT_MAX_D / 32; i++) {
+        int k = lane + 32 * i;
+        qr[i] = k < d ? qh[k] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -LG_INF, l = 0.0f;
+    for (int j = first + warp; j <= last; j += ATT_WARPS) {
+        const float* kr = kc + (size_t)(j % cap) * row + (size_t)kvh * d;
+        const float* vr = vc + (size_t)(j % cap) * row + (size_t)kvh * d;
+        float s = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < ATT_MAX_D / 32; i++) {
+            int k = lane + 32 * i;
+            if (k < d) s += qr[i] * kr[k];
+        }
+        s = warp_sum(s) * scale;
+        float mn = fmaxf(m, s);
+        float corr = expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+        #pragma unroll
+        for (int i = 0; i < ATT_MAX_D / 32; i++) {
+            int k = lane + 32 * i;
+            if (k < d) acc[i] = acc[i] * corr + p * vr[k];
+        }
+        m = mn;
+    }
+    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
+    __shared__ float sacc[ATT_WARPS][ATT_MAX_D];
+    if (lane == 0) { sm[warp] = m; sl[warp] = l; }
+    #pragma unroll
+    for (int i = 0; i < ATT_MAX_D / 32; i++) {
+        int k = lane + 32 * i;
+        if (k < d) sacc[warp][k] = acc[i];
+    }
+    __syncthreads();
+    float M = -LG_INF;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) L += sm[w] == -LG_INF ? 0.0f : sl[w] * expf(sm[w] - M);
+    float* oh = n_split > 1 ? part + (((size_t)t * hq + h) * n_split + split) * (d + 2)
+                            : out + ((size_t)t * hq + h) * d;
+    for (int k = threadIdx.x; k < d; k += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            if (sm[w] != -LG_INF) o += sacc[w][k] * expf(sm[w] - M);
+        oh[k] = n_split > 1 ? o : o / L;
+    }
+    if (n_split > 1 && threadIdx.x == 0) {
+        oh[d] = M;
+        oh[d + 1] = L;
+    }
+}
+
+// Combines the S split states of attention (grid (hq, n), block 128): with M = max_s M_s,
+// out = sum_s o_s e^(M_s - M) / sum_s L_s e^(M_s - M). Empty splits (M_s = -inf) count zero.
+extern "C" __global__ void attention_merge(const float* __restrict__ part, float* __restrict__ out,
+                                           int hq, int d, int n_split) {
+    int h = blockIdx.x, t = blockIdx.y;
+    const float* ps = part + ((size_t)t * hq + h) * n_split * (d + 2);
+    float M = -LG_INF;
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, ps[s * (d + 2) + d]);
+    float L = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+        float ms = ps[s * (d + 2) + d];
+        if (ms != -LG_INF) L += ps[s * (d + 2) + d + 1] * expf(ms - M);
+    }
+    float* oh = out + ((size_t)t * hq + h) * d;
+    for (int k = threadIdx.x; k < d; k += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_split; s++) {
+            float ms = ps[s * (d + 2) + d];
+            if (ms != -LG_INF) o += ps[s * (d + 2) + k] * expf(ms - M);
+        }
+        oh[k] = o / L;
+    }
+}

@@ -1,0 +1,43 @@
+// Quant block structs, mirroring lagoon-core's `#[repr(C)]` blocks (core/src/quant/*.rs)
+// field by field. Scales are kept as raw fp16 bits (`unsigned short`) so the structs need no
+// header and have the Rust layout: alignment 2, no padding. The Rust test
+// `cuda/tests/nvrtc_compile.rs::block_layouts_agree` compiles static_asserts generated from
+// `size_of`/`offset_of!` of the Rust structs against this header.
+#pragma once
+
+#define QK 32
+#define QK_K 256
+
+// ggml block_q8_0 (34 B): y[j] = d * qs[j].
+struct block_q8_0 {
+    unsigned short d;
+    signed char qs[QK];
+};
+
+// ggml block_q4_K (144 B): 8 sub-blocks of 32, y = (d * sc) * q - dmin * m.
+struct block_q4_K {
+    unsigned short d;
+    unsigned short dmin;
+    unsigned char scales[12];
+    unsigned char qs[QK_K / 2];
+};
+
+// ggml block_q6_K (210 B): 16 sub-blocks of 16, y = d * scales[i / 16] * (q - 32).
+struct block_q6_K {
+    unsigned char ql[QK_K / 2];
+    unsigned char qh[QK_K / 4];
+    signed char scales[QK_K / 16];
+    unsigned short d;
+};
+
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+
+// Weight encodings the kernels decode; the numbering is `lagoon_cuda::WType`'s.
+#define WT_F32 0
+#define WT_F16 1
+#define WT_BF16 2
+#define WT_Q8_0 3
+#define WT_Q4_K 4
+#define WT_Q6_K 5

@@ -1,0 +1,277 @@
+// The routed-expert half of a MoE layer: the router (sigmoid, biased top-k, normalisation)
+// and the selected experts' SwiGLU MLPs.
+#include "quant.cuh"
+
+#define MOE_WARPS 4
+// Most experts a router handles (16 per lane).
+#define ROUTE_MAX_EXPERTS 512
+
+// Router, one warp per token (lagoon_core::ops::router::route): sel[e] = sigmoid(z[e]) +
+// bias[e]; k times pick the largest sel (ties to the lower id, NaN never wins; all-NaN
+// picks id = slot) and knock it out; weights are the unbiased sigmoids of the chosen,
+// divided by their sum when `norm`. ids are written as u32 bits into the f32 arena.
+extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS)
+route(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
+      float* __restrict__ weights, int E, int K, int norm, int n) {
+    int t = blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (t >= n) return;
+    const float* zt = z + (size_t)t * E;
+    float sel[ROUTE_MAX_EXPERTS / 32];
+    #pragma unroll
+    for (int i = 0; i < ROUTE_MAX_EXPERTS / 32; i++) {
+        int e = lane + 32 * i;
+        sel[i] = e < E ? sigmoid_f(zt[e]) + bias[e] : __int_as_float(0x7fc00000);
+    }
+    u32* idt = (u32*)ids + (size_t)t * K;
+    float* wt = weights + (size_t)t * K;
+    float sum = 0.0f;
+    for (int slot = 0; slot < K; slot++) {
+        float bv = -LG_INF;
+        int be = 0x7fffffff;
+        #pragma unroll
+        for (int i = 0; i < ROUTE_MAX_EXPERTS / 32; i++) {
+            float v = sel[i];
+            int e = lane + 32 * i;
+            if (!isnan(v) && (v > bv || (v == bv && e < be))) { bv = v; be = e; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (ov > bv || (ov == bv && oe < be)) { bv = ov; be = oe; }
+        }
+        if (be == 0x7fffffff) be = slot;
+        #pragma unroll
+        for (int i = 0; i < ROUTE_MAX_EXPERTS / 32; i++)
+            if (lane + 32 * i == be) sel[i] = -LG_INF;
+        if (lane == 0) {
+            float w = sigmoid_f(zt[be]);
+            idt[slot] = (u32)be;
+            wt[slot] = w;
+            sum += w;
+        }
+    }
+    if (lane == 0 && norm)
+        for (int slot = 0; slot < K; slot++) wt[slot] = wt[slot] / sum;
+}
+
+// Warp dot of one decoded weight row with one f32 vector.
+template <int T>
+__device__ __forceinline__ float warp_dot(const u8* __restrict__ row, const float* __restrict__ x, int cols) {
+    int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    for (int c = lane; c < (cols + 31) / 32; c += 32) {
+        float w[32];
+        decode_chunk<T>(row, c, cols, w);
+        int kmax = min(32, cols - 32 * c);
+        acc += dot_chunk(w, x + 32 * c, kmax);
+    }
+    return warp_sum(acc);
+}
+
+// act[p, r] = silu(gate_e[r] . x[t]) * (up_e[r] . x[t]) for pair p = (t, slot), e = ids[p].
+// Grid (ceil(I / MOE_WARPS), n * K); expert e's matrix starts at e * expert_bytes.
+template <int T>
+__device__ void moe_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
+                            u64 row_bytes, const float* __restrict__ x, const float* __restrict__ ids,
+                            float* __restrict__ act, int I, int H, int K) {
+    int r = blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    int p = blockIdx.y;
+    if (r >= I) return;
+    int t = p / K;
+    u32 e = __float_as_uint(ids[p]);
+    size_t off = (size_t)e * expert_bytes + (size_t)r * row_bytes;
+    const float* xt = x + (size_t)t * H;
+    float g = warp_dot<T>(Wg + off, xt, H);
+    float u = warp_dot<T>(Wu + off, xt, H);
+    if ((threadIdx.x & 31) == 0) act[(size_t)p * I + r] = silu_f(g) * u;
+}
+
+// ys[p, r] = down_e[r] . act[p] for pair p = (t, slot), e = ids[p]: every (row, pair) is
+// its own warp, so the K experts of a token run in parallel. Grid (ceil(H / MOE_WARPS), n * K).
+template <int T>
+__device__ void moe_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                         const float* __restrict__ act, const float* __restrict__ ids,
+                         float* __restrict__ ys, int H, int I) {
+    int r = blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    int p = blockIdx.y;
+    if (r >= H) return;
+    u32 e = __float_as_uint(ids[p]);
+    float y = warp_dot<T>(Wd + (size_t)e * expert_bytes + (size_t)r * row_bytes, act + (size_t)p * I, I);
+    if ((threadIdx.x & 31) == 0) ys[(size_t)p * H + r] = y;
+}
+
+// out[t, r] = scale * sum_k weights[t, k] * ys[t * K + k, r], the experts taken in ascending
+// id (the CPU's and transformers' summation order). One thread per (t, r).
+extern "C" __global__ void moe_combine(const float* __restrict__ ys, const float* __restrict__ ids,
+                                       const float* __restrict__ weights, float* __restrict__ out,
+                                       int H, int K, int n, float scale) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)n * H) return;
+    int t = (int)(idx / H), r = (int)(idx % H);
+    const u32* idt = (const u32*)ids + (size_t)t * K;
+    float acc = 0.0f;
+    long long prev = -1;
+    for (int s = 0; s < K; s++) {
+        // The next (id, slot) in ascending order.
+        long long best = 0x7fffffffffffffffLL;
+        int bk = 0;
+        for (int k = 0; k < K; k++) {
+            long long key = (long long)idt[k] * K + k;
+            if (key > prev && key < best) { best = key; bk = k; }
+        }
+        prev = best;
+        acc += ys[((size_t)t * K + bk) * H + r] * weights[(size_t)t * K + bk];
+    }
+    out[idx] = acc * scale;
+}
+
+// ---- Expert-grouped path for prefill (n > 1) ----
+//
+// moe_group sorts the step's (token, slot) pairs by expert (ascending pair index within an
+// expert) and cuts each expert's run into tiles of up to GROUP_PAIRS pairs; the grouped
+// kernels then decode each expert row once per tile instead of once per pair. Each pair's
+// result is the same arithmetic as the per-pair kernels (same chunk order, same warp sum), so
+// the two paths agree bit for bit.
+
+#define GROUP_PAIRS 8
+
+// One block of 1024 threads. tiles[3 i .. 3 i + 3) = (expert, first sorted index, count);
+// tiles past the last are written with count 0 (max_tiles = ceil(n_pairs / 8) + E).
+extern "C" __global__ void __launch_bounds__(1024)
+moe_group(const float* __restrict__ ids, u32* __restrict__ sorted, u32* __restrict__ tiles,
+          int n_pairs, int E, int max_tiles) {
+    __shared__ u32 cnt[ROUTE_MAX_EXPERTS], off[ROUTE_MAX_EXPERTS + 1], toff[ROUTE_MAX_EXPERTS + 1];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    const u32* id = (const u32*)ids;
+    for (int e = warp; e < E; e += nw) {
+        u32 c = 0;
+        for (int p0 = 0; p0 < n_pairs; p0 += 32) {
+            int p = p0 + lane;
+            c += __popc(__ballot_sync(0xffffffffu, p < n_pairs && id[p] == (u32)e));
+        }
+        if (lane == 0) cnt[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        off[0] = 0;
+        toff[0] = 0;
+        for (int e = 0; e < E; e++) {
+            off[e + 1] = off[e] + cnt[e];
+            toff[e + 1] = toff[e] + (cnt[e] + GROUP_PAIRS - 1) / GROUP_PAIRS;
+        }
+    }
+    __syncthreads();
+    for (int e = warp; e < E; e += nw) {
+        u32 seen = 0;
+        for (int p0 = 0; p0 < n_pairs; p0 += 32) {
+            int p = p0 + lane;
+            bool hit = p < n_pairs && id[p] == (u32)e;
+            u32 m = __ballot_sync(0xffffffffu, hit);
+            if (hit) sorted[off[e] + seen + __popc(m & ((1u << lane) - 1))] = (u32)p;
+            seen += __popc(m);
+        }
+        u32 nt = (cnt[e] + GROUP_PAIRS - 1) / GROUP_PAIRS;
+        for (u32 i = lane; i < nt; i += 32) {
+            u32* tl = tiles + 3 * (toff[e] + i);
+            tl[0] = (u32)e;
+            tl[1] = off[e] + GROUP_PAIRS * i;
+            tl[2] = min((u32)GROUP_PAIRS, cnt[e] - GROUP_PAIRS * i);
+        }
+    }
+    for (int i = toff[E] + threadIdx.x; i < max_tiles; i += blockDim.x) tiles[3 * i + 2] = 0;
+}
+
+// Dots one decoded weight row with up to NT vectors xs[q] (q < nt); sums land in every lane.
+// The per-vector arithmetic is warp_dot's.
+template <int T, int NT>
+__device__ __forceinline__ void warp_dot_multi(const u8* __restrict__ row, const float* const xs[NT],
+                                               int cols, int nt, float acc[NT]) {
+    int lane = threadIdx.x & 31;
+    #pragma unroll
+    for (int q = 0; q < NT; q++) acc[q] = 0.0f;
+    for (int c = lane; c < (cols + 31) / 32; c += 32) {
+        float w[32];
+        decode_chunk<T>(row, c, cols, w);
+        int kmax = min(32, cols - 32 * c);
+        #pragma unroll
+        for (int q = 0; q < NT; q++)
+            if (q < nt) acc[q] += dot_chunk(w, xs[q] + 32 * c, kmax);
+    }
+    #pragma unroll
+    for (int q = 0; q < NT; q++) acc[q] = warp_sum(acc[q]);
+}
+
+// Grouped gate/up: grid (ceil(I / MOE_WARPS), max_tiles). act[p, r] as moe_gate_up.
+template <int T>
+__device__ void moe_gate_up_grouped(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
+                                    u64 row_bytes, const float* __restrict__ x, const u32* __restrict__ sorted,
+                                    const u32* __restrict__ tiles, float* __restrict__ act, int I, int H, int K) {
+    int r = blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    const u32* tl = tiles + 3 * blockIdx.y;
+    int nt = (int)tl[2];
+    if (r >= I || nt == 0) return;
+    u32 e = tl[0], first = tl[1];
+    const float* xs[GROUP_PAIRS];
+    #pragma unroll
+    for (int q = 0; q < GROUP_PAIRS; q++) xs[q] = x + (size_t)(sorted[first + min(q, nt - 1)] / K) * H;
+    size_t off = (size_t)e * expert_bytes + (size_t)r * row_bytes;
+    float g[GROUP_PAIRS], u[GROUP_PAIRS];
+    warp_dot_multi<T, GROUP_PAIRS>(Wg + off, xs, H, nt, g);
+    warp_dot_multi<T, GROUP_PAIRS>(Wu + off, xs, H, nt, u);
+    if ((threadIdx.x & 31) == 0) {
+        #pragma unroll
+        for (int q = 0; q < GROUP_PAIRS; q++)
+            if (q < nt) act[(size_t)sorted[first + q] * I + r] = silu_f(g[q]) * u[q];
+    }
+}
+
+// Grouped down: grid (ceil(H / MOE_WARPS), max_tiles). ys[p, r] as moe_down.
+template <int T>
+__device__ void moe_down_grouped(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                                 const float* __restrict__ act, const u32* __restrict__ sorted,
+                                 const u32* __restrict__ tiles, float* __restrict__ ys, int H, int I) {
+    int r = blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    const u32* tl = tiles + 3 * blockIdx.y;
+    int nt = (int)tl[2];
+    if (r >= H || nt == 0) return;
+    u32 e = tl[0], first = tl[1];
+    const float* xs[GROUP_PAIRS];
+    #pragma unroll
+    for (int q = 0; q < GROUP_PAIRS; q++) xs[q] = act + (size_t)sorted[first + min(q, nt - 1)] * I;
+    float y[GROUP_PAIRS];
+    warp_dot_multi<T, GROUP_PAIRS>(Wd + (size_t)e * expert_bytes + (size_t)r * row_bytes, xs, I, nt, y);
+    if ((threadIdx.x & 31) == 0) {
+        #pragma unroll
+        for (int q = 0; q < GROUP_PAIRS; q++)
+            if (q < nt) ys[(size_t)sorted[first + q] * H + r] = y[q];
+    }
+}
+
+#define DEFINE_MOE_GROUPED(name, T)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_grouped_##name(      \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const float* x,               \
+        const u32* sorted, const u32* tiles, float* act, int I, int H, int K) {                    \
+        moe_gate_up_grouped<T>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);   \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_grouped_##name(         \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const float* act, const u32* sorted,        \
+        const u32* tiles, float* ys, int H, int I) {                                               \
+        moe_down_grouped<T>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);            \
+    }
+
+#define MOE_TYPES(X) X(f32, WT_F32) X(f16, WT_F16) X(bf16, WT_BF16) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K)
+
+#define DEFINE_MOE(name, T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_##name(              \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const float* x,               \
+        const float* ids, float* act, int I, int H, int K) {                                       \
+        moe_gate_up<T>(Wg, Wu, expert_bytes, row_bytes, x, ids, act, I, H, K);                     \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_##name(                 \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const float* act, const float* ids,         \
+        float* ys, int H, int I) {                                                                 \
+        moe_down<T>(Wd, expert_bytes, row_bytes, act, ids, ys, H, I);                              \
+    }
+MOE_TYPES(DEFINE_MOE)
+MOE_TYPES(DEFINE_MOE_GROUPED)

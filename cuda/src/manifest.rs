@@ -1,0 +1,225 @@
+//! The kernel manifest: every kernel the backend launches, by enum, with its source file and
+//! symbol. Loaded once at device init into a table indexed by the enum, so the hot path never
+//! looks a kernel up by name.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction};
+
+use crate::compile;
+use crate::error::CudaError;
+
+macro_rules! manifest {
+    ($($v:ident => $file:literal, $name:literal;)*) => {
+        /// A kernel of the manifest.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum K { $($v),* }
+
+        /// `(kernel, source file, symbol)` for every kernel, in enum order.
+        pub const MANIFEST: &[(K, &str, &str)] = &[$((K::$v, $file, $name)),*];
+    };
+}
+
+manifest! {
+    MatmulF32 => "matmul.cu", "matmul_f32";
+    MatmulF16 => "matmul.cu", "matmul_f16";
+    MatmulBf16 => "matmul.cu", "matmul_bf16";
+    MatmulQ8_0 => "matmul.cu", "matmul_q8_0";
+    MatmulQ4K => "matmul.cu", "matmul_q4_K";
+    MatmulQ6K => "matmul.cu", "matmul_q6_K";
+    EmbedF32 => "matmul.cu", "embed_f32";
+    EmbedF16 => "matmul.cu", "embed_f16";
+    EmbedBf16 => "matmul.cu", "embed_bf16";
+    EmbedQ8_0 => "matmul.cu", "embed_q8_0";
+    EmbedQ4K => "matmul.cu", "embed_q4_K";
+    EmbedQ6K => "matmul.cu", "embed_q6_K";
+    GateUpF32 => "moe.cu", "moe_gate_up_f32";
+    GateUpF16 => "moe.cu", "moe_gate_up_f16";
+    GateUpBf16 => "moe.cu", "moe_gate_up_bf16";
+    GateUpQ8_0 => "moe.cu", "moe_gate_up_q8_0";
+    GateUpQ4K => "moe.cu", "moe_gate_up_q4_K";
+    GateUpQ6K => "moe.cu", "moe_gate_up_q6_K";
+    DownF32 => "moe.cu", "moe_down_f32";
+    DownF16 => "moe.cu", "moe_down_f16";
+    DownBf16 => "moe.cu", "moe_down_bf16";
+    DownQ8_0 => "moe.cu", "moe_down_q8_0";
+    DownQ4K => "moe.cu", "moe_down_q4_K";
+    DownQ6K => "moe.cu", "moe_down_q6_K";
+    GateUpGroupedF32 => "moe.cu", "moe_gate_up_grouped_f32";
+    GateUpGroupedF16 => "moe.cu", "moe_gate_up_grouped_f16";
+    GateUpGroupedBf16 => "moe.cu", "moe_gate_up_grouped_bf16";
+    GateUpGroupedQ8_0 => "moe.cu", "moe_gate_up_grouped_q8_0";
+    GateUpGroupedQ4K => "moe.cu", "moe_gate_up_grouped_q4_K";
+    GateUpGroupedQ6K => "moe.cu", "moe_gate_up_grouped_q6_K";
+    DownGroupedF32 => "moe.cu", "moe_down_grouped_f32";
+    DownGroupedF16 => "moe.cu", "moe_down_grouped_f16";
+    DownGroupedBf16 => "moe.cu", "moe_down_grouped_bf16";
+    DownGroupedQ8_0 => "moe.cu", "moe_down_grouped_q8_0";
+    DownGroupedQ4K => "moe.cu", "moe_down_grouped_q4_K";
+    DownGroupedQ6K => "moe.cu", "moe_down_grouped_q6_K";
+    MoeGroup => "moe.cu", "moe_group";
+    Route => "moe.cu", "route";
+    MoeCombine => "moe.cu", "moe_combine";
+    RmsNorm => "norm.cu", "rms_norm";
+    Rope => "norm.cu", "rope";
+    Add => "elementwise.cu", "add";
+    SwiGlu => "elementwise.cu", "swiglu";
+    GateMul => "elementwise.cu", "gate_mul";
+    Copy => "elementwise.cu", "copy_f32";
+    KvStore => "attention.cu", "kv_store";
+    Attention => "attention.cu", "attention";
+    AttentionMerge => "attention.cu", "attention_merge";
+}
+
+impl K {
+    /// The kernel's symbol (for error messages).
+    pub fn name(self) -> &'static str {
+        MANIFEST[self as usize].2
+    }
+}
+
+/// Weight encodings with device kernels (the `WT_*` numbering of `blocks.cuh`). Other
+/// encodings are decoded to f32 at upload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum WType {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+    Q4K,
+    Q6K,
+}
+
+impl WType {
+    pub fn matmul(self) -> K {
+        [
+            K::MatmulF32,
+            K::MatmulF16,
+            K::MatmulBf16,
+            K::MatmulQ8_0,
+            K::MatmulQ4K,
+            K::MatmulQ6K,
+        ][self as usize]
+    }
+    pub fn embed(self) -> K {
+        [
+            K::EmbedF32,
+            K::EmbedF16,
+            K::EmbedBf16,
+            K::EmbedQ8_0,
+            K::EmbedQ4K,
+            K::EmbedQ6K,
+        ][self as usize]
+    }
+    pub fn gate_up(self) -> K {
+        [
+            K::GateUpF32,
+            K::GateUpF16,
+            K::GateUpBf16,
+            K::GateUpQ8_0,
+            K::GateUpQ4K,
+            K::GateUpQ6K,
+        ][self as usize]
+    }
+    pub fn gate_up_grouped(self) -> K {
+        [
+            K::GateUpGroupedF32,
+            K::GateUpGroupedF16,
+            K::GateUpGroupedBf16,
+            K::GateUpGroupedQ8_0,
+            K::GateUpGroupedQ4K,
+            K::GateUpGroupedQ6K,
+        ][self as usize]
+    }
+    pub fn down_grouped(self) -> K {
+        [
+            K::DownGroupedF32,
+            K::DownGroupedF16,
+            K::DownGroupedBf16,
+            K::DownGroupedQ8_0,
+            K::DownGroupedQ4K,
+            K::DownGroupedQ6K,
+        ][self as usize]
+    }
+    pub fn down(self) -> K {
+        [
+            K::DownF32,
+            K::DownF16,
+            K::DownBf16,
+            K::DownQ8_0,
+            K::DownQ4K,
+            K::DownQ6K,
+        ][self as usize]
+    }
+}
+
+/// The loaded kernels, indexed by [`K`].
+#[derive(Debug)]
+pub struct Kernels {
+    funcs: Vec<CudaFunction>,
+}
+
+impl Kernels {
+    /// Compiles (or takes from the cache) every source for `arch` and resolves every
+    /// manifest entry once.
+    pub fn load(ctx: &Arc<CudaContext>, arch: &str) -> Result<Kernels, CudaError> {
+        // One NVRTC program per source, compiled in parallel (NVRTC is thread-safe across
+        // programs); a cache hit returns at once.
+        let cache = compile::cache_dir();
+        let cache = cache.as_deref();
+        let ptxs: Vec<Result<_, CudaError>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = compile::SOURCES
+                .iter()
+                .map(|&(file, src)| sc.spawn(move || compile::compile(file, src, arch, cache)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("NVRTC compile thread panicked"))
+                .collect()
+        });
+        let mut modules = Vec::new();
+        for (&(file, _), ptx) in compile::SOURCES.iter().zip(ptxs) {
+            let module = ctx.load_module(ptx?).map_err(|source| CudaError::Driver {
+                what: "loading a compiled kernel module",
+                source,
+            })?;
+            modules.push((file, module));
+        }
+        let mut funcs = Vec::with_capacity(MANIFEST.len());
+        for (i, &(k, file, name)) in MANIFEST.iter().enumerate() {
+            debug_assert_eq!(k as usize, i);
+            let (_, module) = modules
+                .iter()
+                .find(|(f, _)| *f == file)
+                .expect("every manifest file is in SOURCES (unit-tested)");
+            let f = module
+                .load_function(name)
+                .map_err(|source| CudaError::MissingKernel {
+                    file,
+                    kernel: name,
+                    source,
+                })?;
+            funcs.push(f);
+        }
+        Ok(Kernels { funcs })
+    }
+
+    pub fn get(&self, k: K) -> &CudaFunction {
+        &self.funcs[k as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_is_in_enum_order_and_files_exist() {
+        for (i, &(k, file, name)) in MANIFEST.iter().enumerate() {
+            assert_eq!(k as usize, i, "{name}");
+            assert!(compile::SOURCES.iter().any(|(f, _)| *f == file), "{file}");
+        }
+    }
+}

@@ -1,0 +1,738 @@
+//! A generation session on one CUDA device, mirroring `lagoon_cpu::Session`: the same graphs
+//! (one for decode, one per prefill ubatch), walked node by node with one kernel launch per
+//! node (two for the experts). Everything a step touches is allocated at creation: the
+//! activation arena sized by the graph planner, the KV rings, the expert scratch and the step
+//! parameters. A step uploads its token ids and position (a few bytes), launches, and reads
+//! the logits back.
+
+use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr, sys};
+use lagoon_core::config::ModelConfig;
+use lagoon_core::graph::{Graph, Op};
+use lagoon_core::laguna::{self, ModelWeights};
+use lagoon_core::rope::RopeTable;
+
+use crate::device::{Arg, Device, blocks};
+use crate::error::{CudaError, DriverContext};
+use crate::manifest::K;
+use crate::weights::{DFfn, DeviceWeights};
+
+/// Sizes fixed at session creation.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaSessionOptions {
+    /// Context length: positions `0..n_ctx`.
+    pub n_ctx: usize,
+    /// Largest number of tokens evaluated in one step (prefill chunk).
+    pub ubatch: usize,
+    /// Keep the logits of every token, not only the last one.
+    pub all_logits: bool,
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Replay decode steps as one captured CUDA graph (the node walk is captured on the
+    /// first decode step; the position and token come from device memory, so the same
+    /// graph serves every later step).
+    pub cuda_graphs: bool,
+    /// Keys per block of split-K (flash-decoding) attention in steps of at most
+    /// [`SPLIT_MAX_TOKENS`] tokens; 0 = [`SPLIT_KEYS`].
+    pub attn_split_keys: usize,
+}
+
+/// Default keys per split-K attention block (a decode step over a 4096-key full layer runs
+/// 16 blocks per head instead of one).
+pub const SPLIT_KEYS: usize = 256;
+/// Most splits of one head's keys.
+pub const MAX_SPLITS: usize = 16;
+/// Steps of at most this many tokens use split-K attention (decode and tiny batches); larger
+/// ones have a block per (head, token) already.
+pub const SPLIT_MAX_TOKENS: usize = 4;
+
+impl Default for CudaSessionOptions {
+    fn default() -> Self {
+        CudaSessionOptions {
+            n_ctx: 4096,
+            ubatch: 512,
+            all_logits: false,
+            device: 0,
+            cuda_graphs: true,
+            attn_split_keys: 0,
+        }
+    }
+}
+
+/// Largest head_dim the attention kernel holds in registers (`ATT_MAX_D`).
+const MAX_HEAD_DIM: usize = 256;
+/// Most experts the router kernel handles (`ROUTE_MAX_EXPERTS`).
+const MAX_EXPERTS: usize = 512;
+/// CUDA's limit on the second grid dimension (tokens, or token-slot pairs).
+const MAX_GRID_Y: usize = 65535;
+
+/// Tiles of the grouped expert kernels for `n_pairs` pairs over `n_experts` experts (each
+/// expert's run of pairs is cut into tiles of `GROUP_PAIRS` = 8).
+fn max_tiles(n_pairs: usize, n_experts: usize) -> usize {
+    n_pairs.div_ceil(8) + n_experts
+}
+
+/// One layer's KV ring: position `p` in row `p % cap`.
+#[derive(Clone, Copy, Debug)]
+struct LayerKv {
+    k: u64,
+    v: u64,
+    cap: usize,
+}
+
+/// The captured decode step.
+struct DecodeGraph(CudaGraph);
+
+impl std::fmt::Debug for DecodeGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DecodeGraph")
+    }
+}
+
+/// A session on one device.
+#[derive(Debug)]
+pub struct CudaSession {
+    cfg: ModelConfig,
+    opts: CudaSessionOptions,
+    decode: Graph,
+    prefill: Graph,
+    w: DeviceWeights,
+    arena_buf: CudaSlice<f32>,
+    arena: u64,
+    _kv: CudaSlice<f32>,
+    kv: Vec<LayerKv>,
+    _act: CudaSlice<f32>,
+    act: u64,
+    /// Per (token, slot) pair, the expert's down-projection output `[ubatch·K, H]`.
+    _ys: CudaSlice<f32>,
+    ys: u64,
+    /// Split-K attention partial states `[SPLIT_MAX_TOKENS · max_heads · MAX_SPLITS, d + 2]`.
+    _part: CudaSlice<f32>,
+    part: u64,
+    /// Split count per layer for small steps.
+    splits: Vec<usize>,
+    /// Prefill expert grouping: pair indices sorted by expert, then the tiles.
+    _groups: CudaSlice<u32>,
+    sorted: u64,
+    tiles: u64,
+    params_buf: CudaSlice<u32>,
+    params: u64,
+    _ropes: CudaSlice<f32>,
+    /// Device inv_freq of the full and sliding tables, with their scale and rotary dims.
+    ropes: [(u64, f32, usize); 2],
+    params_host: Vec<u32>,
+    logits: Vec<f32>,
+    n_past: usize,
+    decode_graph: Option<DecodeGraph>,
+    dev: Device,
+}
+
+impl CudaSession {
+    /// Opens the device, uploads the weights and allocates everything a step needs.
+    pub fn new(
+        cfg: &ModelConfig,
+        w: &ModelWeights<'_>,
+        opts: CudaSessionOptions,
+    ) -> Result<CudaSession, CudaError> {
+        let opts = CudaSessionOptions {
+            ubatch: opts.ubatch.max(1),
+            n_ctx: opts.n_ctx.max(1),
+            ..opts
+        };
+        let unsupported = |what: String| Err(CudaError::Unsupported { what });
+        if cfg.head_dim > MAX_HEAD_DIM {
+            return unsupported(format!(
+                "head_dim {} (at most {MAX_HEAD_DIM})",
+                cfg.head_dim
+            ));
+        }
+        if cfg.n_experts > MAX_EXPERTS {
+            return unsupported(format!("{} experts (at most {MAX_EXPERTS})", cfg.n_experts));
+        }
+        if opts.ubatch > MAX_GRID_Y
+            || max_tiles(opts.ubatch * cfg.n_experts_used, cfg.n_experts) > MAX_GRID_Y
+        {
+            return unsupported(format!(
+                "ubatch {} with {} experts per token (grids are limited to {MAX_GRID_Y} tokens and {MAX_GRID_Y} expert tiles); use a smaller ubatch",
+                opts.ubatch, cfg.n_experts_used
+            ));
+        }
+        let dev = Device::new(opts.device)?;
+        let weights = DeviceWeights::upload(&dev, w)?;
+        let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
+        let prefill = laguna::build(cfg, &w.gates, opts.ubatch, opts.all_logits);
+        let s = &dev.stream;
+        let arena_buf = s
+            .alloc_zeros::<f32>(decode.arena_len.max(prefill.arena_len).max(1))
+            .during("allocating the activation arena")?;
+        let row = cfg.n_kv_heads * cfg.head_dim;
+        let caps: Vec<usize> = (0..cfg.n_layers)
+            .map(|l| {
+                if cfg.is_sliding(l) {
+                    opts.n_ctx.min(cfg.sliding_window - 1 + opts.ubatch)
+                } else {
+                    opts.n_ctx
+                }
+            })
+            .collect();
+        let kv_len: usize = caps.iter().map(|c| 2 * c * row).sum();
+        let kv_buf = s
+            .alloc_zeros::<f32>(kv_len.max(1))
+            .during("allocating the KV cache")?;
+        let act_buf = s
+            .alloc_zeros::<f32>((opts.ubatch * cfg.n_experts_used * cfg.expert_ffn).max(1))
+            .during("allocating the expert scratch")?;
+        let ys_buf = s
+            .alloc_zeros::<f32>((opts.ubatch * cfg.n_experts_used * cfg.hidden_size).max(1))
+            .during("allocating the expert outputs")?;
+        let part_buf = s
+            .alloc_zeros::<f32>(
+                SPLIT_MAX_TOKENS * cfg.max_heads() * MAX_SPLITS * (cfg.head_dim + 2),
+            )
+            .during("allocating the attention partials")?;
+        let split_keys = if opts.attn_split_keys == 0 {
+            SPLIT_KEYS
+        } else {
+            opts.attn_split_keys
+        };
+        let splits = (0..cfg.n_layers)
+            .map(|l| {
+                let keys = if cfg.is_sliding(l) {
+                    cfg.sliding_window.min(opts.n_ctx)
+                } else {
+                    opts.n_ctx
+                };
+                keys.div_ceil(split_keys).clamp(1, MAX_SPLITS)
+            })
+            .collect();
+        let max_pairs = opts.ubatch * cfg.n_experts_used;
+        let groups_buf = s
+            .alloc_zeros::<u32>(max_pairs + 3 * max_tiles(max_pairs, cfg.n_experts) + 1)
+            .during("allocating the expert grouping")?;
+        let params_buf = s
+            .alloc_zeros::<u32>(2 + opts.ubatch)
+            .during("allocating the step parameters")?;
+        let tables = [
+            RopeTable::new(&cfg.rope_full),
+            RopeTable::new(&cfg.rope_sliding),
+        ];
+        let mut freqs = tables[0].inv_freq.clone();
+        freqs.extend_from_slice(&tables[1].inv_freq);
+        let mut ropes_buf = s
+            .alloc_zeros::<f32>(freqs.len().max(1))
+            .during("allocating the RoPE tables")?;
+        if !freqs.is_empty() {
+            s.memcpy_htod(&freqs, &mut ropes_buf)
+                .during("copying the RoPE tables")?;
+        }
+        // Raw addresses for kernel arguments; the slices stay owned by the session. (Event
+        // tracking is off, so `device_ptr` records nothing.)
+        let arena = arena_buf.device_ptr(s).0;
+        let kv_base = kv_buf.device_ptr(s).0;
+        let act = act_buf.device_ptr(s).0;
+        let ys = ys_buf.device_ptr(s).0;
+        let sorted = groups_buf.device_ptr(s).0;
+        let part = part_buf.device_ptr(s).0;
+        let tiles = sorted + 4 * max_pairs as u64;
+        let params = params_buf.device_ptr(s).0;
+        let ropes_base = ropes_buf.device_ptr(s).0;
+        let mut kv = Vec::with_capacity(cfg.n_layers);
+        let mut off = 0u64;
+        for &cap in &caps {
+            let bytes = (cap * row * 4) as u64;
+            kv.push(LayerKv {
+                k: kv_base + off,
+                v: kv_base + off + bytes,
+                cap,
+            });
+            off += 2 * bytes;
+        }
+        let ropes = [
+            (ropes_base, tables[0].scale, tables[0].rotary_dim),
+            (
+                ropes_base + 4 * tables[0].inv_freq.len() as u64,
+                tables[1].scale,
+                tables[1].rotary_dim,
+            ),
+        ];
+        let out_len = prefill.values[prefill.output].capacity(opts.ubatch);
+        s.synchronize().during("finishing session set-up")?;
+        Ok(CudaSession {
+            cfg: cfg.clone(),
+            opts,
+            decode,
+            prefill,
+            w: weights,
+            arena_buf,
+            arena,
+            _kv: kv_buf,
+            kv,
+            _act: act_buf,
+            act,
+            _ys: ys_buf,
+            ys,
+            _part: part_buf,
+            part,
+            splits,
+            _groups: groups_buf,
+            sorted,
+            tiles,
+            params_buf,
+            params,
+            _ropes: ropes_buf,
+            ropes,
+            params_host: vec![0; 2 + opts.ubatch],
+            logits: vec![0.0; out_len],
+            n_past: 0,
+            decode_graph: None,
+            dev,
+        })
+    }
+
+    /// Tokens evaluated so far (the next token's position).
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Forgets the context.
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// The options the session was created with.
+    pub fn options(&self) -> CudaSessionOptions {
+        self.opts
+    }
+
+    /// Bytes of weights on the device, and how many matrices were decoded to f32 at upload.
+    pub fn weight_bytes(&self) -> (usize, usize) {
+        (self.w.n_bytes, self.w.n_decoded)
+    }
+
+    /// The device's architecture (`sm_90`).
+    pub fn arch(&self) -> &str {
+        &self.dev.arch
+    }
+
+    /// Evaluates up to `ubatch` tokens at the next positions. Returns the logits: one row
+    /// per token with `all_logits`, else the last token's row.
+    pub fn step(&mut self, tokens: &[u32]) -> Result<&[f32], CudaError> {
+        let n = tokens.len();
+        if n == 0 || n > self.opts.ubatch {
+            return Err(CudaError::BadBatch {
+                n_tokens: n,
+                ubatch: self.opts.ubatch,
+            });
+        }
+        if self.n_past + n > self.opts.n_ctx {
+            return Err(CudaError::ContextFull {
+                n_past: self.n_past,
+                n_tokens: n,
+                n_ctx: self.opts.n_ctx,
+            });
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(CudaError::BadToken {
+                token: t,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        self.params_host[0] = self.n_past as u32;
+        self.params_host[1] = n as u32;
+        self.params_host[2..2 + n].copy_from_slice(tokens);
+        let s = &self.dev.stream;
+        let mut pv = self.params_buf.slice_mut(..2 + n);
+        s.memcpy_htod(&self.params_host[..2 + n], &mut pv)
+            .during("uploading the step's tokens")?;
+        if n == 1 && self.opts.cuda_graphs {
+            if self.decode_graph.is_none() {
+                self.decode_graph = Some(self.capture_decode()?);
+            }
+            if let Some(g) = &self.decode_graph {
+                g.0.launch().during("replaying the decode graph")?;
+            }
+        } else {
+            let graph = if n == 1 { &self.decode } else { &self.prefill };
+            self.run(graph, n)?;
+        }
+        let graph = if n == 1 { &self.decode } else { &self.prefill };
+        let s = &self.dev.stream;
+        let out = graph.values[graph.output];
+        let len = out.rows(n) * out.cols;
+        let view = self.arena_buf.slice(out.offset..out.offset + len);
+        s.memcpy_dtoh(&view, &mut self.logits[..len])
+            .during("reading the logits back")?;
+        s.synchronize().during("finishing the step")?;
+        self.n_past += n;
+        Ok(&self.logits[..len])
+    }
+
+    /// Evaluates any number of tokens in ubatch chunks, calling `f` with each chunk's logits.
+    pub fn prefill(&mut self, tokens: &[u32], mut f: impl FnMut(&[f32])) -> Result<(), CudaError> {
+        if self.n_past + tokens.len() > self.opts.n_ctx {
+            return Err(CudaError::ContextFull {
+                n_past: self.n_past,
+                n_tokens: tokens.len(),
+                n_ctx: self.opts.n_ctx,
+            });
+        }
+        for chunk in tokens.chunks(self.opts.ubatch) {
+            f(self.step(chunk)?);
+        }
+        Ok(())
+    }
+
+    /// Captures the decode graph's launches into a CUDA graph (nothing runs while capturing).
+    fn capture_decode(&self) -> Result<DecodeGraph, CudaError> {
+        let s = &self.dev.stream;
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .during("starting the decode-graph capture")?;
+        let walked = self.run(&self.decode, 1);
+        // End the capture even when a launch failed, so the stream is usable again.
+        let ended = s.end_capture(sys::CUgraphInstantiate_flags(0));
+        walked?;
+        match ended.during("instantiating the decode graph")? {
+            Some(g) => Ok(DecodeGraph(g)),
+            None => Err(CudaError::Unsupported {
+                what: "an empty decode graph".into(),
+            }),
+        }
+    }
+
+    /// Launches every node of `graph` for `n` tokens (parameters already uploaded).
+    fn run(&self, graph: &Graph, n: usize) -> Result<(), CudaError> {
+        use Arg::{F, I, P};
+        let c = &self.cfg;
+        let vals = &graph.values;
+        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
+        let rows = |v: usize| vals[v].rows(n);
+        let dev = &self.dev;
+        let d = c.head_dim;
+        let params = self.params;
+        for op in &graph.nodes {
+            match *op {
+                Op::Embed { out } => {
+                    let m = self.w.token_embd;
+                    let chunks = m.cols.div_ceil(32);
+                    dev.launch(
+                        m.ty.embed(),
+                        (blocks(chunks, 128), n as u32),
+                        128,
+                        &[
+                            P(m.ptr),
+                            P(m.row_bytes),
+                            P(params),
+                            P(at(out)),
+                            I(m.cols as i32),
+                        ],
+                    )?;
+                }
+                Op::RmsNorm { x, w, out } => {
+                    let g = self.w.vector(w);
+                    let groups = rows(x) * vals[x].cols / g.len;
+                    dev.launch(
+                        K::RmsNorm,
+                        (blocks(groups, 4), 1),
+                        128,
+                        &[
+                            P(at(x)),
+                            P(g.ptr),
+                            P(at(out)),
+                            I(g.len as i32),
+                            I(groups as i32),
+                            F(c.rms_eps),
+                        ],
+                    )?;
+                }
+                Op::MatMul { x, w, out } => {
+                    let m = self.w.mat(w);
+                    let nt = rows(x);
+                    dev.launch(
+                        m.ty.matmul(),
+                        (blocks(m.rows, 4), blocks(nt, 8)),
+                        128,
+                        &[
+                            P(m.ptr),
+                            P(m.row_bytes),
+                            P(at(x)),
+                            P(at(out)),
+                            I(m.rows as i32),
+                            I(m.cols as i32),
+                            I(nt as i32),
+                        ],
+                    )?;
+                }
+                Op::Rope { x, sliding, out } => {
+                    let (freq, scale, rd) = self.ropes[sliding as usize];
+                    let cols = vals[x].cols;
+                    dev.launch(
+                        K::Rope,
+                        (blocks(n * cols, 256), 1),
+                        256,
+                        &[
+                            P(at(x)),
+                            P(at(out)),
+                            P(freq),
+                            F(scale),
+                            I(rd as i32),
+                            I(d as i32),
+                            I(cols as i32),
+                            I(n as i32),
+                            P(params),
+                        ],
+                    )?;
+                }
+                Op::KvStore { layer, k, v } => {
+                    let kv = self.kv[layer];
+                    let row = c.n_kv_heads * d;
+                    dev.launch(
+                        K::KvStore,
+                        (blocks(n * row, 256), 1),
+                        256,
+                        &[
+                            P(at(k)),
+                            P(at(v)),
+                            P(kv.k),
+                            P(kv.v),
+                            I(kv.cap as i32),
+                            I(row as i32),
+                            I(n as i32),
+                            P(params),
+                        ],
+                    )?;
+                }
+                Op::Attention { layer, q, out } => {
+                    let kv = self.kv[layer];
+                    let hq = c.n_heads[layer];
+                    let window = if c.is_sliding(layer) {
+                        c.sliding_window
+                    } else {
+                        0
+                    };
+                    let split = if n <= SPLIT_MAX_TOKENS {
+                        self.splits[layer]
+                    } else {
+                        1
+                    };
+                    dev.launch3(
+                        K::Attention,
+                        (hq as u32, n as u32, split as u32),
+                        128,
+                        &[
+                            P(at(q)),
+                            P(kv.k),
+                            P(kv.v),
+                            P(at(out)),
+                            P(self.part),
+                            I(kv.cap as i32),
+                            I(hq as i32),
+                            I(c.n_kv_heads as i32),
+                            I(d as i32),
+                            I(window as i32),
+                            P(params),
+                        ],
+                    )?;
+                    if split > 1 {
+                        dev.launch(
+                            K::AttentionMerge,
+                            (hq as u32, n as u32),
+                            128,
+                            &[
+                                P(self.part),
+                                P(at(out)),
+                                I(hq as i32),
+                                I(d as i32),
+                                I(split as i32),
+                            ],
+                        )?;
+                    }
+                }
+                Op::GateMul { o, g, out } => {
+                    let len = n * vals[o].cols;
+                    dev.launch(
+                        K::GateMul,
+                        (blocks(len, 256), 1),
+                        256,
+                        &[
+                            P(at(o)),
+                            P(at(g)),
+                            P(at(out)),
+                            I(vals[o].cols as i32),
+                            I(vals[g].cols as i32),
+                            P(len as u64),
+                        ],
+                    )?;
+                }
+                Op::SwiGlu { gate, up, out } => {
+                    let len = n * vals[gate].cols;
+                    dev.launch(
+                        K::SwiGlu,
+                        (blocks(len, 256), 1),
+                        256,
+                        &[P(at(gate)), P(at(up)), P(at(out)), P(len as u64)],
+                    )?;
+                }
+                Op::Add { a, b, out } => {
+                    let len = rows(a) * vals[a].cols;
+                    dev.launch(
+                        K::Add,
+                        (blocks(len, 256), 1),
+                        256,
+                        &[P(at(a)), P(at(b)), P(at(out)), P(len as u64)],
+                    )?;
+                }
+                Op::Route {
+                    layer,
+                    z,
+                    ids,
+                    weights,
+                } => {
+                    let DFfn::Moe { bias, .. } = &self.w.layers[layer].ffn else {
+                        unreachable!("route on a dense layer")
+                    };
+                    dev.launch(
+                        K::Route,
+                        (blocks(n, 4), 1),
+                        128,
+                        &[
+                            P(at(z)),
+                            P(bias.ptr),
+                            P(at(ids)),
+                            P(at(weights)),
+                            I(c.n_experts as i32),
+                            I(c.n_experts_used as i32),
+                            I(c.norm_topk_prob as i32),
+                            I(n as i32),
+                        ],
+                    )?;
+                }
+                Op::Experts {
+                    layer,
+                    x,
+                    ids,
+                    weights,
+                    out,
+                } => {
+                    let DFfn::Moe { gate, up, down, .. } = &self.w.layers[layer].ffn else {
+                        unreachable!("experts on a dense layer")
+                    };
+                    let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
+                    if n == 1 {
+                        // Decode: one warp per (row, pair); the K experts run in parallel.
+                        dev.launch(
+                            gate.ty.gate_up(),
+                            (blocks(i, 4), k as u32),
+                            128,
+                            &[
+                                P(gate.ptr),
+                                P(up.ptr),
+                                P(gate.expert_bytes),
+                                P(gate.row_bytes),
+                                P(at(x)),
+                                P(at(ids)),
+                                P(self.act),
+                                I(i as i32),
+                                I(h as i32),
+                                I(k as i32),
+                            ],
+                        )?;
+                        dev.launch(
+                            down.ty.down(),
+                            (blocks(h, 4), k as u32),
+                            128,
+                            &[
+                                P(down.ptr),
+                                P(down.expert_bytes),
+                                P(down.row_bytes),
+                                P(self.act),
+                                P(at(ids)),
+                                P(self.ys),
+                                I(h as i32),
+                                I(i as i32),
+                            ],
+                        )?;
+                    } else {
+                        // Prefill: pairs grouped by expert, each expert row decoded once per
+                        // tile of up to 8 pairs.
+                        let tiles = max_tiles(n * k, c.n_experts);
+                        dev.launch(
+                            K::MoeGroup,
+                            (1, 1),
+                            1024,
+                            &[
+                                P(at(ids)),
+                                P(self.sorted),
+                                P(self.tiles),
+                                I((n * k) as i32),
+                                I(c.n_experts as i32),
+                                I(tiles as i32),
+                            ],
+                        )?;
+                        dev.launch(
+                            gate.ty.gate_up_grouped(),
+                            (blocks(i, 4), tiles as u32),
+                            128,
+                            &[
+                                P(gate.ptr),
+                                P(up.ptr),
+                                P(gate.expert_bytes),
+                                P(gate.row_bytes),
+                                P(at(x)),
+                                P(self.sorted),
+                                P(self.tiles),
+                                P(self.act),
+                                I(i as i32),
+                                I(h as i32),
+                                I(k as i32),
+                            ],
+                        )?;
+                        dev.launch(
+                            down.ty.down_grouped(),
+                            (blocks(h, 4), tiles as u32),
+                            128,
+                            &[
+                                P(down.ptr),
+                                P(down.expert_bytes),
+                                P(down.row_bytes),
+                                P(self.act),
+                                P(self.sorted),
+                                P(self.tiles),
+                                P(self.ys),
+                                I(h as i32),
+                                I(i as i32),
+                            ],
+                        )?;
+                    }
+                    dev.launch(
+                        K::MoeCombine,
+                        (blocks(n * h, 256), 1),
+                        256,
+                        &[
+                            P(self.ys),
+                            P(at(ids)),
+                            P(at(weights)),
+                            P(at(out)),
+                            I(h as i32),
+                            I(k as i32),
+                            I(n as i32),
+                            F(c.routed_scaling),
+                        ],
+                    )?;
+                }
+                Op::LastRow { x, out } => {
+                    let cols = vals[x].cols;
+                    dev.launch(
+                        K::Copy,
+                        (blocks(cols, 256), 1),
+                        256,
+                        &[
+                            P(at(x) + 4 * ((n - 1) * cols) as u64),
+                            P(at(out)),
+                            P(cols as u64),
+                        ],
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,395 @@
+//! Model weights on the device: one allocation holding every matrix in its stored encoding
+//! (quantised blocks are copied as they are) where a kernel decodes it, and decoded to f32
+//! where none does yet (compressed-tensors, the IQ and other K types). Experts of a layer
+//! are stacked: expert `e` starts `e · expert_bytes` after the first.
+
+use std::borrow::Cow;
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use lagoon_core::dtype::GgmlType;
+use lagoon_core::graph::{LayerWeight as L, Weight};
+use lagoon_core::laguna::weights::{Ffn, ModelWeights};
+use lagoon_core::weights::{Encoding, MatRef};
+
+use crate::device::Device;
+use crate::error::{CudaError, DriverContext};
+use crate::manifest::WType;
+
+/// A matrix on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct DMat {
+    pub ptr: u64,
+    pub ty: WType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: u64,
+    /// Bytes of one expert's matrix (stacks), else of the matrix.
+    pub expert_bytes: u64,
+}
+
+/// An f32 vector on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct DVec {
+    pub ptr: u64,
+    pub len: usize,
+}
+
+/// The feed-forward half of a layer on the device.
+// One per layer, built once: the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum DFfn {
+    Dense([DMat; 3]),
+    Moe {
+        router: DMat,
+        bias: DVec,
+        gate: DMat,
+        up: DMat,
+        down: DMat,
+        shared: Option<[DMat; 3]>,
+    },
+}
+
+/// One decoder layer on the device.
+#[derive(Debug)]
+pub struct DLayer {
+    pub attn_norm: DVec,
+    pub q: DMat,
+    pub k: DMat,
+    pub v: DMat,
+    pub q_norm: DVec,
+    pub k_norm: DVec,
+    pub gate: Option<DMat>,
+    pub o: DMat,
+    pub ffn_norm: DVec,
+    pub ffn: DFfn,
+}
+
+/// Every weight of a model, on one device.
+#[derive(Debug)]
+pub struct DeviceWeights {
+    _buf: CudaSlice<u8>,
+    pub token_embd: DMat,
+    pub output_norm: DVec,
+    pub output: DMat,
+    pub layers: Vec<DLayer>,
+    /// Bytes on the device.
+    pub n_bytes: usize,
+    /// Matrices decoded to f32 at upload because no kernel reads their encoding.
+    pub n_decoded: usize,
+}
+
+/// The device kernel type of a ggml type, if a kernel decodes it.
+pub fn wtype(ty: GgmlType) -> Option<WType> {
+    Some(match ty {
+        GgmlType::F32 => WType::F32,
+        GgmlType::F16 => WType::F16,
+        GgmlType::BF16 => WType::Bf16,
+        GgmlType::Q8_0 => WType::Q8_0,
+        GgmlType::Q4K => WType::Q4K,
+        GgmlType::Q6K => WType::Q6K,
+        _ => return None,
+    })
+}
+
+/// The matrix's bytes as a kernel reads them, and their type.
+fn device_bytes<'a>(m: &MatRef<'a>, force_f32: bool) -> (WType, Cow<'a, [u8]>) {
+    if let Encoding::Ggml { ty, data } = m.enc
+        && let Some(wt) = wtype(ty)
+        && !force_f32
+    {
+        return (wt, Cow::Borrowed(data));
+    }
+    let mut row = vec![0.0f32; m.cols];
+    let mut out = Vec::with_capacity(m.rows * m.cols * 4);
+    for r in 0..m.rows {
+        m.dequant_row(r, &mut row);
+        out.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    (WType::F32, Cow::Owned(out))
+}
+
+fn row_bytes(ty: WType, cols: usize) -> u64 {
+    let b = match ty {
+        WType::F32 => cols * 4,
+        WType::F16 | WType::Bf16 => cols * 2,
+        WType::Q8_0 => cols / 32 * 34,
+        WType::Q4K => cols / 256 * 144,
+        WType::Q6K => cols / 256 * 210,
+    };
+    b as u64
+}
+
+/// Pieces to upload at their offsets in the one weight buffer. Until the buffer exists, the
+/// `ptr` of every `DMat`/`DVec` holds its byte offset; `upload` adds the base address.
+struct Layout<'a> {
+    items: Vec<(usize, Cow<'a, [u8]>)>,
+    len: usize,
+    n_decoded: usize,
+}
+
+/// Alignment of every matrix and vector in the weight buffer (the kernels' wide loads rely
+/// on rows starting at least 16-byte aligned).
+const ALIGN: usize = 256;
+
+impl<'a> Layout<'a> {
+    fn place(&mut self, bytes: Cow<'a, [u8]>, align: bool) -> usize {
+        if align {
+            self.len = self.len.next_multiple_of(ALIGN);
+        }
+        let off = self.len;
+        self.len += bytes.len();
+        self.items.push((off, bytes));
+        off
+    }
+
+    fn mat(&mut self, m: &MatRef<'a>) -> DMat {
+        let (ty, bytes) = device_bytes(m, false);
+        if ty == WType::F32
+            && !matches!(
+                m.enc,
+                Encoding::Ggml {
+                    ty: GgmlType::F32,
+                    ..
+                }
+            )
+        {
+            self.n_decoded += 1;
+        }
+        let n = bytes.len() as u64;
+        let ptr = self.place(bytes, true) as u64;
+        DMat {
+            ptr,
+            ty,
+            rows: m.rows,
+            cols: m.cols,
+            row_bytes: row_bytes(ty, m.cols),
+            expert_bytes: n,
+        }
+    }
+
+    /// Experts stacked back to back, all in one type (f32 unless every expert has the same
+    /// kernel-readable type, and `force_f32` is off).
+    fn stack(&mut self, parts: &[MatRef<'a>], force_f32: bool) -> DMat {
+        let first = device_bytes(&parts[0], force_f32).0;
+        let same = parts.iter().all(|p| match p.enc {
+            Encoding::Ggml { ty, .. } => wtype(ty) == Some(first),
+            Encoding::Ct(_) => false,
+        });
+        let force = force_f32 || !same;
+        let mut base = 0;
+        let mut eb = 0;
+        let mut ty = first;
+        for (e, p) in parts.iter().enumerate() {
+            let (t, bytes) = device_bytes(p, force);
+            ty = t;
+            eb = bytes.len() as u64;
+            let off = self.place(bytes, e == 0);
+            if e == 0 {
+                base = off;
+            }
+        }
+        if ty == WType::F32 && !same {
+            self.n_decoded += parts.len();
+        }
+        DMat {
+            ptr: base as u64,
+            ty,
+            rows: parts[0].rows,
+            cols: parts[0].cols,
+            row_bytes: row_bytes(ty, parts[0].cols),
+            expert_bytes: eb,
+        }
+    }
+
+    fn vector(&mut self, v: &[f32]) -> DVec {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        DVec {
+            ptr: self.place(Cow::Owned(bytes), true) as u64,
+            len: v.len(),
+        }
+    }
+}
+
+impl DeviceWeights {
+    /// Copies every weight to the device.
+    pub fn upload(dev: &Device, w: &ModelWeights<'_>) -> Result<DeviceWeights, CudaError> {
+        let mut lay = Layout {
+            items: Vec::new(),
+            len: 0,
+            n_decoded: 0,
+        };
+        let token_embd = lay.mat(&w.token_embd);
+        let output_norm = lay.vector(&w.output_norm);
+        let output = lay.mat(&w.output);
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let ffn = match &l.ffn {
+                Ffn::Dense(m) => DFfn::Dense([lay.mat(&m.gate), lay.mat(&m.up), lay.mat(&m.down)]),
+                Ffn::Moe {
+                    router,
+                    bias,
+                    gate,
+                    up,
+                    down,
+                    shared,
+                } => {
+                    // Gate and up are read by one kernel: they share a type.
+                    let mark = (lay.items.len(), lay.len, lay.n_decoded);
+                    let mut gate_d = lay.stack(gate, false);
+                    let mut up_d = lay.stack(up, false);
+                    if up_d.ty != gate_d.ty {
+                        lay.items.truncate(mark.0);
+                        (lay.len, lay.n_decoded) = (mark.1, mark.2 + 2 * gate.len());
+                        gate_d = lay.stack(gate, true);
+                        up_d = lay.stack(up, true);
+                    }
+                    DFfn::Moe {
+                        router: lay.mat(router),
+                        bias: lay.vector(bias),
+                        gate: gate_d,
+                        up: up_d,
+                        down: lay.stack(down, false),
+                        shared: shared
+                            .as_ref()
+                            .map(|m| [lay.mat(&m.gate), lay.mat(&m.up), lay.mat(&m.down)]),
+                    }
+                }
+            };
+            layers.push(DLayer {
+                attn_norm: lay.vector(&l.attn_norm),
+                q: lay.mat(&l.q),
+                k: lay.mat(&l.k),
+                v: lay.mat(&l.v),
+                q_norm: lay.vector(&l.q_norm),
+                k_norm: lay.vector(&l.k_norm),
+                gate: l.gate.as_ref().map(|g| lay.mat(g)),
+                o: lay.mat(&l.o),
+                ffn_norm: lay.vector(&l.ffn_norm),
+                ffn,
+            });
+        }
+        // Slack past the last matrix: the Q8_0 loader reads up to 2 bytes past a block.
+        let len = lay.len + ALIGN;
+        let mut buf = dev
+            .stream
+            .alloc_zeros::<u8>(len)
+            .during("allocating device memory for the weights")?;
+        for (off, bytes) in &lay.items {
+            let mut dst = buf.slice_mut(*off..*off + bytes.len());
+            dev.stream
+                .memcpy_htod(bytes.as_ref(), &mut dst)
+                .during("copying weights to the device")?;
+        }
+        dev.stream
+            .synchronize()
+            .during("waiting for the weight upload")?;
+        let base = buf.device_ptr(&dev.stream).0;
+        let fix = |m: &mut DMat| m.ptr += base;
+        let fixv = |v: &mut DVec| v.ptr += base;
+        let mut dw = DeviceWeights {
+            _buf: buf,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+            n_bytes: len,
+            n_decoded: lay.n_decoded,
+        };
+        fix(&mut dw.token_embd);
+        fix(&mut dw.output);
+        fixv(&mut dw.output_norm);
+        for l in &mut dw.layers {
+            for m in [&mut l.q, &mut l.k, &mut l.v, &mut l.o] {
+                fix(m);
+            }
+            if let Some(g) = &mut l.gate {
+                fix(g);
+            }
+            for v in [
+                &mut l.attn_norm,
+                &mut l.q_norm,
+                &mut l.k_norm,
+                &mut l.ffn_norm,
+            ] {
+                fixv(v);
+            }
+            match &mut l.ffn {
+                DFfn::Dense(m) => m.iter_mut().for_each(fix),
+                DFfn::Moe {
+                    router,
+                    bias,
+                    gate,
+                    up,
+                    down,
+                    shared,
+                } => {
+                    for m in [router, gate, up, down] {
+                        fix(m);
+                    }
+                    fixv(bias);
+                    if let Some(s) = shared {
+                        s.iter_mut().for_each(fix);
+                    }
+                }
+            }
+        }
+        Ok(dw)
+    }
+
+    /// The matrix the graph names `id`.
+    pub fn mat(&self, id: Weight) -> DMat {
+        match id {
+            Weight::TokenEmbd => self.token_embd,
+            Weight::Output => self.output,
+            Weight::Layer(l, lw) => {
+                let layer = &self.layers[l];
+                match (lw, &layer.ffn) {
+                    (L::Q, _) => layer.q,
+                    (L::K, _) => layer.k,
+                    (L::V, _) => layer.v,
+                    (L::O, _) => layer.o,
+                    (L::Gate, _) => layer
+                        .gate
+                        .expect("graph uses a gate only when the layer has one"),
+                    (L::FfnGate, DFfn::Dense(m)) => m[0],
+                    (L::FfnUp, DFfn::Dense(m)) => m[1],
+                    (L::FfnDown, DFfn::Dense(m)) => m[2],
+                    (L::Router, DFfn::Moe { router, .. }) => *router,
+                    (
+                        L::GateShexp,
+                        DFfn::Moe {
+                            shared: Some(s), ..
+                        },
+                    ) => s[0],
+                    (
+                        L::UpShexp,
+                        DFfn::Moe {
+                            shared: Some(s), ..
+                        },
+                    ) => s[1],
+                    (
+                        L::DownShexp,
+                        DFfn::Moe {
+                            shared: Some(s), ..
+                        },
+                    ) => s[2],
+                    _ => unreachable!("graph asked for {id:?} as a matrix"),
+                }
+            }
+            Weight::OutputNorm => unreachable!("output norm is a vector"),
+        }
+    }
+
+    /// The vector the graph names `id`.
+    pub fn vector(&self, id: Weight) -> DVec {
+        match id {
+            Weight::OutputNorm => self.output_norm,
+            Weight::Layer(l, L::AttnNorm) => self.layers[l].attn_norm,
+            Weight::Layer(l, L::FfnNorm) => self.layers[l].ffn_norm,
+            Weight::Layer(l, L::QNorm) => self.layers[l].q_norm,
+            Weight::Layer(l, L::KNorm) => self.layers[l].k_norm,
+            _ => unreachable!("graph asked for {id:?} as a vector"),
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! Tests that need a CUDA device (`#[ignore = "needs a CUDA device"]`; run on the GPU machine
+//! with `.device/run-tests.sh`): kernels against the CPU reference on random data, and whole
+//! tiny models against the CPU reference path and transformers' float32 logits in one-shot
+//! prefill, chunked prefill and token-by-token decode.
+
+use std::path::{Path, PathBuf};
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use lagoon_core::dtype::GgmlType;
+use lagoon_core::laguna::ModelWeights;
+use lagoon_core::weights::{Encoding, MatRef};
+use lagoon_cuda::device::{Arg, Device};
+use lagoon_cuda::manifest::K;
+use lagoon_cuda::weights::wtype;
+use lagoon_cuda::{CudaSession, CudaSessionOptions};
+use lagoon_gguf::Checkpoint;
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+}
+
+fn device() -> Device {
+    Device::new(0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn upload<T: cudarc::driver::DeviceRepr>(dev: &Device, v: &[T]) -> (CudaSlice<T>, u64) {
+    let buf = dev.stream.clone_htod(v).unwrap();
+    let p = buf.device_ptr(&dev.stream).0;
+    (buf, p)
+}
+
+fn download(dev: &Device, b: &CudaSlice<f32>) -> Vec<f32> {
+    let v = dev.stream.clone_dtoh(b).unwrap();
+    dev.stream.synchronize().unwrap();
+    v
+}
+
+/// Random row bytes of `ty` with sane scales (every bit pattern of the quants is valid).
+fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let f16b = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let mut out = Vec::new();
+    for _ in 0..rows {
+        match ty {
+            GgmlType::F32 => (0..cols).for_each(|_| out.extend(rng.f().to_le_bytes())),
+            GgmlType::F16 => (0..cols).for_each(|_| out.extend(f16b(rng.f()))),
+            GgmlType::BF16 => {
+                (0..cols).for_each(|_| out.extend(half::bf16::from_f32(rng.f()).to_le_bytes()))
+            }
+            GgmlType::Q8_0 => {
+                let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+                let mut b = vec![0u8; cols / 32 * 34];
+                lagoon_core::quant::quantize_row_q8_0(&x, &mut b);
+                out.extend(b);
+            }
+            GgmlType::Q4K => {
+                for _ in 0..cols / 256 {
+                    out.extend(f16b(0.01 + 0.02 * rng.f().abs()));
+                    out.extend(f16b(0.01 + 0.02 * rng.f().abs()));
+                    (0..140).for_each(|_| out.push(rng.byte()));
+                }
+            }
+            GgmlType::Q6K => {
+                for _ in 0..cols / 256 {
+                    (0..208).for_each(|_| out.push(rng.byte()));
+                    out.extend(f16b(0.001 + 0.002 * rng.f().abs()));
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+    out
+}
+
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs() / scale))
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn matmul_and_embed_match_reference_for_every_type() {
+    let dev = device();
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let types = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ];
+    for ty in types {
+        for (rows, cols) in [(37usize, 512usize), (5, 1024)] {
+            let data = random_rows(&mut rng, ty, rows, cols);
+            let m = MatRef {
+                rows,
+                cols,
+                enc: Encoding::Ggml { ty, data: &data },
+            };
+            let wt = wtype(ty).unwrap();
+            let row_bytes = ty.row_bytes(cols as u64).unwrap();
+            let (_wb, wp) = upload(&dev, &data);
+            for n in [1usize, 3, 8, 11] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+                let mut want = vec![0.0; n * rows];
+                let mut scratch = vec![0.0; cols];
+                lagoon_core::ops::matmul::matmul(&m, &x, n, &mut want, &mut scratch);
+                let (_xb, xp) = upload(&dev, &x);
+                let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+                let op = ob.device_ptr(&dev.stream).0;
+                dev.launch(
+                    wt.matmul(),
+                    (rows.div_ceil(4) as u32, n.div_ceil(8) as u32),
+                    128,
+                    &[
+                        Arg::P(wp),
+                        Arg::P(row_bytes),
+                        Arg::P(xp),
+                        Arg::P(op),
+                        Arg::I(rows as i32),
+                        Arg::I(cols as i32),
+                        Arg::I(n as i32),
+                    ],
+                )
+                .unwrap();
+                let got = download(&dev, &ob);
+                let e = max_rel(&got, &want);
+                println!("matmul {ty} {rows}x{cols} n={n}: max rel err {e:.2e}");
+                assert!(e < 1e-5, "matmul {ty} n={n}: {e}");
+            }
+            // Embedding rows 0, rows-1, 2 via the step parameters.
+            let toks = [0u32, rows as u32 - 1, 2];
+            let params: Vec<u32> = [0, 3].iter().chain(&toks).copied().collect();
+            let (_pb, pp) = upload(&dev, &params);
+            let ob = dev.stream.alloc_zeros::<f32>(3 * cols).unwrap();
+            let op = ob.device_ptr(&dev.stream).0;
+            dev.launch(
+                wt.embed(),
+                (cols.div_ceil(32).div_ceil(128) as u32, 3),
+                128,
+                &[
+                    Arg::P(wp),
+                    Arg::P(row_bytes),
+                    Arg::P(pp),
+                    Arg::P(op),
+                    Arg::I(cols as i32),
+                ],
+            )
+            .unwrap();
+            let got = download(&dev, &ob);
+            let mut want = vec![0.0; 3 * cols];
+            for (t, &tok) in toks.iter().enumerate() {
+                m.dequant_row(tok as usize, &mut want[t * cols..(t + 1) * cols]);
+            }
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "embed {ty}: dequantised rows differ from the reference decoder"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn router_matches_reference_including_ties() {
+    let dev = device();
+    let mut rng = Rng(77);
+    for (e, k, norm) in [
+        (64usize, 6usize, true),
+        (256, 10, true),
+        (40, 3, false),
+        (8, 8, true),
+    ] {
+        let n = 9;
+        let mut z: Vec<f32> = (0..n * e).map(|_| 4.0 * rng.f()).collect();
+        // Token 0: exact ties (equal logits), token 1: a NaN, token 2: all -inf bias ties.
+        for j in 0..e {
+            z[j] = if j % 3 == 0 { 0.5 } else { -0.25 };
+        }
+        z[e + 1] = f32::NAN;
+        let bias: Vec<f32> = (0..e).map(|i| if i % 5 == 0 { 0.1 } else { 0.0 }).collect();
+        let (_zb, zp) = upload(&dev, &z);
+        let (_bb, bp) = upload(&dev, &bias);
+        let ib = dev.stream.alloc_zeros::<f32>(n * k).unwrap();
+        let wb = dev.stream.alloc_zeros::<f32>(n * k).unwrap();
+        let (ip, wp) = (ib.device_ptr(&dev.stream).0, wb.device_ptr(&dev.stream).0);
+        dev.launch(
+            K::Route,
+            (n.div_ceil(4) as u32, 1),
+            128,
+            &[
+                Arg::P(zp),
+                Arg::P(bp),
+                Arg::P(ip),
+                Arg::P(wp),
+                Arg::I(e as i32),
+                Arg::I(k as i32),
+                Arg::I(norm as i32),
+                Arg::I(n as i32),
+            ],
+        )
+        .unwrap();
+        let (ids, ws) = (download(&dev, &ib), download(&dev, &wb));
+        let mut max_err = 0.0f32;
+        for t in 0..n {
+            let (mut ri, mut rw, mut sel) = (vec![0u32; k], vec![0f32; k], vec![0f32; e]);
+            lagoon_core::ops::router::route(
+                &z[t * e..(t + 1) * e],
+                &bias,
+                norm,
+                &mut ri,
+                &mut rw,
+                &mut sel,
+            );
+            let gi: Vec<u32> = ids[t * k..(t + 1) * k]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(gi, ri, "E={e} K={k} token {t}: ids");
+            for (a, b) in ws[t * k..(t + 1) * k].iter().zip(&rw) {
+                if !(a.is_nan() && b.is_nan()) {
+                    max_err = max_err.max((a - b).abs());
+                }
+            }
+        }
+        println!("route E={e} K={k} norm={norm}: ids equal, max weight err {max_err:.2e}");
+        assert!(max_err < 1e-6);
+    }
+}
+
+fn read_f32(p: &Path) -> Vec<f32> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut n, mut d) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        n += (x as f64 - y as f64).powi(2);
+        d += (y as f64).powi(2);
+    }
+    (n / d).sqrt()
+}
+
+fn weights(ckpt: &Checkpoint) -> ModelWeights<'_> {
+    ModelWeights::resolve(&ckpt.config, |name| ckpt.tensor(name).ok().map(|t| t.parts)).unwrap()
+}
+
+/// Bound on the relative L2 error vs transformers f32 (issue #2's bound for the CPU path).
+const MAX_REL_L2: f64 = 1e-4;
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn tiny_models_match_cpu_and_transformers_in_every_mode() {
+    let root = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/models"
+    ));
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("tokens.txt").exists())
+        .collect();
+    cases.sort();
+    assert!(!cases.is_empty());
+    let mut n_checked = 0;
+    let mut worst = 0.0f64;
+    for case in cases {
+        let toks: Vec<u32> = std::fs::read_to_string(case.join("tokens.txt"))
+            .unwrap()
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.trim().parse().unwrap())
+            .collect();
+        let tf = case.join("logits.transformers.f32");
+        let mut variants: Vec<(PathBuf, PathBuf)> =
+            ["model-f32.gguf", "model-f16.gguf", "model-q8_0.gguf"]
+                .iter()
+                .map(|f| (case.join(f), tf.clone()))
+                .chain(["hf-bf16"].iter().map(|d| (case.join(d), tf.clone())))
+                .filter(|(p, _)| p.exists())
+                .collect();
+        for d in ["ct-int4", "ct-int8"] {
+            let p = case.join(d);
+            if p.join("logits.transformers.f32").exists() {
+                variants.push((p.clone(), p.join("logits.transformers.f32")));
+            }
+        }
+        for (model, refpath) in variants {
+            let reference = read_f32(&refpath);
+            let ckpt =
+                Checkpoint::open(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+            let w = weights(&ckpt);
+            let cfg = &ckpt.config;
+            // The CPU reference path, once (prefill).
+            let mut cpu = lagoon_cpu::Session::new(
+                cfg,
+                &w,
+                lagoon_cpu::SessionOptions {
+                    n_ctx: toks.len(),
+                    ubatch: toks.len(),
+                    all_logits: true,
+                    n_threads: 0,
+                    reference: true,
+                },
+            );
+            let cpu_logits = cpu.step(&toks).unwrap().to_vec();
+            let mut first_mode: Option<Vec<f32>> = None;
+            for (mode, ubatch) in [("prefill", toks.len()), ("chunked-7", 7), ("decode", 1)] {
+                let mut s = CudaSession::new(
+                    cfg,
+                    &w,
+                    CudaSessionOptions {
+                        n_ctx: toks.len(),
+                        ubatch,
+                        all_logits: true,
+                        device: 0,
+                        cuda_graphs: true,
+                        // Decode runs split-K attention over 8-key splits (full layers: up
+                        // to 6 splits at 48 tokens; sliding, W = 16: 2).
+                        attn_split_keys: if ubatch == 1 { 8 } else { 0 },
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+                let mut ours = Vec::new();
+                s.prefill(&toks, |l| ours.extend_from_slice(l)).unwrap();
+                let e_tf = rel_l2(&ours, &reference);
+                let e_cpu = rel_l2(&ours, &cpu_logits);
+                let name = model
+                    .strip_prefix(&root)
+                    .unwrap_or(&model)
+                    .display()
+                    .to_string();
+                let (wb, nd) = s.weight_bytes();
+                println!(
+                    "{name} [{mode}]: rel L2 vs transformers {e_tf:.3e}, vs CPU reference {e_cpu:.3e} ({wb} weight bytes, {nd} matrices decoded to f32)"
+                );
+                assert!(
+                    e_tf <= MAX_REL_L2,
+                    "{name} [{mode}]: {e_tf:.3e} vs transformers"
+                );
+                assert!(e_cpu <= MAX_REL_L2, "{name} [{mode}]: {e_cpu:.3e} vs CPU");
+                worst = worst.max(e_tf);
+                n_checked += 1;
+                // Every mode runs the same per-(row, token) arithmetic (the grouped expert
+                // kernels included), so the modes should agree to rounding at most.
+                match &first_mode {
+                    None => first_mode = Some(ours),
+                    Some(p) => {
+                        let same = p.iter().zip(&ours).all(|(a, b)| a.to_bits() == b.to_bits());
+                        let e = rel_l2(&ours, p);
+                        println!("  [{mode}] vs [prefill]: rel L2 {e:.3e}, bitwise equal {same}");
+                        assert!(e <= 1e-6, "{name} [{mode}] vs prefill: {e:.3e}");
+                    }
+                }
+            }
+        }
+    }
+    println!("{n_checked} model/mode pairs checked, worst rel L2 vs transformers {worst:.3e}");
+    assert!(n_checked >= 9);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bad_steps_are_typed_errors() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/models/hybrid_perhead/model-q8_0.gguf"
+    );
+    let ckpt = Checkpoint::open(path).unwrap();
+    let w = weights(&ckpt);
+    let mut s = CudaSession::new(
+        &ckpt.config,
+        &w,
+        CudaSessionOptions {
+            n_ctx: 4,
+            ubatch: 2,
+            all_logits: false,
+            device: 0,
+            cuda_graphs: true,
+            attn_split_keys: 0,
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        s.step(&[]),
+        Err(lagoon_cuda::CudaError::BadBatch { .. })
+    ));
+    assert!(matches!(
+        s.step(&[1, 2, 3]),
+        Err(lagoon_cuda::CudaError::BadBatch { .. })
+    ));
+    assert!(matches!(
+        s.step(&[u32::MAX]),
+        Err(lagoon_cuda::CudaError::BadToken { .. })
+    ));
+    s.step(&[1, 2]).unwrap();
+    s.step(&[3, 4]).unwrap();
+    assert!(matches!(
+        s.step(&[5]),
+        Err(lagoon_cuda::CudaError::ContextFull { .. })
+    ));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn decode_graph_replay_equals_eager_steps() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/models/xs2_style/model-q8_0.gguf"
+    );
+    let ckpt = Checkpoint::open(path).unwrap();
+    let w = weights(&ckpt);
+    let toks: Vec<u32> = (0..40u32)
+        .map(|i| (i * 37 + 5) % ckpt.config.vocab_size as u32)
+        .collect();
+    let run = |graphs: bool| {
+        let mut s = CudaSession::new(
+            &ckpt.config,
+            &w,
+            CudaSessionOptions {
+                n_ctx: toks.len(),
+                ubatch: 1,
+                all_logits: false,
+                device: 0,
+                cuda_graphs: graphs,
+                attn_split_keys: 8,
+            },
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
+        out
+    };
+    let (replayed, eager) = (run(true), run(false));
+    assert_eq!(replayed.len(), eager.len());
+    let same = replayed
+        .iter()
+        .zip(&eager)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    println!(
+        "decode graph replay vs eager over {} steps: bitwise equal = {same}",
+        toks.len()
+    );
+    assert!(same, "graph replay differs from eager launches");
+}
