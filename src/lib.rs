@@ -20,6 +20,7 @@ pub use lagoon_gguf as gguf;
 pub use lagoon_gguf::{Checkpoint, Error};
 pub mod chat;
 pub mod generate;
+pub mod parse;
 pub mod tokenizer;
 
 /// The model's weights as views into the checkpoint (nothing is copied but the small norm

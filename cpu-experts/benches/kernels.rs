@@ -8,7 +8,10 @@
 //! (the L3 of the development VM is 260 MiB). Throughput is weight bytes per second.
 //!
 //! `cargo bench -p lagoon-cpu --bench kernels -- --warm-up-time 1 --measurement-time 3`
-//! (filter with a type name, e.g. `-- q4_K`; `LAGOON_FORCE_SCALAR=1` benches scalar).
+//! (filter with a type name, e.g. `-- q4_K`; `LAGOON_FORCE_SCALAR=1` benches scalar,
+//! `LAGOON_FORCE_AVX2=1` AVX2 without AVX-512). `simd_cmp_*` times single-thread work in
+//! thread CPU time (robust on a shared machine) and runs AVX-512 and AVX2 side by side on
+//! the types that have both.
 
 use std::hint::black_box;
 
@@ -97,6 +100,14 @@ impl Mat {
                     GgmlType::Q2K => &[80, 82],
                     GgmlType::Q3K => &[108],
                     GgmlType::Q6K => &[208],
+                    GgmlType::IQ4XS
+                    | GgmlType::IQ4NL
+                    | GgmlType::IQ3XXS
+                    | GgmlType::IQ3S
+                    | GgmlType::IQ2XXS
+                    | GgmlType::IQ2XS
+                    | GgmlType::IQ2S
+                    | GgmlType::IQ1S => &[0],
                     _ => &[],
                 };
                 if ty == GgmlType::F16 || ty == GgmlType::BF16 {
@@ -113,6 +124,20 @@ impl Mat {
                 for blk in data.chunks_mut(bb) {
                     for &o in fields {
                         blk[o..o + 2].copy_from_slice(&rng.f16_scale());
+                    }
+                    match ty {
+                        // E8M0 exponent near 2^0 (random bytes give subnormal/huge scales,
+                        // whose FP assists would be timed instead of the kernel).
+                        GgmlType::MXFP4 => blk[0] = 120 + (rng.next() % 16) as u8,
+                        // IQ1_M keeps its fp16 scale in the top nibbles of 4 scale words.
+                        GgmlType::IQ1M => {
+                            let h = u16::from_le_bytes(rng.f16_scale());
+                            for k in 0..4 {
+                                let nib = ((h >> (4 * k)) & 0xF) as u8;
+                                blk[49 + 2 * k] = (blk[49 + 2 * k] & 0x0F) | (nib << 4);
+                            }
+                        }
+                        _ => {}
                     }
                 }
                 Mat {
@@ -261,6 +286,16 @@ fn bench_experts(c: &mut Criterion) {
         Kind::G(GgmlType::Q5_1),
         Kind::G(GgmlType::BF16),
         Kind::G(GgmlType::F16),
+        Kind::G(GgmlType::IQ4XS),
+        Kind::G(GgmlType::IQ3XXS),
+        Kind::G(GgmlType::IQ2XXS),
+        Kind::G(GgmlType::IQ2S),
+        Kind::G(GgmlType::IQ3S),
+        Kind::G(GgmlType::IQ2XS),
+        Kind::G(GgmlType::IQ4NL),
+        Kind::G(GgmlType::IQ1S),
+        Kind::G(GgmlType::IQ1M),
+        Kind::G(GgmlType::MXFP4),
     ];
     let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}", k.name()));
     for kind in kinds {
@@ -287,6 +322,153 @@ fn bench_experts(c: &mut Criterion) {
                 black_box((&out_ffn, &out_hidden));
             })
         });
+    }
+    group.finish();
+}
+
+/// This thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`) as a criterion measurement: time the
+/// thread was descheduled does not count, so single-thread figures stay comparable on a
+/// shared machine (the development VM's 2 cores carry several builds). Memory stalls still
+/// count. Formatted like wall time.
+#[cfg(target_os = "linux")]
+struct ThreadCpu;
+
+#[cfg(target_os = "linux")]
+fn thread_cpu_now() -> std::time::Duration {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` (glibc/musl, always linked on Linux) writes one `timespec`
+    // (two 64-bit fields on 64-bit Linux, as declared) to the valid pointer we pass.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[cfg(target_os = "linux")]
+impl criterion::measurement::Measurement for ThreadCpu {
+    type Intermediate = std::time::Duration;
+    type Value = std::time::Duration;
+    fn start(&self) -> Self::Intermediate {
+        thread_cpu_now()
+    }
+    fn end(&self, i: Self::Intermediate) -> Self::Value {
+        thread_cpu_now().saturating_sub(i)
+    }
+    fn add(&self, a: &Self::Value, b: &Self::Value) -> Self::Value {
+        *a + *b
+    }
+    fn zero(&self) -> Self::Value {
+        std::time::Duration::ZERO
+    }
+    fn to_f64(&self, v: &Self::Value) -> f64 {
+        v.as_nanos() as f64
+    }
+    fn formatter(&self) -> &dyn criterion::measurement::ValueFormatter {
+        static WALL: criterion::measurement::WallTime = criterion::measurement::WallTime;
+        criterion::measurement::Measurement::formatter(&WALL)
+    }
+}
+
+/// Kinds whose AVX-512 kernel differs from AVX2's (benched with both tables).
+const AVX512_KINDS: [&str; 3] = ["q6_K", "iq4_xs", "ct-int4-g32"];
+
+/// One-token expert GEMV of every kind, single thread, timed in thread CPU time
+/// ([`ThreadCpu`]) with the streaming-read floor measured the same way: the figures to
+/// quote from a shared machine. Kinds with an AVX-512 kernel run with every SIMD table this
+/// CPU has (AVX-512 VNNI, then AVX2), back to back; the others with the best table only.
+#[cfg(target_os = "linux")]
+fn bench_simd_cmp(c: &mut Criterion<ThreadCpu>) {
+    let tables: Vec<Kernels> = Kernels::simd_tables().collect();
+    if tables.is_empty() {
+        return;
+    }
+    {
+        let mut buf = vec![0u64; target_bytes() / 8];
+        let mut rng = Rng(7);
+        for v in buf.iter_mut() {
+            *v = rng.next();
+        }
+        let mut g = c.benchmark_group("simd_cmp_stream_read");
+        g.throughput(Throughput::Bytes(8 * buf.len() as u64));
+        g.bench_function("sum_u64", |b| {
+            b.iter(|| {
+                let mut acc = [0u64; 8];
+                for ch in buf.as_chunks::<8>().0 {
+                    for k in 0..8 {
+                        acc[k] = acc[k].wrapping_add(ch[k]);
+                    }
+                }
+                black_box(acc)
+            })
+        });
+        g.finish();
+    }
+    let kinds = [
+        Kind::G(GgmlType::Q4K),
+        Kind::G(GgmlType::Q8_0),
+        Kind::G(GgmlType::Q6K),
+        Kind::G(GgmlType::IQ4XS),
+        Kind::CtInt4(32),
+        Kind::G(GgmlType::Q5K),
+        Kind::G(GgmlType::IQ3XXS),
+        Kind::G(GgmlType::IQ2XXS),
+        Kind::G(GgmlType::IQ2S),
+        Kind::G(GgmlType::IQ3S),
+        Kind::G(GgmlType::IQ2XS),
+        Kind::G(GgmlType::IQ4NL),
+        Kind::G(GgmlType::IQ1S),
+        Kind::G(GgmlType::IQ1M),
+        Kind::G(GgmlType::MXFP4),
+    ];
+    let mut group = c.benchmark_group("simd_cmp_1tok");
+    for kind in kinds {
+        let Experts {
+            sets,
+            set_bytes,
+            act_in,
+            act_down,
+        } = Experts::build(&tables[0], kind);
+        let copies = sets.len();
+        let mut out_ffn = vec![0f32; FFN];
+        let mut out_hidden = vec![0f32; HIDDEN];
+        let mut next = 0usize;
+        group.throughput(Throughput::Bytes(set_bytes as u64));
+        let n_tables = match AVX512_KINDS.contains(&kind.name().as_str()) {
+            true => tables.len(),
+            false => 1,
+        };
+        for k in &tables[..n_tables] {
+            group.bench_function(format!("{}/{}", kind.name(), k.name()), |b| {
+                b.iter(|| {
+                    let s = &sets[next % copies];
+                    next += 1;
+                    for e in s.chunks_exact(3) {
+                        k.dot_rows(&e[0].view(), 0, &act_in, &mut out_ffn);
+                        k.dot_rows(&e[1].view(), 0, &act_in, &mut out_ffn);
+                        k.dot_rows(&e[2].view(), 0, &act_down, &mut out_hidden);
+                    }
+                    black_box((&out_ffn, &out_hidden));
+                })
+            });
+        }
+    }
+    group.finish();
+    let mut group = c.benchmark_group("simd_cmp_prefill");
+    for ty in [GgmlType::Q6K, GgmlType::IQ4XS] {
+        for k in &tables {
+            prefill_one(k, &mut group, ty, true);
+        }
     }
     group.finish();
 }
@@ -393,15 +575,33 @@ fn bench_experts_mt(c: &mut Criterion) {
     group.finish();
 }
 
-/// Prefill: one 1024 × 3072 Q4_K matrix × 64 tokens through `dot_rows_multi` in tiles of 16
-/// rows (as `matmul_fast`), single thread, weights in cache. Throughput in elements is
-/// FLOP (2·rows·cols·tokens).
-fn prefill_q4k_64tok(c: &mut Criterion) {
+/// Prefill: one 1024 × 3072 matrix (Q4_K, Q8_0, Q6_K, IQ4_XS) × 64 tokens through
+/// `dot_rows_multi` in tiles of 16 rows (as `matmul_fast`), single thread, weights in cache.
+/// Throughput in elements is FLOP (2·rows·cols·tokens).
+fn prefill_64tok(c: &mut Criterion) {
+    let k = Kernels::detect();
+    let mut group = c.benchmark_group(format!("prefill_{}", k.name()));
+    for ty in [
+        GgmlType::Q4K,
+        GgmlType::Q8_0,
+        GgmlType::Q6K,
+        GgmlType::IQ4XS,
+    ] {
+        prefill_one(&k, &mut group, ty, false);
+    }
+    group.finish();
+}
+
+fn prefill_one<M: criterion::measurement::Measurement>(
+    k: &Kernels,
+    group: &mut criterion::BenchmarkGroup<'_, M>,
+    ty: GgmlType,
+    group_is_cmp: bool,
+) {
     const TOK: usize = 64;
     const TILE: usize = 16;
-    let k = Kernels::detect();
     let mut rng = Rng(11);
-    let m = Mat::build(Kind::G(GgmlType::Q4K), FFN, HIDDEN, &mut rng);
+    let m = Mat::build(Kind::G(ty), FFN, HIDDEN, &mut rng);
     let w = m.view();
     let fmt = k.act_format(&w);
     let ab = Kernels::act_row_bytes(fmt, HIDDEN);
@@ -413,9 +613,16 @@ fn prefill_q4k_64tok(c: &mut Criterion) {
         k.quantize_act(fmt, &x, &mut acts[t * ab..(t + 1) * ab]);
     }
     let mut tile = vec![0f32; TOK * TILE];
-    let mut group = c.benchmark_group(format!("prefill_{}", k.name()));
     group.throughput(Throughput::Elements((2 * FFN * HIDDEN * TOK) as u64));
-    group.bench_function("prefill_q4k_64tok", |b| {
+    let name = match ty {
+        GgmlType::Q4K => "prefill_q4k_64tok".to_string(),
+        _ => format!("prefill_{ty}_64tok"),
+    };
+    let name = match group_is_cmp {
+        true => format!("{name}/{}", k.name()),
+        false => name,
+    };
+    group.bench_function(name, |b| {
         b.iter(|| {
             for r0 in (0..FFN).step_by(TILE) {
                 k.dot_rows_multi(&w, r0, TILE, &acts, ab, TOK, &mut tile, TILE);
@@ -423,7 +630,6 @@ fn prefill_q4k_64tok(c: &mut Criterion) {
             }
         })
     });
-    group.finish();
 }
 
 criterion_group!(
@@ -432,6 +638,15 @@ criterion_group!(
     bench_experts,
     bench_bandwidth_mt,
     bench_experts_mt,
-    prefill_q4k_64tok
+    prefill_64tok
 );
+#[cfg(target_os = "linux")]
+criterion_group! {
+    name = simd_cmp;
+    config = Criterion::default().with_measurement(ThreadCpu);
+    targets = bench_simd_cmp
+}
+#[cfg(target_os = "linux")]
+criterion_main!(benches, simd_cmp);
+#[cfg(not(target_os = "linux"))]
 criterion_main!(benches);

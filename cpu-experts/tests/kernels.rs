@@ -2,7 +2,8 @@
 //!
 //! (a) scalar integer kernels vs the f64 sum of core's reference dequantisation of the
 //!     weights times the dequantised quantised activations (`Σ dequant(w)·dequant(q(x))`);
-//! (b) AVX2 (when this CPU has it) vs scalar, per-type bound;
+//! (b) the detected SIMD table (AVX-512 VNNI or AVX2, when this CPU has them) and the AVX2
+//!     table alone vs scalar, per-type bound;
 //! (c) proptest edges: ragged row counts and offsets, one block, tails, extreme scales,
 //!     NaN/Inf activations (no panic, NaN propagates).
 //!
@@ -112,7 +113,8 @@ fn all_types() -> Vec<Wt> {
     let mut v: Vec<Wt> = {
         use GgmlType::*;
         [
-            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2K, Q3K, Q4K, Q5K, Q6K, F32, F16, BF16,
+            Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2K, Q3K, Q4K, Q5K, Q6K, F32, F16, BF16, IQ4XS, IQ3XXS,
+            IQ3S, IQ2XXS, IQ2XS, IQ2S, IQ1S, IQ1M, IQ4NL, MXFP4,
         ]
         .into_iter()
         .map(Wt::G)
@@ -235,6 +237,31 @@ fn build(wt: Wt, rows: usize, cols: usize, scales: Scales, seed: u64) -> Owned {
                         o.data.extend(bf16::from_f32(rng.sym()).to_le_bytes());
                     }
                 }
+                GgmlType::MXFP4 => {
+                    // E8M0 exponents around 2^0 (Normal), 2^100 (Huge), 2^-100 (Tiny).
+                    let e0 = match scales {
+                        Scales::Normal => 118,
+                        Scales::Huge => 220,
+                        Scales::Tiny => 20,
+                    };
+                    for _ in 0..nb {
+                        let mut b = rng.bytes(bb);
+                        b[0] = e0 + (rng.u64() % 16) as u8;
+                        o.data.extend(b);
+                    }
+                }
+                GgmlType::IQ1M => {
+                    // The fp16 scale lives in the top nibbles of the four scale words.
+                    for _ in 0..nb {
+                        let mut b = rng.bytes(bb);
+                        let h = f16::from_f32(scales.draw(&mut rng, true)).to_bits();
+                        for k in 0..4 {
+                            let nib = ((h >> (4 * k)) & 0xF) as u8;
+                            b[49 + 2 * k] = (b[49 + 2 * k] & 0x0F) | nib << 4;
+                        }
+                        o.data.extend(b);
+                    }
+                }
                 _ => {
                     // (offset of d, offset of the min/dmin if any)
                     let (d, m): (usize, Option<usize>) = match ty {
@@ -244,6 +271,14 @@ fn build(wt: Wt, rows: usize, cols: usize, scales: Scales, seed: u64) -> Owned {
                         GgmlType::Q2K => (80, Some(82)),
                         GgmlType::Q3K => (108, None),
                         GgmlType::Q6K => (208, None),
+                        GgmlType::IQ4XS
+                        | GgmlType::IQ3XXS
+                        | GgmlType::IQ3S
+                        | GgmlType::IQ2XXS
+                        | GgmlType::IQ2XS
+                        | GgmlType::IQ2S
+                        | GgmlType::IQ1S
+                        | GgmlType::IQ4NL => (0, None),
                         _ => unreachable!("{ty:?}"),
                     };
                     for _ in 0..nb {
@@ -512,6 +547,14 @@ fn simd_bound(wt: Wt) -> f64 {
     }
 }
 
+/// The tables (b) holds to scalar: every SIMD table this CPU runs (AVX-512 and AVX2 both,
+/// where present) and whatever `detect` picks under the environment.
+fn fast_tables() -> Vec<Kernels> {
+    let mut v: Vec<Kernels> = Kernels::simd_tables().collect();
+    v.push(Kernels::detect());
+    v
+}
+
 /// (b) and (c) for one case: every kernel table agrees with scalar, nothing panics, NaN
 /// propagates.
 fn check_fast_vs_scalar(
@@ -523,7 +566,22 @@ fn check_fast_vs_scalar(
     poison: u8,
     seed: u64,
 ) {
-    let fast = Kernels::detect();
+    for fast in fast_tables() {
+        check_one_vs_scalar(&fast, wt, n_units, rows, r0, scales, poison, seed);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_one_vs_scalar(
+    fast: &Kernels,
+    wt: Wt,
+    n_units: usize,
+    rows: usize,
+    r0: usize,
+    scales: Scales,
+    poison: u8,
+    seed: u64,
+) {
     let sk = Kernels::scalar();
     let cols = n_units * wt.col_unit() + wt.ragged(seed);
     let o = build(wt, r0 + rows, cols, scales, seed);
@@ -538,10 +596,10 @@ fn check_fast_vs_scalar(
         let fmt = sk.act_format(m);
         assert_eq!(fast.act_format(m), fmt);
         let (q, deq) = quantise(&sk, fmt, &x);
-        let (qf, _) = quantise(&fast, fmt, &x);
+        let (qf, _) = quantise(fast, fmt, &x);
         assert_eq!(q, qf, "activation quantisers differ");
         let s = dots(&sk, m, r0, rows, &q);
-        let f = dots(&fast, m, r0, rows, &q);
+        let f = dots(fast, m, r0, rows, &q);
         for i in 0..rows {
             let what = format!("{wt:?} {} vs scalar, row {}", fast.name(), r0 + i);
             match poison {
@@ -574,14 +632,14 @@ fn check_fast_vs_scalar(
             .map(|t| act_row(cols, 1.0, seed + 1000 * t))
             .collect();
         for (t, xt) in toks.iter().enumerate() {
-            let (qt, _) = quantise(&fast, fmt, xt);
+            let (qt, _) = quantise(fast, fmt, xt);
             acts[t * stride..t * stride + ab].copy_from_slice(&qt);
         }
         let out_stride = rows + 2;
         let mut out = vec![0f32; 3 * out_stride];
         fast.dot_rows_multi(m, r0, rows, &acts, stride, 3, &mut out, out_stride);
         for t in 0..3 {
-            let one = dots(&fast, m, r0, rows, &acts[t * stride..t * stride + ab]);
+            let one = dots(fast, m, r0, rows, &acts[t * stride..t * stride + ab]);
             for i in 0..rows {
                 assert_eq!(
                     out[t * out_stride + i].to_bits(),
@@ -647,13 +705,20 @@ proptest! {
 /// ragged row counts, offsets and strides; a NaN in one token stays in that token.
 #[test]
 fn multi_token_matches_one_token() {
-    let fast = Kernels::detect();
+    for fast in fast_tables() {
+        multi_token_matches_one_token_with(&fast);
+    }
+}
+
+fn multi_token_matches_one_token_with(fast: &Kernels) {
     let types = [
         Wt::G(GgmlType::Q4K),
         Wt::G(GgmlType::Q8_0),
         Wt::G(GgmlType::Q6K),
         Wt::G(GgmlType::Q5K),
         Wt::G(GgmlType::Q4_0),
+        Wt::G(GgmlType::IQ4XS),
+        Wt::G(GgmlType::IQ2XXS),
     ];
     for (ti, wt) in types.into_iter().enumerate() {
         for (ci, (units, rows, r0)) in [(12, 17, 3), (1, 5, 0), (3, 1, 2)].into_iter().enumerate() {
@@ -676,14 +741,14 @@ fn multi_token_matches_one_token() {
                         if t == 5 {
                             x[t % cols] = f32::NAN;
                         }
-                        let (q, _) = quantise(&fast, fmt, &x);
+                        let (q, _) = quantise(fast, fmt, &x);
                         acts[t * stride..t * stride + ab].copy_from_slice(&q);
                     }
                     let out_stride = rows + 3;
                     let mut out = vec![f32::INFINITY; (n_act - 1) * out_stride + rows];
                     fast.dot_rows_multi(m, r0, rows, &acts, stride, n_act, &mut out, out_stride);
                     for t in 0..n_act {
-                        let one = dots(&fast, m, r0, rows, &acts[t * stride..t * stride + ab]);
+                        let one = dots(fast, m, r0, rows, &acts[t * stride..t * stride + ab]);
                         for i in 0..rows {
                             let got = out[t * out_stride + i];
                             assert_eq!(
@@ -747,19 +812,59 @@ fn q8_0_activation_is_cores_quantiser() {
     }
 }
 
-/// Types core decodes but no kernel covers (IQ, ternary, MXFP4) run through the
-/// dequantising fallback automatically, against f32 activations.
+/// Both x86 SIMD tables are exercised wherever the CPU has them (so (b) covers each).
+#[test]
+fn simd_tables_match_cpu_features() {
+    let names: Vec<&str> = Kernels::simd_tables().map(|k| k.name()).collect();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
+        let avx512 = avx2
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni");
+        assert_eq!(names.contains(&"avx2"), avx2, "{names:?}");
+        assert_eq!(names.contains(&"avx512vnni"), avx512, "{names:?}");
+    }
+    eprintln!("SIMD tables checked against scalar: {names:?}");
+}
+
+/// The codebook types and MXFP4 take integer kernels with ggml's activation pairing.
+#[test]
+fn iq_types_pair_like_ggml() {
+    use GgmlType::*;
+    for k in [Kernels::scalar(), Kernels::detect()] {
+        for (ty, fmt) in [
+            (IQ4XS, ActFormat::Q8K),
+            (IQ3XXS, ActFormat::Q8K),
+            (IQ3S, ActFormat::Q8K),
+            (IQ2XXS, ActFormat::Q8K),
+            (IQ2XS, ActFormat::Q8K),
+            (IQ2S, ActFormat::Q8K),
+            (IQ1S, ActFormat::Q8K),
+            (IQ1M, ActFormat::Q8K),
+            (IQ4NL, ActFormat::Q8_0),
+            (MXFP4, ActFormat::Q8_0),
+        ] {
+            let o = build(Wt::G(ty), 2, 512, Scales::Normal, 3);
+            with_mat(&o, |m| {
+                assert_eq!(k.act_format(m), fmt, "{ty:?} {}", k.name())
+            });
+        }
+    }
+}
+
+/// Types core decodes but no kernel covers (ternary) run through the dequantising fallback
+/// automatically, against f32 activations.
 #[test]
 fn types_without_kernels_use_the_fallback() {
     use GgmlType::*;
     let k = Kernels::detect();
     let mut covered = 0;
-    for (i, ty) in [
-        IQ2XXS, IQ2XS, IQ2S, IQ3XXS, IQ3S, IQ1S, IQ1M, IQ4NL, IQ4XS, TQ1_0, TQ2_0, MXFP4,
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, ty) in [TQ1_0, TQ2_0].into_iter().enumerate() {
         if !lagoon_core::quant::supported(ty) {
             continue;
         }

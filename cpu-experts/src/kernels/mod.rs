@@ -2,9 +2,10 @@
 //! encoding, scalar and AVX2, resolved once into [`Kernels`] (ggml's `type_traits_cpu`).
 //!
 //! Each weight type dots against one activation format ([`ActFormat`], spec §4.1): legacy
-//! 32-blocks and compressed-tensors int4/int8 against Q8_0, K-quants against Q8_K, float
-//! weights against f32. Types without a kernel (FP8, other ct widths, and any type core's
-//! `dequantize_row` learns later, IQ included) take the fallback: the row is dequantised by
+//! 32-blocks, IQ4_NL, MXFP4 and compressed-tensors int4/int8 against Q8_0, K-quants and the
+//! 256-element IQ types against Q8_K (ggml's pairings), float weights against f32. Types
+//! without a kernel (FP8, other ct widths, ternary TQ*, and any type core's
+//! `dequantize_row` learns later) take the fallback: the row is dequantised by
 //! core's reference decoder into a stack buffer, chunk by chunk, and dotted with f32
 //! activations. Nothing here allocates.
 //!
@@ -48,8 +49,8 @@ const MULTI_TOKENS: usize = 4;
 /// Dequantised f32 weights · f32 activation bytes (the fallback's inner product).
 pub(crate) type F32Dot = fn(w: &[f32], a: &[[u8; 4]]) -> f32;
 
-/// Every kernel of one instruction set. Built by [`scalar_table`] or by the AVX2 module
-/// from a proof token; copied into [`Kernels`] once.
+/// Every kernel of one instruction set. Built by [`scalar_table`] or by the AVX2 / AVX-512
+/// modules from a proof token; copied into [`Kernels`] once.
 #[derive(Clone, Copy)]
 pub(crate) struct Table {
     pub name: &'static str,
@@ -65,10 +66,23 @@ pub(crate) struct Table {
     pub q4k: RowDot,
     pub q5k: RowDot,
     pub q6k: RowDot,
+    /// Codebook types and MXFP4 (ggml's pairings: IQ4_NL and MXFP4 with Q8_0, the rest
+    /// with Q8_K).
+    pub iq4xs: RowDot,
+    pub iq3xxs: RowDot,
+    pub iq3s: RowDot,
+    pub iq2xxs: RowDot,
+    pub iq2xs: RowDot,
+    pub iq2s: RowDot,
+    pub iq1s: RowDot,
+    pub iq1m: RowDot,
+    pub iq4nl: RowDot,
+    pub mxfp4: RowDot,
     /// Several tokens per weight row (prefill); `None`: the [`RowDot`] per token.
     pub q4k_multi: Option<MultiDot>,
     pub q8_0_multi: Option<MultiDot>,
     pub q6k_multi: Option<MultiDot>,
+    pub iq4xs_multi: Option<MultiDot>,
     pub f32: RowDot,
     pub f16: RowDot,
     pub bf16: RowDot,
@@ -96,9 +110,20 @@ pub(crate) fn scalar_table() -> Table {
         q4k: vec_dot_q4k_q8k,
         q5k: vec_dot_q5k_q8k,
         q6k: vec_dot_q6k_q8k,
+        iq4xs: vec_dot_iq4_xs_q8k,
+        iq3xxs: vec_dot_iq3_xxs_q8k,
+        iq3s: vec_dot_iq3_s_q8k,
+        iq2xxs: vec_dot_iq2_xxs_q8k,
+        iq2xs: vec_dot_iq2_xs_q8k,
+        iq2s: vec_dot_iq2_s_q8k,
+        iq1s: vec_dot_iq1_s_q8k,
+        iq1m: vec_dot_iq1_m_q8k,
+        iq4nl: vec_dot_iq4_nl_q8_0,
+        mxfp4: vec_dot_mxfp4_q8_0,
         q4k_multi: None,
         q8_0_multi: None,
         q6k_multi: None,
+        iq4xs_multi: None,
         f32: vec_dot_f32_f32,
         f16: vec_dot_f16_f32,
         bf16: vec_dot_bf16_f32,
@@ -162,8 +187,9 @@ enum Plan<'m> {
 }
 
 impl Kernels {
-    /// The best kernels this CPU runs (AVX2+FMA+F16C when detected), unless the
-    /// environment sets `LAGOON_FORCE_SCALAR=1`.
+    /// The best kernels this CPU runs (AVX-512 F/BW/VL+VNNI, else AVX2+FMA+F16C, when
+    /// detected), unless the environment sets `LAGOON_FORCE_SCALAR=1` (scalar) or
+    /// `LAGOON_FORCE_AVX2=1` (no AVX-512).
     pub fn detect() -> Kernels {
         if std::env::var_os("LAGOON_FORCE_SCALAR").is_some_and(|v| v == "1") {
             return Kernels::scalar();
@@ -173,6 +199,17 @@ impl Kernels {
             return Kernels { t };
         }
         Kernels::scalar()
+    }
+
+    /// Every SIMD table this CPU runs, best first (AVX-512 VNNI, AVX2), whatever the
+    /// environment says; empty without SIMD. For tests that hold each one to scalar.
+    #[doc(hidden)]
+    pub fn simd_tables() -> impl Iterator<Item = Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        let t = [arch::x86_64::avx512_table(), arch::x86_64::avx2_table()];
+        #[cfg(not(target_arch = "x86_64"))]
+        let t: [Option<Table>; 0] = [];
+        t.into_iter().flatten().map(|t| Kernels { t })
     }
 
     /// The scalar reference kernels.
@@ -191,7 +228,7 @@ impl Kernels {
         Kernels { t }
     }
 
-    /// `"avx2"`, `"scalar"` (or `"dequant-fallback"`).
+    /// `"avx512vnni"`, `"avx2"`, `"scalar"` (or `"dequant-fallback"`).
     pub fn name(&self) -> &'static str {
         self.t.name
     }
@@ -208,11 +245,25 @@ impl Kernels {
                 | GgmlType::Q4_1
                 | GgmlType::Q5_0
                 | GgmlType::Q5_1
+                | GgmlType::IQ4NL
+                | GgmlType::MXFP4
                     if w.cols.is_multiple_of(quant::QK) =>
                 {
                     ActFormat::Q8_0
                 }
-                GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
+                GgmlType::Q2K
+                | GgmlType::Q3K
+                | GgmlType::Q4K
+                | GgmlType::Q5K
+                | GgmlType::Q6K
+                | GgmlType::IQ4XS
+                | GgmlType::IQ3XXS
+                | GgmlType::IQ3S
+                | GgmlType::IQ2XXS
+                | GgmlType::IQ2XS
+                | GgmlType::IQ2S
+                | GgmlType::IQ1S
+                | GgmlType::IQ1M
                     if w.cols.is_multiple_of(quant::QK_K) =>
                 {
                     ActFormat::Q8K
@@ -260,9 +311,9 @@ impl Kernels {
     /// `out[t·out_stride + i] = W[r0 + i] · act_t` for `i < n_rows`, `t < n_act`, where
     /// `act_t = acts[t·act_stride ..][..act_row_bytes]`. Each weight row is read from memory
     /// once and dotted with every token while it is in L1. Where the table has a
-    /// several-token kernel for the type (AVX2: Q4_K, Q6_K, Q8_0) and `n_act ≥ 2`, tokens go
-    /// in groups of up to 4 so each weight block is unpacked once per group;
-    /// the results are bit-identical to one token at a time.
+    /// several-token kernel for the type (Q4_K, Q6_K, Q8_0, IQ4_XS) and `n_act ≥ 2`, tokens
+    /// go in groups of up to 4 so each weight block is unpacked once per group; the results
+    /// are bit-identical to one token at a time.
     pub fn dot_rows_multi(
         &self,
         w: &MatRef<'_>,
@@ -427,6 +478,16 @@ impl Kernels {
                     (GgmlType::Q4K, ActFormat::Q8K) => Some(t.q4k),
                     (GgmlType::Q5K, ActFormat::Q8K) => Some(t.q5k),
                     (GgmlType::Q6K, ActFormat::Q8K) => Some(t.q6k),
+                    (GgmlType::IQ4XS, ActFormat::Q8K) => Some(t.iq4xs),
+                    (GgmlType::IQ3XXS, ActFormat::Q8K) => Some(t.iq3xxs),
+                    (GgmlType::IQ3S, ActFormat::Q8K) => Some(t.iq3s),
+                    (GgmlType::IQ2XXS, ActFormat::Q8K) => Some(t.iq2xxs),
+                    (GgmlType::IQ2XS, ActFormat::Q8K) => Some(t.iq2xs),
+                    (GgmlType::IQ2S, ActFormat::Q8K) => Some(t.iq2s),
+                    (GgmlType::IQ1S, ActFormat::Q8K) => Some(t.iq1s),
+                    (GgmlType::IQ1M, ActFormat::Q8K) => Some(t.iq1m),
+                    (GgmlType::IQ4NL, ActFormat::Q8_0) => Some(t.iq4nl),
+                    (GgmlType::MXFP4, ActFormat::Q8_0) => Some(t.mxfp4),
                     (GgmlType::F32, _) => Some(t.f32),
                     (GgmlType::F16, _) => Some(t.f16),
                     (GgmlType::BF16, _) => Some(t.bf16),
@@ -436,6 +497,7 @@ impl Kernels {
                     GgmlType::Q4K => t.q4k_multi,
                     GgmlType::Q8_0 => t.q8_0_multi,
                     GgmlType::Q6K => t.q6k_multi,
+                    GgmlType::IQ4XS => t.iq4xs_multi,
                     _ => None,
                 };
                 match f {

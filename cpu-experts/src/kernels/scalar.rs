@@ -12,6 +12,9 @@ use lagoon_core::quant::{QK, QK_K};
 
 use super::act::{Q8_0Act, Q8KAct};
 
+mod iq;
+pub use iq::*;
+
 /// Exact IEEE binary16 → f32 (subnormals, ±inf, NaN payloads).
 #[inline]
 pub fn f16_to_f32(h: u16) -> f32 {

@@ -1,11 +1,28 @@
-//! x86-64 kernels: AVX2+FMA+F16C today (AVX-512 VNNI/BF16 variants later, measured on a
-//! host that has them).
+//! x86-64 kernels: AVX2+FMA+F16C, and AVX-512 F/BW/VL + VNNI variants of the hottest types
+//! on CPUs that have them (resolved at run time; `LAGOON_FORCE_AVX2=1` keeps AVX2).
 
 mod avx2;
+// The AVX-512 intrinsics and target features are stable from Rust 1.89 (the workspace's
+// `rust-version`).
+mod avx512;
 
 use super::super::Table;
 
 /// The best table this CPU supports, or `None` for the scalar one.
 pub(crate) fn best_table() -> Option<Table> {
+    let no512 = std::env::var_os("LAGOON_FORCE_AVX2").is_some_and(|v| v == "1");
+    match avx512::Avx512Vnni::detect() {
+        Some(p) if !no512 => Some(avx512::table(p)),
+        _ => avx2_table(),
+    }
+}
+
+/// The AVX2 table, where the CPU runs it.
+pub(crate) fn avx2_table() -> Option<Table> {
     avx2::Avx2Fma::detect().map(avx2::table)
+}
+
+/// The AVX-512 VNNI table, where the CPU runs it.
+pub(crate) fn avx512_table() -> Option<Table> {
+    avx512::Avx512Vnni::detect().map(avx512::table)
 }

@@ -30,7 +30,7 @@ wrap!(vec_dot_ct_nib4_q8_0 => ct_nib4(row: &[u8], scales: &[u8], sd: ScaleDtype,
 /// scale spans all eight, else the `8/per` scales loaded and spread with `vpermps`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block_scales(scales: &[u8], sd: ScaleDtype, per: usize, k: usize) -> __m256 {
+pub(crate) fn block_scales(scales: &[u8], sd: ScaleDtype, per: usize, k: usize) -> __m256 {
     match per {
         1 => match sd {
             ScaleDtype::Bf16 => {

@@ -30,7 +30,7 @@ fn plane(u: __m256i, qa: &[i8; 32], sc8: __m128i, k: usize) -> __m256i {
 /// `Σ_j sc_j · bsums_j` (signed scales) as 8 i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scaled_bsums(sc8: __m128i, bsums: &[[u8; 2]; 16]) -> __m256i {
+pub(crate) fn scaled_bsums(sc8: __m128i, bsums: &[[u8; 2]; 16]) -> __m256i {
     let bs = ld256(&bsums.as_flattened().as_chunks::<32>().0[0]);
     _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bs)
 }

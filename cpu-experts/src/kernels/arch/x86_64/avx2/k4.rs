@@ -19,7 +19,7 @@ use crate::kernels::scalar::blocks;
 /// nibbles of bytes 8-11 with the top 2 bits of bytes 0-3 above them; mins 4-7 the high
 /// nibbles of bytes 8-11 with the top 2 bits of bytes 4-7.
 #[inline(always)]
-fn scales_mins(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+pub(crate) fn scales_mins(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
     let (u0, u1, u2) = (u(0), u(1), u(2));
     let sc_lo = u0 & 0x3F3F_3F3F;
@@ -33,7 +33,7 @@ fn scales_mins(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 /// `Σ_j m_j · (bsums[2j] + bsums[2j+1])` as 4 i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn mins_dot(mins: &[u8; 8], bsums: &[[u8; 2]; 16]) -> __m128i {
+pub(crate) fn mins_dot(mins: &[u8; 8], bsums: &[[u8; 2]; 16]) -> __m128i {
     let bs = bsums.as_flattened().as_chunks::<16>().0;
     // 8 × (bsums[2j] + bsums[2j+1]); |.| ≤ 32·127, no i16 overflow.
     let pairs = _mm_hadd_epi16(ld128(&bs[0]), ld128(&bs[1]));

@@ -62,7 +62,7 @@ fn nibbles(qs: &[u8; 16]) -> __m256i {
 /// Bit j of `qh` (a little-endian u32) spread to byte j: 0xFF where set, 0 elsewhere.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn bits_to_bytes(qh: &[u8; 4]) -> __m256i {
+pub(super) fn bits_to_bytes(qh: &[u8; 4]) -> __m256i {
     let v = _mm256_set1_epi32(i32::from_le_bytes(*qh));
     // Byte j takes qh byte j/8 (shuffle works per 128-bit lane; both lanes hold all 4 bytes).
     let spread = _mm256_shuffle_epi8(

@@ -9,10 +9,11 @@
 //! The integer part of every block is computed exactly as in the scalar oracle; only the f32
 //! accumulation order differs (8 lanes, several accumulators).
 
-mod ct;
+pub(super) mod ct;
 mod float;
-mod k16;
-mod k4;
+pub(super) mod iq;
+pub(super) mod k16;
+pub(super) mod k4;
 mod legacy;
 
 use core::arch::x86_64::*;
@@ -52,6 +53,17 @@ pub(crate) fn table(_proof: Avx2Fma) -> Table {
         q6k_multi: Some(k16::vec_dot_q6k_q8k_multi),
         q5k: k4::vec_dot_q5k_q8k,
         q6k: k16::vec_dot_q6k_q8k,
+        iq4xs: iq::vec_dot_iq4_xs_q8k,
+        iq4xs_multi: Some(iq::vec_dot_iq4_xs_q8k_multi),
+        iq3xxs: iq::vec_dot_iq3_xxs_q8k,
+        iq3s: iq::vec_dot_iq3_s_q8k,
+        iq2xxs: iq::vec_dot_iq2_xxs_q8k,
+        iq2xs: iq::vec_dot_iq2_xs_q8k,
+        iq2s: iq::vec_dot_iq2_s_q8k,
+        iq1s: iq::vec_dot_iq1_s_q8k,
+        iq1m: iq::vec_dot_iq1_m_q8k,
+        iq4nl: iq::vec_dot_iq4_nl_q8_0,
+        mxfp4: iq::vec_dot_mxfp4_q8_0,
         f32: float::vec_dot_f32_f32,
         f16: float::vec_dot_f16_f32,
         bf16: float::vec_dot_bf16_f32,
@@ -79,7 +91,7 @@ pub(crate) use wrap;
 
 /// `&b[O..O + L]` as an array reference (bounds checked at compile time).
 #[inline(always)]
-pub(super) fn at<T, const O: usize, const L: usize, const B: usize>(b: &[T; B]) -> &[T; L] {
+pub(crate) fn at<T, const O: usize, const L: usize, const B: usize>(b: &[T; B]) -> &[T; L] {
     const { assert!(O + L <= B) };
     // SAFETY: O + L <= B (asserted at compile time), so the L elements starting at O lie
     // inside `b`; `[T; L]` has the alignment of `T`; the borrow keeps `b`'s lifetime.
@@ -89,7 +101,7 @@ pub(super) fn at<T, const O: usize, const L: usize, const B: usize>(b: &[T; B]) 
 /// Loads 32 bytes (no alignment needed).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn ld256<T: Copy>(b: &[T; 32]) -> __m256i {
+pub(crate) fn ld256<T: Copy>(b: &[T; 32]) -> __m256i {
     const { assert!(size_of::<T>() == 1) };
     // SAFETY: `b` is 32 readable bytes (T is one byte, asserted above); `loadu` accepts
     // any alignment.
@@ -99,7 +111,7 @@ pub(super) fn ld256<T: Copy>(b: &[T; 32]) -> __m256i {
 /// Loads 16 bytes (no alignment needed).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn ld128<T: Copy>(b: &[T; 16]) -> __m128i {
+pub(crate) fn ld128<T: Copy>(b: &[T; 16]) -> __m128i {
     const { assert!(size_of::<T>() == 1) };
     // SAFETY: `b` is 16 readable bytes; `loadu` accepts any alignment.
     unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
@@ -108,7 +120,7 @@ pub(super) fn ld128<T: Copy>(b: &[T; 16]) -> __m128i {
 /// Loads 8 little-endian f32 from 32 bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn ld_ps(b: &[u8; 32]) -> __m256 {
+pub(crate) fn ld_ps(b: &[u8; 32]) -> __m256 {
     // SAFETY: `b` is 32 readable bytes; `loadu` accepts any alignment; x86 is little-endian.
     unsafe { _mm256_loadu_ps(b.as_ptr().cast()) }
 }
@@ -116,7 +128,7 @@ pub(super) fn ld_ps(b: &[u8; 32]) -> __m256 {
 /// Horizontal sum of 8 f32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn hsum_ps(v: __m256) -> f32 {
+pub(crate) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -126,7 +138,7 @@ pub(super) fn hsum_ps(v: __m256) -> f32 {
 /// fp16 bits at byte `O` of a block → f32, through F16C (exact).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn f16_at<const O: usize, const B: usize>(b: &[u8; B]) -> f32 {
+pub(crate) fn f16_at<const O: usize, const B: usize>(b: &[u8; B]) -> f32 {
     let h = u16::from_le_bytes(*at::<u8, O, 2, B>(b));
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
 }
