@@ -1,7 +1,7 @@
 //! Generates text with a Laguna model, streaming it to stdout.
 //!
 //! `generate [--model PATH] [--prompt TEXT | --chat TEXT | --prompt-tokens 2,10,11]
-//!  [--system TEXT] [--think | --no-think] [--chat-template FILE]
+//!  [--system TEXT] [--think | --no-think] [--chat-template FILE] [--tools FILE]
 //!  [-n | --max-tokens N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //!  [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]
 //!  [--stop STR]... [--reasoning-budget N] [--ids]
@@ -13,6 +13,9 @@
 //!                      `enable_thinking`, else the template's default). A checkpoint
 //!                      without a template gets --chat-template FILE or the Laguna v8 one.
 //! --prompt-tokens IDS  comma-separated prompt ids.
+//! --tools FILE         a JSON array of OpenAI-style tools, given to the chat template; the
+//!                      reply's `<tool_call>`s are then parsed as vLLM's `poolside_v1`
+//!                      parser does and printed on stderr as `tool_call: name {args}`.
 //! --stop STR           stop string; repeatable, or a comma list (`\,` for a comma; `\n`,
 //!                      `\t`, `\\` escapes).
 //! --reasoning-budget N force `</think>` after N reasoning tokens.
@@ -23,7 +26,9 @@
 //! (left open when generation is cut inside reasoning).
 //! Timings and the finish reason go to stderr. Without a prompt flag a default prompt is
 //! used: a chat turn when the checkpoint has a chat template, else a raw completion.
-//! Without `--model` it runs the small model bundled with the repository.
+//! Without `--model` it runs the small model bundled with the repository (a toy trained on
+//! Python's standard library, `models/laguna-tiny/MODEL_CARD.md`): without a prompt flag it
+//! completes a Python snippet, sampling at temperature 0.7, top-k 40 unless told otherwise.
 
 #[path = "common/args.rs"]
 mod args;
@@ -35,6 +40,7 @@ use anyhow::Context;
 use lagoon::chat::ChatTemplate;
 use lagoon::generate::prompt::{ChatRequest, encode_completion, encode_rendered};
 use lagoon::generate::{Channel, Event, GenerateParams, Generator, end_of_generation_ids};
+use lagoon::parse::{ParseOptions, ToolChoice, Tools};
 use lagoon::sample::{Sampler, SamplerParams};
 use lagoon::tokenizer::Tokenizer;
 use lagoon::{Checkpoint, Session, SessionOptions};
@@ -43,6 +49,8 @@ use lagoon::{Checkpoint, Session, SessionOptions};
 const LAGUNA_V8_TEMPLATE: &str = include_str!("../tests/fixtures/chat/laguna_v8.jinja");
 const DEFAULT_CHAT: &str = "Write a short poem about the sea.";
 const DEFAULT_COMPLETION: &str = "Once upon a time";
+/// The bundled model's default prompt: it only knows Python.
+const BUNDLED_COMPLETION: &str = "class Queue:\n    \"\"\"";
 
 /// Splits `--stop` values on unescaped commas and resolves `\n \t \\ \,`.
 fn stop_strings(values: &[&str]) -> Vec<String> {
@@ -73,8 +81,7 @@ fn stop_strings(values: &[&str]) -> Vec<String> {
     out
 }
 
-fn sampler_params(a: &args::Args) -> anyhow::Result<SamplerParams> {
-    let d = SamplerParams::default();
+fn sampler_params(a: &args::Args, d: SamplerParams) -> anyhow::Result<SamplerParams> {
     let p = SamplerParams {
         temperature: a.num("temp", d.temperature)?,
         top_k: a.num("top-k", d.top_k)?,
@@ -149,8 +156,19 @@ fn main() -> anyhow::Result<()> {
         !(a.flag("think") && a.flag("no-think")),
         "give --think or --no-think, not both"
     );
+    // The bundled toy model loops under greedy decoding: sample it unless told otherwise.
+    let bundled_default = a.get("model").is_none() && n_prompt_flags == 0;
+    let sampler_defaults = if bundled_default {
+        SamplerParams {
+            temperature: 0.7,
+            top_k: 40,
+            ..SamplerParams::default()
+        }
+    } else {
+        SamplerParams::default()
+    };
     let params = GenerateParams {
-        sampler: sampler_params(&a)?,
+        sampler: sampler_params(&a, sampler_defaults)?,
         seed: a.num("seed", 0)?,
         max_tokens,
         stop: stop_strings(&a.all("stop")),
@@ -164,12 +182,31 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
 
+    let tools_json: Option<serde_json::Value> = match a.get("tools") {
+        Some(f) => {
+            let bytes = std::fs::read(f).with_context(|| format!("reading --tools {f}"))?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&bytes).with_context(|| format!("--tools {f}: not JSON"))?;
+            Some(v)
+        }
+        None => None,
+    };
+    let parse_opts = ParseOptions {
+        thinking: false,
+        tools: match &tools_json {
+            Some(v) => Tools::from_openai_json(v)?,
+            None => Tools::new(),
+        },
+        tool_choice: ToolChoice::Auto,
+    };
+
     let t_load = Instant::now();
     let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
     let weights = lagoon::weights(&ckpt)?;
     let tokenizer = Tokenizer::from_checkpoint(&ckpt);
 
-    // The prompt.
+    // The prompt (a raw completion's text is echoed before the continuation).
+    let mut echo: Option<&str> = None;
     let prompt: Vec<u32> = if let Some(ids) = a.tokens("prompt-tokens")? {
         ids
     } else {
@@ -179,6 +216,7 @@ fn main() -> anyhow::Result<()> {
         let own_template = ChatTemplate::from_checkpoint(&ckpt);
         let chat_text = match (a.get("prompt"), a.get("chat")) {
             (Some(_), _) => None,
+            (None, None) if bundled_default => None,
             (None, Some(c)) => Some(c),
             (None, None) if own_template.is_ok() => {
                 eprintln!("no prompt given: chatting with {DEFAULT_CHAT:?}");
@@ -202,13 +240,20 @@ fn main() -> anyhow::Result<()> {
                 (_, true) => Some(false),
                 _ => None,
             };
-            let req = ChatRequest::user(text, a.get("system"), thinking);
+            let mut req = ChatRequest::user(text, a.get("system"), thinking);
+            req.tools = tools_json.clone();
             encode_rendered(tok, &req.render(&template)?)
         } else {
             let text = a.get("prompt").unwrap_or_else(|| {
-                eprintln!("no prompt given: completing {DEFAULT_COMPLETION:?}");
-                DEFAULT_COMPLETION
+                let d = if bundled_default {
+                    BUNDLED_COMPLETION
+                } else {
+                    DEFAULT_COMPLETION
+                };
+                eprintln!("no prompt given: completing {d:?}");
+                d
             });
+            echo = Some(text);
             encode_completion(tok, text)
         }
     };
@@ -242,8 +287,21 @@ fn main() -> anyhow::Result<()> {
         tty: std::io::stdout().is_terminal(),
         open: false,
     };
+    if let Some(text) = echo {
+        p.out.write_all(text.as_bytes())?;
+        p.out.flush()?;
+    }
     let mut io_err = None;
+    // The reply's content, for the tool-call parser (reasoning is split off by the driver).
+    let mut content = String::new();
     let outcome = g.generate(&mut s, &prompt, |e| {
+        if let Event::Text {
+            text,
+            channel: Channel::Content,
+        } = &e
+        {
+            content.push_str(text);
+        }
         if io_err.is_none()
             && let Err(err) = p.event(e)
         {
@@ -261,6 +319,13 @@ fn main() -> anyhow::Result<()> {
     p.out.flush()?;
     if let Some(e) = io_err {
         return Err(e).context("writing to stdout");
+    }
+
+    if tools_json.is_some() {
+        let msg = lagoon::parse::parse(&content, &parse_opts);
+        for c in &msg.tool_calls {
+            eprintln!("tool_call: {} {}", c.name, c.arguments);
+        }
     }
 
     let o = outcome;
@@ -281,8 +346,7 @@ fn main() -> anyhow::Result<()> {
         }
     );
     eprintln!(
-        "finish_reason: {} — {}{}",
-        o.finish.as_str(),
+        "finish_reason: {}{}",
         o.finish,
         if o.in_reasoning {
             "; cut inside reasoning"

@@ -53,8 +53,7 @@ pub fn weights(ckpt: &Checkpoint) -> Result<ModelWeights<'_>, Error> {
     )
 }
 
-/// The model bundled with the repository, used when no `--model` is given.
-pub const BUNDLED_MODEL: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/models/hybrid_perhead/model-q8_0.gguf"
-);
+/// The model bundled with the repository, used when no `--model` is given: a 2.4 M-parameter
+/// Laguna-architecture toy trained on Python's standard library (`models/laguna-tiny/`).
+pub const BUNDLED_MODEL: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/models/laguna-tiny/model.gguf");
