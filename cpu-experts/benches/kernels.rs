@@ -525,6 +525,10 @@ fn bench_experts_mt(c: &mut Criterion) {
         Kind::G(GgmlType::Q8_0),
         Kind::CtInt4(32),
         Kind::G(GgmlType::Q6K),
+        Kind::G(GgmlType::IQ4XS),
+        Kind::G(GgmlType::IQ3XXS),
+        Kind::G(GgmlType::IQ2XXS),
+        Kind::G(GgmlType::IQ2S),
     ];
     let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}_{nt}t", k.name()));
     for kind in kinds {

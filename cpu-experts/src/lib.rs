@@ -1,8 +1,12 @@
 //! lagoon-cpu: the CPU backend. Executes a planned Laguna graph over weights in their stored
 //! encoding, with the KV cache and every scratch buffer allocated once at session creation.
 //!
-//! Today every op runs the scalar reference kernels of `lagoon_core::ops` on one thread;
-//! the AVX2 kernels and the thread pool come with issue #5.
+//! - `exec/`: the graph walker (`mod.rs`) and the expert layer (`experts.rs`: tokens grouped
+//!   by expert, gate/up and down as two dispatches, shared expert included).
+//! - `kernels/`: activation quantisers and integer dot kernels (scalar, AVX2, AVX-512 VNNI),
+//!   resolved once into a table; `SessionOptions::reference` runs `lagoon_core::ops` instead.
+//! - `pool.rs`: the persistent, allocation-free thread pool; `kv.rs`: the (ring) KV cache;
+//!   `session.rs`: `Session` (prefill / step).
 
 extern crate alloc;
 

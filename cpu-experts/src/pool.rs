@@ -64,7 +64,11 @@ impl ThreadPool {
                     .expect("spawning a CPU worker thread")
             })
             .collect();
-        ThreadPool { shared, workers }
+        let pool = ThreadPool { shared, workers };
+        // Wait until every worker runs: a thread's start-up (the runtime records its name
+        // for the stack-overflow handler) allocates, and must not land in a later job.
+        pool.run(&|_| {});
+        pool
     }
 
     /// Threads that run each job (workers + the caller).
@@ -206,17 +210,26 @@ impl Dynamic {
     }
 }
 
-/// A raw pointer to an output buffer that several threads write at disjoint indices.
-#[derive(Clone, Copy)]
-pub struct SharedOut(*mut f32, usize);
+/// A raw pointer to an output buffer that several threads write at disjoint indices
+/// (f32 values, or bytes of quantised activation rows).
+pub struct SharedOut<T = f32>(*mut T, usize);
 
-// SAFETY: only used through `slice`, whose callers promise disjoint ranges per thread.
-unsafe impl Sync for SharedOut {}
+impl<T> Clone for SharedOut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SharedOut<T> {}
+
+// SAFETY: only used through `slice`/`set`/`add`, whose callers promise disjoint ranges per
+// thread (or a happens-before edge between one thread's writes and another's access).
+unsafe impl<T: Send> Sync for SharedOut<T> {}
 // SAFETY: as above.
-unsafe impl Send for SharedOut {}
+unsafe impl<T: Send> Send for SharedOut<T> {}
 
-impl SharedOut {
-    pub fn new(s: &mut [f32]) -> SharedOut {
+impl<T> SharedOut<T> {
+    pub fn new(s: &mut [T]) -> SharedOut<T> {
         SharedOut(s.as_mut_ptr(), s.len())
     }
 
@@ -225,8 +238,18 @@ impl SharedOut {
     /// # Safety
     /// `ptr..ptr + len` must be valid for writes for as long as the `SharedOut` is used, and
     /// accessed through nothing else meanwhile.
-    pub unsafe fn from_raw(ptr: *mut f32, len: usize) -> SharedOut {
+    pub unsafe fn from_raw(ptr: *mut T, len: usize) -> SharedOut<T> {
         SharedOut(ptr, len)
+    }
+
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        self.1
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.1 == 0
     }
 
     /// A mutable view of `range`.
@@ -234,12 +257,14 @@ impl SharedOut {
     /// # Safety
     /// No other live reference (from any thread) may overlap `range`.
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &mut [f32] {
+    pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &mut [T] {
         assert!(range.start <= range.end && range.end <= self.1);
         // SAFETY: in bounds (checked); exclusivity is the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(range.start), range.len()) }
     }
+}
 
+impl SharedOut<f32> {
     /// Writes one element.
     ///
     /// # Safety

@@ -131,7 +131,12 @@ impl<'w> Session<'w> {
             opts.n_threads
         };
         let pool = ThreadPool::new(n_threads);
-        let scratch = Scratch::new(cfg, w, ubatch, max_cap, n_threads);
+        let kernels = if opts.reference {
+            None
+        } else {
+            Some(Kernels::detect())
+        };
+        let scratch = Scratch::new(cfg, w, ubatch, max_cap, n_threads, kernels.as_ref());
         let ropes = [
             RopeTable::new(&cfg.rope_full),
             RopeTable::new(&cfg.rope_sliding),
@@ -143,11 +148,7 @@ impl<'w> Session<'w> {
             ropes,
             tokens: Vec::with_capacity(ubatch),
             pool,
-            kernels: if opts.reference {
-                None
-            } else {
-                Some(Kernels::detect())
-            },
+            kernels,
         };
         Session {
             cfg: cfg.clone(),

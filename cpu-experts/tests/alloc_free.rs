@@ -56,13 +56,38 @@ fn decode_and_prefill_steps_allocate_nothing() {
         tok = lagoon_core::sample::argmax(logits);
     }
     s.step(&[5, 6, 7, 8]).unwrap();
+    let mid = ALLOCS.load(Ordering::SeqCst);
+    assert_eq!(mid - before, 0, "steps allocated {} times", mid - before);
+    // A larger prefill step (every expert busy, several tokens per expert, the grouped
+    // expert path and the pool-split quantisation and routing) on 1 and 3 threads.
+    for threads in [1, 3] {
+        let mut big = Session::new(
+            &c,
+            &w,
+            SessionOptions {
+                n_ctx: 96,
+                ubatch: 40,
+                all_logits: true,
+                n_threads: threads,
+                reference: false,
+            },
+        );
+        let toks: Vec<u32> = (0..40)
+            .map(|i| (i * 13 + 1) % c.vocab_size as u32)
+            .collect();
+        let before = ALLOCS.load(Ordering::SeqCst);
+        big.step(&toks).unwrap();
+        big.step(&toks[..33]).unwrap();
+        big.step(&toks[..1]).unwrap();
+        let after = ALLOCS.load(Ordering::SeqCst);
+        assert_eq!(
+            after - before,
+            0,
+            "prefill steps allocated {} times",
+            after - before
+        );
+    }
     let after = ALLOCS.load(Ordering::SeqCst);
-    assert_eq!(
-        after - before,
-        0,
-        "steps allocated {} times",
-        after - before
-    );
     // The counter does see allocations (the test can fail).
     let v = std::hint::black_box(vec![0u8; 16]);
     assert!(ALLOCS.load(Ordering::SeqCst) > after);

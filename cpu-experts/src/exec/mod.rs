@@ -1,5 +1,9 @@
-//! The graph walker: one match arm per [`Op`], each calling a reference kernel from
-//! `lagoon_core::ops` on arena slices. No allocation happens here.
+//! The graph walker: one match arm per [`Op`], each running on arena slices, the large
+//! ones split across the thread pool. No allocation happens here.
+//!
+//! The routed experts live in [`experts`].
+
+pub mod experts;
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -11,6 +15,7 @@ use lagoon_core::laguna::weights::{Ffn, ModelWeights};
 use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
+use self::experts::{Ctx, ExpertMats, ExpertScratch, LayerShapes, SharedMats};
 use crate::kernels::{ActFormat, Kernels};
 use crate::pool::{Dynamic, SharedOut, ThreadPool};
 use crate::session::State;
@@ -22,12 +27,30 @@ const CLAIMS_PER_THREAD: usize = 8;
 /// and dotted with every token of the step while it sits in L1/L2.
 const ROW_TILE: usize = 16;
 
-/// Per-thread scratch: one decoded weight row, one head's attention scores, one output tile.
+/// Per-thread scratch: one decoded weight row, one head's attention scores, one output tile
+/// (`ROW_TILE` rows for every token of a step), and the router's per-token buffers.
 #[derive(Debug)]
 pub struct ThreadScratch {
     row: Vec<f32>,
     scores: Vec<f32>,
     tile: Vec<f32>,
+    /// Router selection scores (`E`), one token's chosen ids and weights (`k`).
+    sel: Vec<f32>,
+    ids_k: Vec<u32>,
+    ws_k: Vec<f32>,
+}
+
+impl ThreadScratch {
+    fn new(row: usize, scores: usize, tokens: usize) -> ThreadScratch {
+        ThreadScratch {
+            row: vec![0.0; row],
+            scores: vec![0.0; scores.max(1)],
+            tile: vec![0.0; tokens.max(1) * ROW_TILE],
+            sel: Vec::new(),
+            ids_k: Vec::new(),
+            ws_k: Vec::new(),
+        }
+    }
 }
 
 /// Scratch buffers sized at session creation.
@@ -35,20 +58,10 @@ pub struct ThreadScratch {
 pub struct Scratch {
     /// One per pool thread, each locked only by its own thread (never contended).
     threads: Vec<Mutex<ThreadScratch>>,
-    /// Router selection scores, one token's router logits, its chosen ids and weights.
-    sel: Vec<f32>,
-    zrow: Vec<f32>,
-    ids_k: Vec<u32>,
-    ws_k: Vec<f32>,
-    /// (token, slot) pairs sorted by expert, and each active expert's (id, first pair, count).
-    pairs: Vec<(u32, u32)>,
-    groups: Vec<(u32, u32, u32)>,
-    /// Gate (then activation) and up rows of every pair: `[ubatch·K, I]` each.
-    eg: Vec<f32>,
-    eu: Vec<f32>,
-    /// Quantised activation rows of the step's tokens, and of the expert pairs.
+    /// Quantised activation rows of the step's tokens.
     act: Vec<u8>,
-    act_pairs: Vec<u8>,
+    /// The routed experts' buffers.
+    experts: ExpertScratch,
 }
 
 impl Scratch {
@@ -58,60 +71,89 @@ impl Scratch {
         ubatch: usize,
         max_cap: usize,
         n_threads: usize,
+        kernels: Option<&Kernels>,
     ) -> Scratch {
-        let pairs = ubatch * c.n_experts_used.max(1);
+        let moe = w.layers.iter().filter_map(|l| match &l.ffn {
+            Ffn::Moe {
+                gate,
+                up,
+                down,
+                shared,
+                ..
+            } => Some(LayerShapes {
+                gate: gate.first()?,
+                up: up.first()?,
+                down: down.first()?,
+                shared: shared.as_ref().map(|s| [&s.gate, &s.up, &s.down]),
+            }),
+            Ffn::Dense(_) => None,
+        });
         Scratch {
             threads: (0..n_threads)
                 .map(|_| {
-                    Mutex::new(ThreadScratch {
-                        row: vec![0.0; w.max_cols()],
-                        scores: vec![0.0; max_cap.max(1)],
-                        tile: vec![0.0; ubatch * ROW_TILE],
-                    })
+                    let mut t = ThreadScratch::new(w.max_cols(), max_cap, ubatch);
+                    t.sel = vec![0.0; c.n_experts];
+                    t.ids_k = vec![0; c.n_experts_used];
+                    t.ws_k = vec![0.0; c.n_experts_used];
+                    Mutex::new(t)
                 })
                 .collect(),
-            sel: vec![0.0; c.n_experts],
-            zrow: vec![0.0; c.n_experts],
-            ids_k: vec![0; c.n_experts_used],
-            ws_k: vec![0.0; c.n_experts_used],
-            pairs: Vec::with_capacity(pairs),
-            groups: Vec::with_capacity(c.n_experts),
-            eg: vec![0.0; pairs * c.expert_ffn],
-            eu: vec![0.0; pairs * c.expert_ffn],
             // f32 activations are the widest format: 4 bytes per element.
             act: vec![0; ubatch * 4 * w.max_cols()],
-            act_pairs: vec![0; pairs * 4 * c.expert_ffn],
+            experts: ExpertScratch::new(
+                kernels,
+                ubatch,
+                c.n_experts_used,
+                c.n_experts,
+                c.expert_ffn,
+                moe,
+            ),
         }
     }
 }
 
-/// Splits the arena into the read-only inputs and the output of a node. The planner never
+/// Splits the arena into the read-only inputs and the outputs of a node. The planner never
 /// overlaps two values that are live at once; this checks it rather than trusting it.
+fn io_n<const N: usize, const M: usize>(
+    arena: &mut [f32],
+    ins: [(Value, usize); N],
+    outs: [(Value, usize); M],
+) -> ([&[f32]; N], [&mut [f32]; M]) {
+    let range = |(v, n): (Value, usize)| v.offset..v.offset + v.rows(n) * v.cols;
+    let ranges = ins.map(range);
+    let oranges = outs.map(range);
+    let len = arena.len();
+    for (a, o) in oranges.iter().enumerate() {
+        assert!(o.end <= len, "a node's output lies outside the arena");
+        assert!(
+            ranges
+                .iter()
+                .chain(&oranges[a + 1..])
+                .all(|r| r.end <= o.start || o.end <= r.start),
+            "planner overlapped a node's input and output"
+        );
+    }
+    assert!(ranges.iter().all(|r| r.end <= len));
+    let base = arena.as_mut_ptr();
+    // SAFETY: every range lies inside `arena` and each output range is disjoint from every
+    // input range and every other output range (checked above), so no mutable slice aliases
+    // another slice; inputs may alias each other, which is fine for shared borrows.
+    let outs =
+        oranges.map(|o| unsafe { core::slice::from_raw_parts_mut(base.add(o.start), o.len()) });
+    // SAFETY: as above; shared slices of in-bounds ranges disjoint from the outputs.
+    let ins = ranges
+        .map(|r| unsafe { core::slice::from_raw_parts(base.add(r.start) as *const f32, r.len()) });
+    (ins, outs)
+}
+
+/// [`io_n`] for a node with one output.
 fn io<const N: usize>(
     arena: &mut [f32],
     ins: [(Value, usize); N],
     out: (Value, usize),
 ) -> ([&[f32]; N], &mut [f32]) {
-    let (ov, on) = out;
-    let o = ov.offset..ov.offset + ov.rows(on) * ov.cols;
-    let ranges = ins.map(|(v, n)| v.offset..v.offset + v.rows(n) * v.cols);
-    for r in &ranges {
-        assert!(
-            r.end <= o.start || o.end <= r.start,
-            "planner overlapped a node's input and output"
-        );
-    }
-    let base = arena.as_mut_ptr();
-    let len = arena.len();
-    assert!(o.end <= len && ranges.iter().all(|r| r.end <= len));
-    // SAFETY: every range lies inside `arena` (checked above) and the output range is
-    // disjoint from every input range (checked above), so the one mutable slice aliases no
-    // shared slice; inputs may alias each other, which is fine for shared borrows.
-    let out = unsafe { core::slice::from_raw_parts_mut(base.add(o.start), o.len()) };
-    // SAFETY: as above; shared slices of in-bounds ranges disjoint from `out`.
-    let ins = ranges
-        .map(|r| unsafe { core::slice::from_raw_parts(base.add(r.start) as *const f32, r.len()) });
-    (ins, out)
+    let (ins, [o]) = io_n(arena, ins, [out]);
+    (ins, o)
 }
 
 fn mat<'w>(w: &'w ModelWeights<'w>, id: Weight) -> &'w MatRef<'w> {
@@ -247,6 +289,7 @@ pub(crate) fn run(
                 let out = SharedOut::new(o);
                 let threads = &st.scratch.threads;
                 let nt = st.pool.n_threads();
+                let fast = st.kernels.is_some();
                 let work = Dynamic::balanced(n * hq, nt, CLAIMS_PER_THREAD);
                 st.pool.run(&|ti| {
                     let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
@@ -263,16 +306,22 @@ pub(crate) fn run(
                         // exactly one job.
                         let oh = unsafe { out.slice(base..base + d) };
                         let kv = |j| cache.get(j, row);
-                        ops::attention::attend_head(
-                            &qs[base..base + d],
-                            h / group,
-                            d,
-                            first,
-                            pos,
-                            &kv,
-                            &mut sc.scores,
-                            oh,
-                        );
+                        let qh = &qs[base..base + d];
+                        let scores = &mut sc.scores;
+                        if fast {
+                            attend_head_lanes(qh, h / group, d, first, pos, &kv, scores, oh);
+                        } else {
+                            ops::attention::attend_head(
+                                qh,
+                                h / group,
+                                d,
+                                first,
+                                pos,
+                                &kv,
+                                scores,
+                                oh,
+                            );
+                        }
                     }
                 });
             }
@@ -281,13 +330,15 @@ pub(crate) fn run(
                     io(&mut st.arena, [(vals[ov], n), (vals[g], n)], (vals[out], n));
                 let (ocols, gcols) = (vals[ov].cols, vals[g].cols);
                 let per = ocols / gcols; // head_dim (per-head) or 1 (per-element)
-                for t in 0..n {
-                    for (i, (dst, &src)) in o[t * ocols..(t + 1) * ocols]
-                        .iter_mut()
-                        .zip(&os[t * ocols..])
-                        .enumerate()
-                    {
-                        *dst = src * ops::softplus(gs[t * gcols + i / per]);
+                // softplus once per gate value, not once per element it scales.
+                for ((dst, src), &gv) in o[..n * ocols]
+                    .chunks_exact_mut(per)
+                    .zip(os.chunks_exact(per))
+                    .zip(&gs[..n * gcols])
+                {
+                    let s = ops::softplus(gv);
+                    for (d, &x) in dst.iter_mut().zip(src) {
+                        *d = x * s;
                     }
                 }
             }
@@ -315,25 +366,23 @@ pub(crate) fn run(
                 let Ffn::Moe { bias, .. } = &w.layers[layer].ffn else {
                     unreachable!("route on a dense layer")
                 };
-                let (k, e) = (c.n_experts_used, c.n_experts);
-                let (zv, iv, wv) = (vals[z], vals[ids], vals[weights]);
-                let sc = &mut st.scratch;
-                for t in 0..n {
-                    sc.zrow
-                        .copy_from_slice(&st.arena[zv.offset + t * e..zv.offset + (t + 1) * e]);
-                    ops::router::route(
-                        &sc.zrow,
-                        bias,
-                        c.norm_topk_prob,
-                        &mut sc.ids_k,
-                        &mut sc.ws_k,
-                        &mut sc.sel,
-                    );
-                    for (dst, &id) in st.arena[iv.offset + t * k..][..k].iter_mut().zip(&sc.ids_k) {
-                        *dst = f32::from_bits(id);
-                    }
-                    st.arena[wv.offset + t * k..][..k].copy_from_slice(&sc.ws_k);
-                }
+                let k = c.n_experts_used;
+                let ([zs], [iv, wv]) = io_n(
+                    &mut st.arena,
+                    [(vals[z], n)],
+                    [(vals[ids], n), (vals[weights], n)],
+                );
+                route(
+                    &st.pool,
+                    &st.scratch.threads,
+                    zs,
+                    bias,
+                    c.norm_topk_prob,
+                    k,
+                    n,
+                    iv,
+                    wv,
+                );
             }
             Op::Experts {
                 layer,
@@ -342,10 +391,54 @@ pub(crate) fn run(
                 weights,
                 out,
             } => {
-                let v = [vals[x], vals[ids], vals[weights], vals[out]];
-                match st.kernels {
-                    None => experts(st, c, w, layer, v, n),
-                    Some(k) => experts_fast(&k, st, c, w, layer, v, n),
+                let Ffn::Moe {
+                    gate,
+                    up,
+                    down,
+                    shared,
+                    ..
+                } = &w.layers[layer].ffn
+                else {
+                    unreachable!("experts on a dense layer")
+                };
+                let mats = ExpertMats { gate, up, down };
+                let k = c.n_experts_used;
+                let ins = [(vals[x], n), (vals[ids], n), (vals[weights], n)];
+                // The shared expert and the sum run inside the routed experts' dispatches
+                // when the graph has the usual shape (and the formats allow it).
+                let sh = shared_tail(&graph.nodes, i, x, out)
+                    .zip(shared.as_ref())
+                    .map(|(sum, s)| {
+                        let m = SharedMats {
+                            gate: &s.gate,
+                            up: &s.up,
+                            down: &s.down,
+                        };
+                        (m, sum)
+                    })
+                    .filter(|(m, _)| {
+                        gate.first()
+                            .is_some_and(|g0| m.fits(st.kernels.as_ref(), g0, &st.scratch.experts))
+                    });
+                let cx = Ctx {
+                    kernels: st.kernels.as_ref(),
+                    pool: &st.pool,
+                    threads: &st.scratch.threads,
+                    es: &mut st.scratch.experts,
+                };
+                let Some((m, sum)) = sh else {
+                    let ([xs, is, ws], o) = io(&mut st.arena, ins, (vals[out], n));
+                    experts::run(cx, mats, None, xs, is, ws, k, c.routed_scaling, n, o);
+                    continue;
+                };
+                skip = SHARED_TAIL;
+                let ([xs, is, ws], o) = io(&mut st.arena, ins, (vals[out], n));
+                experts::run(cx, mats, Some(m), xs, is, ws, k, c.routed_scaling, n, o);
+                // The sum may reuse an input's space, so it is formed after the dispatches.
+                let ([r], f) = io(&mut st.arena, [(vals[out], n)], (vals[sum], n));
+                let sd = st.scratch.experts.shared_out(n, vals[out].cols);
+                for ((f, &r), &y) in f.iter_mut().zip(r).zip(sd) {
+                    *f = r + y;
                 }
             }
             Op::LastRow { x, out } => {
@@ -355,6 +448,125 @@ pub(crate) fn run(
             }
         }
     }
+}
+
+/// Partial sums of [`dot_lanes`].
+const DOT_LANES: usize = 16;
+
+/// `a · b` accumulated in [`DOT_LANES`] independent lanes (element `i` into lane
+/// `i % DOT_LANES`), the lanes then summed pairwise in a fixed order and the tail added last:
+/// the compiler keeps several vector accumulators in flight instead of one serial chain.
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; DOT_LANES];
+    let (ac, at) = a.as_chunks::<DOT_LANES>();
+    let (bc, bt) = b.as_chunks::<DOT_LANES>();
+    for (x, y) in ac.iter().zip(bc) {
+        for l in 0..DOT_LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut w = DOT_LANES;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+    }
+    let mut s = acc[0];
+    for (x, y) in at.iter().zip(bt) {
+        s += x * y;
+    }
+    s
+}
+
+/// `lagoon_core::ops::attention::attend_head` (same arguments and semantics) with the
+/// query·key products in [`dot_lanes`] order and std's `exp`: the fast path's attention.
+/// It differs from the reference by rounding only; the reference path keeps core's.
+#[allow(clippy::too_many_arguments)]
+fn attend_head_lanes<'a>(
+    qh: &[f32],
+    kvh: usize,
+    d: usize,
+    first: usize,
+    pos: usize,
+    kv: &impl Fn(usize) -> (&'a [f32], &'a [f32]),
+    scores: &mut [f32],
+    oh: &mut [f32],
+) {
+    let scale = 1.0 / (d as f32).sqrt();
+    let n = pos + 1 - first;
+    let mut max = f32::NEG_INFINITY;
+    for (i, s) in scores[..n].iter_mut().enumerate() {
+        let (k, _) = kv(first + i);
+        *s = dot_lanes(qh, &k[kvh * d..(kvh + 1) * d]) * scale;
+        max = max.max(*s);
+    }
+    let mut sum = 0.0f32;
+    for s in scores[..n].iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    oh.fill(0.0);
+    for (i, &s) in scores[..n].iter().enumerate() {
+        let (_, v) = kv(first + i);
+        let p = s / sum;
+        for (o, &vv) in oh.iter_mut().zip(&v[kvh * d..(kvh + 1) * d]) {
+            *o += p * vv;
+        }
+    }
+}
+
+/// Nodes after `Op::Experts` that [`shared_tail`] folds into it.
+const SHARED_TAIL: usize = 5;
+
+/// Whether node `i` (`Op::Experts` reading `x`, writing `routed`) is followed by the shared
+/// expert of the same input and the sum `routed + shared`, as `laguna::build` emits them:
+/// `g = x·Gᵀ, u = x·Uᵀ, a = swiglu(g, u), d = a·Dᵀ, sum = routed + d`, with none of
+/// `g, u, a, d` read by a later node. Returns the sum's value.
+fn shared_tail(nodes: &[Op], i: usize, x: usize, routed: usize) -> Option<usize> {
+    use Weight::Layer as W;
+    let [
+        Op::MatMul {
+            x: x1,
+            w: W(l1, L::GateShexp),
+            out: g,
+        },
+        Op::MatMul {
+            x: x2,
+            w: W(l2, L::UpShexp),
+            out: u,
+        },
+        Op::SwiGlu {
+            gate: g2,
+            up: u2,
+            out: a,
+        },
+        Op::MatMul {
+            x: a2,
+            w: W(l3, L::DownShexp),
+            out: d,
+        },
+        Op::Add {
+            a: r,
+            b: d2,
+            out: sum,
+        },
+    ] = nodes.get(i + 1..i + 1 + SHARED_TAIL)?
+    else {
+        return None;
+    };
+    let Op::Experts { layer, .. } = nodes[i] else {
+        return None;
+    };
+    let shape = [*x1, *x2] == [x, x]
+        && [*l1, *l2, *l3] == [layer; 3]
+        && [*g2, *u2, *a2, *d2, *r] == [*g, *u, *a, *d, routed];
+    let private = |v: usize| {
+        nodes[i + 1 + SHARED_TAIL..]
+            .iter()
+            .all(|op| op.inputs().all(|y| y != v))
+    };
+    (shape && [*g, *u, *a, *d].into_iter().all(private)).then_some(*sum)
 }
 
 /// `out[t, r] = x[t] · W[r]` with the output rows split across the pool; each thread decodes
@@ -385,9 +597,56 @@ fn matmul(
     });
 }
 
-/// Quantises `n` activation rows of `cols` into `act` (row stride = the format's row bytes).
+/// Routes `n` tokens: top-k ids (u32 bits) and weights from router logits `zs`, one token
+/// per work item (on the calling thread alone for one token).
+#[allow(clippy::too_many_arguments)]
+fn route(
+    pool: &ThreadPool,
+    threads: &[Mutex<ThreadScratch>],
+    zs: &[f32],
+    bias: &[f32],
+    norm: bool,
+    k: usize,
+    n: usize,
+    ids: &mut [f32],
+    ws: &mut [f32],
+) {
+    let e = bias.len();
+    let (iv, wv) = (SharedOut::new(ids), SharedOut::new(ws));
+    let one = |sc: &mut ThreadScratch, t: usize| {
+        let ThreadScratch {
+            sel, ids_k, ws_k, ..
+        } = sc;
+        ops::router::route(&zs[t * e..(t + 1) * e], bias, norm, ids_k, ws_k, sel);
+        // SAFETY: token t's rows of ids and weights are written by this item only.
+        let (di, dw) = unsafe { (iv.slice(t * k..(t + 1) * k), wv.slice(t * k..(t + 1) * k)) };
+        for (d, &id) in di.iter_mut().zip(ids_k.iter()) {
+            *d = f32::from_bits(id);
+        }
+        dw.copy_from_slice(ws_k);
+    };
+    if n == 1 {
+        let mut sc = threads[0].lock().unwrap_or_else(|e| e.into_inner());
+        one(&mut sc, 0);
+        return;
+    }
+    let work = Dynamic::balanced(n, pool.n_threads(), CLAIMS_PER_THREAD);
+    pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        for t in work.items() {
+            one(&mut sc, t);
+        }
+    });
+}
+
+/// Rows below which activations are quantised on the calling thread (a dispatch costs more).
+const PARALLEL_QUANT_ROWS: usize = 4;
+
+/// Quantises `n` activation rows of `cols` into `act` (row stride = the format's row bytes),
+/// rows split across the pool when there are several.
 fn quantize_rows(
     k: &Kernels,
+    pool: &ThreadPool,
     fmt: ActFormat,
     xs: &[f32],
     n: usize,
@@ -395,13 +654,21 @@ fn quantize_rows(
     act: &mut [u8],
 ) -> usize {
     let ab = Kernels::act_row_bytes(fmt, cols);
-    for t in 0..n {
-        k.quantize_act(
-            fmt,
-            &xs[t * cols..(t + 1) * cols],
-            &mut act[t * ab..(t + 1) * ab],
-        );
+    let one = |t: usize, dst: &mut [u8]| k.quantize_act(fmt, &xs[t * cols..(t + 1) * cols], dst);
+    if n < PARALLEL_QUANT_ROWS {
+        for t in 0..n {
+            one(t, &mut act[t * ab..(t + 1) * ab]);
+        }
+        return ab;
     }
+    let out = SharedOut::new(&mut act[..n * ab]);
+    let work = Dynamic::balanced(n, pool.n_threads(), CLAIMS_PER_THREAD);
+    pool.run(&|_| {
+        for t in work.items() {
+            // SAFETY: row t is written by this item only.
+            one(t, unsafe { out.slice(t * ab..(t + 1) * ab) });
+        }
+    });
     ab
 }
 
@@ -467,7 +734,15 @@ fn matmuls_fused(
         }
     }
     let cols = xv.cols;
-    let ab = quantize_rows(k, fmt, &st.arena[range(xv)], n, cols, &mut st.scratch.act);
+    let ab = quantize_rows(
+        k,
+        &st.pool,
+        fmt,
+        &st.arena[range(xv)],
+        n,
+        cols,
+        &mut st.scratch.act,
+    );
     let act = &st.scratch.act[..n * ab];
     let base = st.arena.as_mut_ptr();
     let outs: [Option<SharedOut>; MAX_FUSED] = core::array::from_fn(|j| {
@@ -496,7 +771,7 @@ fn matmul_fast(
 ) {
     let cols = wm.cols;
     let fmt = k.act_format(wm);
-    let ab = quantize_rows(k, fmt, xs, n, cols, act);
+    let ab = quantize_rows(k, pool, fmt, xs, n, cols, act);
     let act = &act[..n * ab];
     let jobs = [Some((wm, SharedOut::new(o))), None, None, None];
     dot_tiles(k, pool, threads, &jobs, act, ab, n);
@@ -540,180 +815,4 @@ fn dot_tiles(
             }
         }
     });
-}
-
-/// Groups the (token, slot) pairs of a step by expert, ascending.
-fn group_pairs(s: &mut Scratch, ids: &[f32], n: usize, k: usize, n_experts: usize) {
-    s.pairs.clear();
-    s.groups.clear();
-    for e in 0..n_experts {
-        let start = s.pairs.len();
-        for t in 0..n {
-            for slot in 0..k {
-                if ids[t * k + slot].to_bits() as usize == e {
-                    s.pairs.push((t as u32, slot as u32));
-                }
-            }
-        }
-        if s.pairs.len() > start {
-            s.groups
-                .push((e as u32, start as u32, (s.pairs.len() - start) as u32));
-        }
-    }
-}
-
-/// The fast expert layer: the same work split and summation order as [`experts`], with
-/// quantised activations and tiles of [`ROW_TILE`] rows per kernel call.
-fn experts_fast(
-    kern: &Kernels,
-    st: &mut State,
-    c: &ModelConfig,
-    w: &ModelWeights<'_>,
-    layer: usize,
-    v: [Value; 4],
-    n: usize,
-) {
-    let Ffn::Moe { gate, up, down, .. } = &w.layers[layer].ffn else {
-        unreachable!("experts on a dense layer")
-    };
-    let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
-    let [xv, idv, wv, ov] = v;
-    let ([xs, ids, ws], o) = io(&mut st.arena, [(xv, n), (idv, n), (wv, n)], (ov, n));
-    let s = &mut st.scratch;
-    group_pairs(s, ids, n, k, c.n_experts);
-    let fmt_in = kern.act_format(&gate[0]);
-    let ab = quantize_rows(kern, fmt_in, xs, n, h, &mut s.act);
-    let (pairs, groups, threads, act) = (&s.pairs, &s.groups, &s.threads, &s.act[..n * ab]);
-    let nt = st.pool.n_threads();
-    let tiles = i.div_ceil(ROW_TILE);
-    let (eg, eu) = (SharedOut::new(&mut s.eg), SharedOut::new(&mut s.eu));
-    let work = Dynamic::balanced(groups.len() * tiles, nt, CLAIMS_PER_THREAD);
-    st.pool.run(&|ti| {
-        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        for f in work.items() {
-            let (e, start, m) = groups[f / tiles];
-            let r0 = (f % tiles) * ROW_TILE;
-            let nr = ROW_TILE.min(i - r0);
-            for (mat, dst) in [(&gate[e as usize], &eg), (&up[e as usize], &eu)] {
-                for j in start..start + m {
-                    let t = pairs[j as usize].0 as usize;
-                    let tile = &mut sc.tile[..nr];
-                    kern.dot_rows(mat, r0, &act[t * ab..(t + 1) * ab], tile);
-                    // SAFETY: (pair j, rows r0..r0+nr) is written by this work item only.
-                    unsafe { dst.slice(j as usize * i + r0..j as usize * i + r0 + nr) }
-                        .copy_from_slice(tile);
-                }
-            }
-        }
-    });
-    let n_pairs = pairs.len();
-    for (g, u) in s.eg[..n_pairs * i].iter_mut().zip(&s.eu[..n_pairs * i]) {
-        *g = ops::silu(*g) * u;
-    }
-    let fmt_down = kern.act_format(&down[0]);
-    let ab2 = quantize_rows(kern, fmt_down, &s.eg, n_pairs, i, &mut s.act_pairs);
-    let act2 = &s.act_pairs[..n_pairs * ab2];
-    o.fill(0.0);
-    let out = SharedOut::new(o);
-    let tiles = h.div_ceil(ROW_TILE);
-    let work = Dynamic::balanced(tiles, nt, CLAIMS_PER_THREAD);
-    st.pool.run(&|ti| {
-        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        for tile in work.items() {
-            let r0 = tile * ROW_TILE;
-            let nr = ROW_TILE.min(h - r0);
-            for &(e, start, m) in groups.iter() {
-                for j in start..start + m {
-                    let (t, slot) = pairs[j as usize];
-                    let y = &mut sc.tile[..nr];
-                    kern.dot_rows(
-                        &down[e as usize],
-                        r0,
-                        &act2[j as usize * ab2..(j as usize + 1) * ab2],
-                        y,
-                    );
-                    let wt = ws[t as usize * k + slot as usize];
-                    // SAFETY: output rows r0..r0+nr belong to this thread only.
-                    let dst = unsafe { out.slice(t as usize * h + r0..t as usize * h + r0 + nr) };
-                    for (d, &yv) in dst.iter_mut().zip(y.iter()) {
-                        *d += yv * wt;
-                    }
-                }
-            }
-        }
-    });
-    for x in o.iter_mut() {
-        *x *= c.routed_scaling;
-    }
-}
-
-/// The routed experts of one MoE layer. The (token, slot) pairs are grouped by expert
-/// (ascending id); gate/up rows of every active expert are split across threads, then the
-/// down projection is split by output row, each thread adding the experts' contributions in
-/// ascending expert order — the order transformers' `LagunaExperts.forward` uses, and one
-/// that does not depend on the thread count.
-fn experts(
-    st: &mut State,
-    c: &ModelConfig,
-    w: &ModelWeights<'_>,
-    layer: usize,
-    v: [Value; 4],
-    n: usize,
-) {
-    let Ffn::Moe { gate, up, down, .. } = &w.layers[layer].ffn else {
-        unreachable!("experts on a dense layer")
-    };
-    let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
-    let [xv, idv, wv, ov] = v;
-    let ([xs, ids, ws], o) = io(&mut st.arena, [(xv, n), (idv, n), (wv, n)], (ov, n));
-    let s = &mut st.scratch;
-    group_pairs(s, ids, n, k, c.n_experts);
-    let (pairs, groups, threads) = (&s.pairs, &s.groups, &s.threads);
-    let nt = st.pool.n_threads();
-    // Gate and up: work item f = (group f / I, row f % I), for all of the group's tokens.
-    let (eg, eu) = (SharedOut::new(&mut s.eg), SharedOut::new(&mut s.eu));
-    let work = Dynamic::balanced(groups.len() * i, nt, CLAIMS_PER_THREAD);
-    st.pool.run(&|ti| {
-        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        let row = &mut sc.row[..h];
-        for f in work.items() {
-            let (e, start, m) = groups[f / i];
-            let r = f % i;
-            for (mat, dst) in [(&gate[e as usize], &eg), (&up[e as usize], &eu)] {
-                mat.dequant_row(r, row);
-                for j in start..start + m {
-                    let t = pairs[j as usize].0 as usize;
-                    // SAFETY: element (pair j, row r) is written by this work item only.
-                    unsafe { dst.set(j as usize * i + r, ops::dot(&xs[t * h..(t + 1) * h], row)) };
-                }
-            }
-        }
-    });
-    let n_pairs = pairs.len();
-    for (g, u) in s.eg[..n_pairs * i].iter_mut().zip(&s.eu[..n_pairs * i]) {
-        *g = ops::silu(*g) * u;
-    }
-    // Down: each thread owns a range of output rows and sums over experts in order.
-    o.fill(0.0);
-    let out = SharedOut::new(o);
-    let act = &s.eg;
-    let work = Dynamic::balanced(h, nt, CLAIMS_PER_THREAD);
-    st.pool.run(&|ti| {
-        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
-        let row = &mut sc.row[..i];
-        for r in work.items() {
-            for &(e, start, m) in groups.iter() {
-                down[e as usize].dequant_row(r, row);
-                for j in start..start + m {
-                    let (t, slot) = pairs[j as usize];
-                    let y = ops::dot(&act[j as usize * i..(j as usize + 1) * i], row);
-                    // SAFETY: output row `r` belongs to this thread only.
-                    unsafe { out.add(t as usize * h + r, y * ws[t as usize * k + slot as usize]) };
-                }
-            }
-        }
-    });
-    for x in o.iter_mut() {
-        *x *= c.routed_scaling;
-    }
 }
