@@ -111,15 +111,7 @@ fn main() -> anyhow::Result<()> {
     let reference = a.flag("reference");
     let warmup = !a.flag("no-warmup");
     let as_json = a.flag("json");
-    let device = match a.get("device").unwrap_or("cpu") {
-        "cpu" => None,
-        "cuda" => Some(0),
-        d => Some(
-            d.strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .with_context(|| format!("--device `{d}`: use cpu, cuda or cuda:N"))?,
-        ),
-    };
+    let device = a.device()?;
 
     // The floor first, before the model's pages compete for memory.
     let floor = match device {

@@ -5,7 +5,7 @@
 //!  [-n | --max-tokens N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //!  [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]
 //!  [--stop STR]... [--reasoning-budget N] [--ids]
-//!  [--ctx N] [--ubatch N] [--threads N] [--reference]`
+//!  [--ctx N] [--ubatch N] [--threads N] [--reference] [--device cpu|cuda[:N]]`
 //!
 //! --prompt TEXT        raw completion: the tokenizer's BOS, then TEXT.
 //! --chat TEXT          one user turn rendered with the checkpoint's chat template
@@ -20,6 +20,7 @@
 //!                      `\t`, `\\` escapes).
 //! --reasoning-budget N force `</think>` after N reasoning tokens.
 //! --ids                also print the generated ids on stdout at the end.
+//! --device D           `cpu` (default) or `cuda[:N]`: run on CUDA device N.
 //! Sampling defaults: greedy (temp 0), every filter and penalty off, seed 0, 256 tokens.
 //!
 //! Reasoning is shown dimmed on a terminal, otherwise wrapped in literal `<think>…</think>`
@@ -38,12 +39,15 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lagoon::chat::ChatTemplate;
+use lagoon::cuda_backend::{CudaError, CudaSession, CudaSessionOptions};
 use lagoon::generate::prompt::{ChatRequest, encode_completion, encode_rendered};
-use lagoon::generate::{Channel, Event, GenerateParams, Generator, end_of_generation_ids};
+use lagoon::generate::{
+    Channel, Event, GenerateParams, Generator, LogitsSource, end_of_generation_ids,
+};
 use lagoon::parse::{ParseOptions, ToolChoice, Tools};
 use lagoon::sample::{Sampler, SamplerParams};
 use lagoon::tokenizer::Tokenizer;
-use lagoon::{Checkpoint, Session, SessionOptions};
+use lagoon::{Checkpoint, Session, SessionOptions, StepError};
 
 /// Used by `--chat` when the checkpoint carries no template (spec/laguna.md §7.2).
 const LAGUNA_V8_TEMPLATE: &str = include_str!("../tests/fixtures/chat/laguna_v8.jinja");
@@ -260,17 +264,38 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(!prompt.is_empty(), "the prompt has no tokens");
 
     let n_ctx: usize = a.num("ctx", prompt.len() + max_tokens)?;
-    let mut s = Session::new(
-        &ckpt.config,
-        &weights,
-        SessionOptions {
-            n_ctx,
-            ubatch: a.num("ubatch", 64)?,
-            all_logits: false,
-            n_threads: a.num("threads", 0)?,
-            reference: a.flag("reference"),
-        },
-    );
+    let ubatch: usize = a.num("ubatch", 64)?;
+    let mut s = match a.device()? {
+        None => Backend::Cpu(Session::new(
+            &ckpt.config,
+            &weights,
+            SessionOptions {
+                n_ctx,
+                ubatch,
+                all_logits: false,
+                n_threads: a.num("threads", 0)?,
+                reference: a.flag("reference"),
+            },
+        )),
+        Some(device) => {
+            anyhow::ensure!(
+                !a.flag("reference"),
+                "--reference is the CPU's scalar path; drop it or use --device cpu"
+            );
+            Backend::Cuda(CudaSession::new(
+                &ckpt.config,
+                &weights,
+                CudaSessionOptions {
+                    n_ctx,
+                    ubatch,
+                    all_logits: false,
+                    device,
+                    cuda_graphs: true,
+                    ..Default::default()
+                },
+            )?)
+        }
+    };
     eprintln!(
         "loaded {model} in {:.2} s; prompt: {} tokens",
         t_load.elapsed().as_secs_f64(),
@@ -360,7 +385,7 @@ fn main() -> anyhow::Result<()> {
 /// A checkpoint without a tokenizer: sample ids and print them.
 fn ids_only(
     ckpt: &Checkpoint,
-    s: &mut Session<'_>,
+    s: &mut Backend<'_>,
     prompt: &[u32],
     params: &GenerateParams,
 ) -> anyhow::Result<()> {
@@ -368,18 +393,13 @@ fn ids_only(
     let mut sampler = Sampler::new(ckpt.config.vocab_size, params.sampler, params.seed)?;
     sampler.reset(prompt, params.seed);
     let t0 = Instant::now();
-    let mut last = Vec::new();
-    s.prefill(prompt, |l| {
-        last.clear();
-        last.extend_from_slice(l)
-    })?;
+    let mut next = sampler.sample(s.eval_prompt(prompt)?);
     let t_prefill = t0.elapsed().as_secs_f64();
-    let mut next = sampler.sample(&last);
     let mut out = vec![next];
     let t1 = Instant::now();
     while out.len() < params.max_tokens && !ckpt.config.eos_tokens.contains(&next) {
         sampler.accept(next);
-        next = sampler.sample(s.step(&[next])?);
+        next = sampler.sample(s.eval_token(next)?);
         out.push(next);
     }
     let t_decode = t1.elapsed().as_secs_f64();
@@ -393,4 +413,54 @@ fn ids_only(
         (out.len() - 1) as f64 / t_decode.max(1e-9)
     );
     Ok(())
+}
+
+/// The CPU or the CUDA session, behind the driver's one interface (one of them exists per
+/// run, so the size difference does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Backend<'w> {
+    Cpu(Session<'w>),
+    Cuda(CudaSession),
+}
+
+#[derive(Debug)]
+enum BackendError {
+    Cpu(StepError),
+    Cuda(CudaError),
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendError::Cpu(e) => e.fmt(f),
+            BackendError::Cuda(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+impl LogitsSource for Backend<'_> {
+    type Error = BackendError;
+
+    fn eval_prompt(&mut self, prompt: &[u32]) -> Result<&[f32], BackendError> {
+        match self {
+            Backend::Cpu(s) => s.eval_prompt(prompt).map_err(BackendError::Cpu),
+            Backend::Cuda(s) => s.eval_prompt(prompt).map_err(BackendError::Cuda),
+        }
+    }
+
+    fn eval_token(&mut self, token: u32) -> Result<&[f32], BackendError> {
+        match self {
+            Backend::Cpu(s) => s.eval_token(token).map_err(BackendError::Cpu),
+            Backend::Cuda(s) => s.eval_token(token).map_err(BackendError::Cuda),
+        }
+    }
+
+    fn room(&self) -> Option<usize> {
+        match self {
+            Backend::Cpu(s) => s.room(),
+            Backend::Cuda(s) => s.room(),
+        }
+    }
 }

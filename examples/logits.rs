@@ -40,7 +40,7 @@ fn main() -> anyhow::Result<()> {
         reference,
     };
     let mut all = Vec::with_capacity(tokens.len() * vocab);
-    match parse_device(a.get("device").unwrap_or("cpu"))? {
+    match a.device()? {
         None => {
             let mut session = Session::new(&ckpt.config, &weights, opts);
             session.prefill(&tokens, |l| all.extend_from_slice(l))?;
@@ -76,17 +76,4 @@ fn main() -> anyhow::Result<()> {
         eprintln!("wrote {} x {} logits to {out}", tokens.len(), vocab);
     }
     Ok(())
-}
-
-/// `cpu` → `None`, `cuda` / `cuda:N` → `Some(N)`.
-fn parse_device(s: &str) -> anyhow::Result<Option<usize>> {
-    match s {
-        "cpu" => Ok(None),
-        "cuda" => Ok(Some(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Some)
-            .with_context(|| format!("--device `{s}`: use cpu, cuda or cuda:N")),
-    }
 }

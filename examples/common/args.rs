@@ -83,6 +83,19 @@ impl Args {
     }
 
     /// Comma-separated token ids.
+    /// `--device`: `cpu` (the default) → `None`, `cuda` / `cuda:N` → `Some(N)`.
+    pub fn device(&self) -> anyhow::Result<Option<usize>> {
+        match self.get("device").unwrap_or("cpu") {
+            "cpu" => Ok(None),
+            "cuda" => Ok(Some(0)),
+            d => d
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Some)
+                .ok_or_else(|| anyhow::anyhow!("--device `{d}`: use cpu, cuda or cuda:N")),
+        }
+    }
+
     pub fn tokens(&self, name: &str) -> anyhow::Result<Option<Vec<u32>>> {
         let Some(s) = self.get(name) else {
             return Ok(None);
