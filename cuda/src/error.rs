@@ -92,14 +92,10 @@ impl std::fmt::Display for CudaError {
 }
 
 impl std::error::Error for CudaError {
+    // Every message already ends with its cause (`Display` above), so no `source`: a
+    // reporter that walks the chain (anyhow's `Caused by:`) would print it twice.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            CudaError::Driver { source, .. }
-            | CudaError::Launch { source, .. }
-            | CudaError::MissingKernel { source, .. } => Some(source),
-            CudaError::Unavailable(u) => Some(u),
-            _ => None,
-        }
+        None
     }
 }
 
