@@ -197,27 +197,33 @@ impl Mat {
     }
 }
 
-/// Streaming read: sum of a 1 GiB buffer as u64 lanes (four accumulators; the compiler
-/// vectorises it). The reference every kernel's GB/s is divided by.
-fn bench_bandwidth(c: &mut Criterion) {
+/// The streaming-read buffer: [`target_bytes`] of random u64s.
+fn stream_buffer() -> Vec<u64> {
     let mut buf = vec![0u64; target_bytes() / 8];
     let mut rng = Rng(7);
     for v in buf.iter_mut() {
         *v = rng.next();
     }
+    buf
+}
+
+/// Sums `buf` as u64 lanes (eight accumulators; the compiler vectorises it).
+fn stream_sum(buf: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    for ch in buf.as_chunks::<8>().0 {
+        for k in 0..8 {
+            acc[k] = acc[k].wrapping_add(ch[k]);
+        }
+    }
+    acc.iter().fold(0, |a, &v| a.wrapping_add(v))
+}
+
+/// Streaming read: sum of a 1 GiB buffer. The reference every kernel's GB/s is divided by.
+fn bench_bandwidth(c: &mut Criterion) {
+    let buf = stream_buffer();
     let mut g = c.benchmark_group("stream_read");
     g.throughput(Throughput::Bytes(8 * buf.len() as u64));
-    g.bench_function("sum_u64", |b| {
-        b.iter(|| {
-            let mut acc = [0u64; 8];
-            for ch in buf.as_chunks::<8>().0 {
-                for k in 0..8 {
-                    acc[k] = acc[k].wrapping_add(ch[k]);
-                }
-            }
-            black_box(acc)
-        })
-    });
+    g.bench_function("sum_u64", |b| b.iter(|| black_box(stream_sum(&buf))));
     g.finish();
 }
 
@@ -394,24 +400,10 @@ fn bench_simd_cmp(c: &mut Criterion<ThreadCpu>) {
         return;
     }
     {
-        let mut buf = vec![0u64; target_bytes() / 8];
-        let mut rng = Rng(7);
-        for v in buf.iter_mut() {
-            *v = rng.next();
-        }
+        let buf = stream_buffer();
         let mut g = c.benchmark_group("simd_cmp_stream_read");
         g.throughput(Throughput::Bytes(8 * buf.len() as u64));
-        g.bench_function("sum_u64", |b| {
-            b.iter(|| {
-                let mut acc = [0u64; 8];
-                for ch in buf.as_chunks::<8>().0 {
-                    for k in 0..8 {
-                        acc[k] = acc[k].wrapping_add(ch[k]);
-                    }
-                }
-                black_box(acc)
-            })
-        });
+        g.bench_function("sum_u64", |b| b.iter(|| black_box(stream_sum(&buf))));
         g.finish();
     }
     let kinds = [
@@ -485,27 +477,15 @@ fn bench_threads() -> usize {
 fn bench_bandwidth_mt(c: &mut Criterion) {
     let pool = ThreadPool::new(bench_threads());
     let nt = pool.n_threads();
-    let mut buf = vec![0u64; target_bytes() / 8];
-    let mut rng = Rng(7);
-    for v in buf.iter_mut() {
-        *v = rng.next();
-    }
+    let buf = stream_buffer();
     let mut g = c.benchmark_group(format!("stream_read_{nt}t"));
     g.throughput(Throughput::Bytes(8 * buf.len() as u64));
     let total = AtomicU64::new(0);
     g.bench_function("sum_u64", |b| {
         b.iter(|| {
             pool.run(&|ti| {
-                let mut acc = [0u64; 8];
-                for ch in buf[chunk(buf.len(), nt, ti)].as_chunks::<8>().0 {
-                    for k in 0..8 {
-                        acc[k] = acc[k].wrapping_add(ch[k]);
-                    }
-                }
-                total.fetch_add(
-                    acc.iter().fold(0, |a, &v| a.wrapping_add(v)),
-                    Ordering::Relaxed,
-                );
+                let sum = stream_sum(&buf[chunk(buf.len(), nt, ti)]);
+                total.fetch_add(sum, Ordering::Relaxed);
             });
             black_box(total.load(Ordering::Relaxed))
         })
