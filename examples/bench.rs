@@ -2,7 +2,7 @@
 //! figure next to the machine's own memory-bandwidth floor.
 //!
 //! `bench --model PATH [-p N[,N..]] [-n N[,N..]] [-ub N] [-d N[,N..]] [-r N] [--threads N]
-//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]]`
+//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--profile N]`
 //!
 //! Semantics follow llama-bench: `pp N` evaluates a prompt of N random tokens (in ubatches
 //! of `-ub`, default 512; `-b` is accepted as a synonym), `tg N` generates N tokens one at a
@@ -10,8 +10,12 @@
 //! runs at that context depth. Each test runs `-r` times (default 5) after one warmup run
 //! (pp: the whole prompt, tg: one token, as llama-bench does); the median, min and max
 //! tokens/s are reported. `--threads` defaults to all cores; `--reference` forces the
-//! scalar reference path. `--device cuda[:N]` runs on CUDA device N (decode steps replayed
-//! as a CUDA graph); its floor is the device's copy bandwidth (see [`CUDA_FLOOR_GB_S`]).
+//! scalar reference path (on CUDA: f32 activations and exactly dequantised weights instead
+//! of quantised activations). `--device cuda[:N]` runs on CUDA device N (decode steps
+//! replayed as a CUDA graph); its floor is the device's streaming-read bandwidth, measured
+//! at start by a read kernel over a 4 GiB buffer. `--profile N` (CUDA) then times every
+//! kernel of N decode steps (after the last test, at its depth) and prints where a token's
+//! time goes.
 //!
 //! Every test also reports the weight bytes it streams per token, the GB/s that implies,
 //! and that as a fraction of the floor: the streaming-read bandwidth this program measures
@@ -40,10 +44,8 @@ use lagoon::core::laguna::weights::Ffn;
 use lagoon::cuda_backend::{CudaSession, CudaSessionOptions};
 use lagoon::{Checkpoint, ModelWeights, Session, SessionOptions};
 
-/// The H200's device-to-device copy bandwidth (read + write counted), measured on the GPU
-/// machine (`shared/device/README.md`): the floor of a bandwidth-bound CUDA decode.
-/// TODO(#6): measure it at start-up like the CPU floor.
-const CUDA_FLOOR_GB_S: f64 = 4200.0;
+/// Buffer of the CUDA read-bandwidth probe (well past the H200's 50 MB L2).
+const CUDA_FLOOR_BYTES: usize = 4 << 30;
 
 /// The session a bench runs on (one per run: the variants' size difference costs nothing).
 #[allow(clippy::large_enum_variant)]
@@ -112,26 +114,24 @@ fn main() -> anyhow::Result<()> {
     let warmup = !a.flag("no-warmup");
     let as_json = a.flag("json");
     let device = a.device()?;
+    let profile_steps: usize = a.num("profile", 0)?;
 
-    // The floor first, before the model's pages compete for memory.
-    let floor = match device {
+    // The CPU floor first, before the model's pages compete for memory (the CUDA floor is
+    // measured once the session holds the device).
+    let mut floor = match device {
         None => measure_floor(n_threads),
         Some(_) => Floor {
-            gb_s: CUDA_FLOOR_GB_S,
-            buffer_bytes: 0,
+            gb_s: 0.0,
+            buffer_bytes: CUDA_FLOOR_BYTES,
         },
     };
-    match device {
-        None => eprintln!(
+    if device.is_none() {
+        eprintln!(
             "floor: {:.2} GB/s streaming read ({} threads, {} MiB buffer)",
             floor.gb_s,
             n_threads,
             floor.buffer_bytes >> 20
-        ),
-        Some(d) => eprintln!(
-            "device: cuda:{d}; floor: {:.0} GB/s (H200 device copy, measured once)",
-            floor.gb_s
-        ),
+        );
     }
 
     let ckpt = Checkpoint::open(model).with_context(|| format!("opening {model}"))?;
@@ -162,12 +162,23 @@ fn main() -> anyhow::Result<()> {
                 all_logits: false,
                 device,
                 cuda_graphs: true,
+                quantized_activations: !reference,
                 ..Default::default()
             },
         )?),
     };
+    if let (Backend::Cuda(cs), Some(d)) = (&s, device) {
+        floor.gb_s = cs.read_bandwidth(CUDA_FLOOR_BYTES)?;
+        eprintln!(
+            "device: cuda:{d} ({}); floor: {:.0} GB/s streaming read ({} MiB buffer)",
+            cs.arch(),
+            floor.gb_s,
+            CUDA_FLOOR_BYTES >> 20
+        );
+    }
     let backend = match (device, reference) {
-        (Some(d), _) => format!("cuda:{d}"),
+        (Some(d), true) => format!("cuda:{d} (reference)"),
+        (Some(d), false) => format!("cuda:{d}"),
         (None, true) => "cpu (reference)".to_string(),
         (None, false) => "cpu".to_string(),
     };
@@ -210,6 +221,9 @@ fn main() -> anyhow::Result<()> {
             rows.push(row);
         }
     }
+    if profile_steps > 0 {
+        profile(&mut s, profile_steps, &mut tokens, &costs, c, floor.gb_s)?;
+    }
     if !as_json {
         print_table(
             &model_name,
@@ -219,6 +233,53 @@ fn main() -> anyhow::Result<()> {
             &backend,
             floor.gb_s,
             &rows,
+        );
+    }
+    Ok(())
+}
+
+/// Times every kernel of `steps` decode steps (CUDA) and prints each kernel's share of a
+/// token, the sum against the graph-replayed step, and the bandwidth floor.
+fn profile(
+    s: &mut Backend<'_>,
+    steps: usize,
+    tokens: &mut TokenStream,
+    costs: &Costs,
+    c: &ModelConfig,
+    floor_gb_s: f64,
+) -> anyhow::Result<()> {
+    let Backend::Cuda(cs) = s else {
+        anyhow::bail!("--profile needs --device cuda");
+    };
+    if cs.n_past() + steps + 1 > cs.options().n_ctx {
+        cs.reset();
+    }
+    cs.step(&[tokens.next()])?;
+    cs.set_profiling(true);
+    for _ in 0..steps {
+        cs.step(&[tokens.next()])?;
+    }
+    let mut times = cs.set_profiling(false).unwrap_or_default();
+    times.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    let total: f64 = times.iter().map(|k| k.ms).sum::<f64>() / steps as f64;
+    let bytes = costs.bytes_per_token(c, Test::Tg(1), 1);
+    eprintln!(
+        "\nkernel time per decode token ({steps} steps, kernels back to back, no graph): {:.1} µs; \
+         floor {:.1} µs ({:.0} MB at {:.0} GB/s)",
+        1e3 * total,
+        bytes / floor_gb_s * 1e-3,
+        bytes / 1e6,
+        floor_gb_s
+    );
+    eprintln!("| kernel | launches/token | µs/token | share |");
+    eprintln!("|---|---|---|---|");
+    for k in &times {
+        eprintln!(
+            "| {} | {:.0} | {:.1} | {:.1}% |",
+            k.kernel,
+            k.launches as f64 / steps as f64,
+            1e3 * k.ms / steps as f64,
+            100.0 * k.ms / steps as f64 / total
         );
     }
     Ok(())

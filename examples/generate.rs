@@ -277,24 +277,19 @@ fn main() -> anyhow::Result<()> {
                 reference: a.flag("reference"),
             },
         )),
-        Some(device) => {
-            anyhow::ensure!(
-                !a.flag("reference"),
-                "--reference is the CPU's scalar path; drop it or use --device cpu"
-            );
-            Backend::Cuda(CudaSession::new(
-                &ckpt.config,
-                &weights,
-                CudaSessionOptions {
-                    n_ctx,
-                    ubatch,
-                    all_logits: false,
-                    device,
-                    cuda_graphs: true,
-                    ..Default::default()
-                },
-            )?)
-        }
+        Some(device) => Backend::Cuda(CudaSession::new(
+            &ckpt.config,
+            &weights,
+            CudaSessionOptions {
+                n_ctx,
+                ubatch,
+                all_logits: false,
+                device,
+                cuda_graphs: true,
+                quantized_activations: !a.flag("reference"),
+                ..Default::default()
+            },
+        )?),
     };
     eprintln!(
         "loaded {model} in {:.2} s; prompt: {} tokens",

@@ -8,7 +8,8 @@
 //! `--decode` feeds the tokens one at a time through the KV cache; `--reference` forces the
 //! scalar reference path (weights decoded to f32, f32 math), the baseline for bisecting any
 //! numerical question about the fast kernels. `--device cuda[:N]` runs on CUDA device N
-//! (default 0) instead of the CPU (`--reference` and `--threads` then do not apply).
+//! (default 0) instead of the CPU (`--threads` then does not apply; `--reference` selects
+//! the CUDA kernels' f32-activation path, whose numerics are the reference's).
 
 #[path = "common/args.rs"]
 mod args;
@@ -52,6 +53,7 @@ fn main() -> anyhow::Result<()> {
                 all_logits: true,
                 device,
                 cuda_graphs: true,
+                quantized_activations: !reference,
                 ..Default::default()
             };
             let mut session = CudaSession::new(&ckpt.config, &weights, copts)?;

@@ -31,3 +31,31 @@ extern "C" __global__ void copy_f32(const float* __restrict__ src, float* __rest
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < len) dst[i] = src[i];
 }
+
+// Busy-waits ~`cycles` SM clocks (one thread). The profiler launches it first so the host can
+// queue a whole step behind it, and the step's kernels then run back to back.
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+// Streams `n` 16-byte words (grid-stride, 4 independent loads in flight per thread) and
+// writes one xor per block, so the reads cannot be elided: the device's read-bandwidth floor
+// (lagoon_cuda::read_bandwidth).
+extern "C" __global__ void read_stream(const uint4* __restrict__ p, u64 n, u32* __restrict__ out) {
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u32 acc = 0;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
+              d = __ldcs(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 a = __ldcs(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0) atomicXor(out + blockIdx.x, acc);
+}

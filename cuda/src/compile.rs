@@ -15,17 +15,22 @@ use crate::error::CudaError;
 
 /// Every kernel source file (`cuda/kernels/*.cu`), by file name.
 pub const SOURCES: &[(&str, &str)] = &[
+    ("act.cu", include_str!("../kernels/act.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("fused.cu", include_str!("../kernels/fused.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
+    ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
 ];
 
 /// The shared headers the sources include with `#include "..."`.
 pub const HEADERS: &[(&str, &str)] = &[
+    ("act.cuh", include_str!("../kernels/act.cuh")),
     ("blocks.cuh", include_str!("../kernels/blocks.cuh")),
     ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("mmvq.cuh", include_str!("../kernels/mmvq.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
 ];
 

@@ -1,8 +1,9 @@
 //! One CUDA device: context, stream, the loaded kernels and the launch helper.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, LaunchConfig, PushKernelArg, sys};
 
 use crate::error::{CudaError, DriverContext};
 use crate::manifest::{K, Kernels};
@@ -24,6 +25,75 @@ pub struct Device {
     pub kernels: Kernels,
     /// `sm_XY` of the device.
     pub arch: String,
+    /// When set, an event is recorded after every launch ([`Profiler`]).
+    pub profiler: RefCell<Option<Profiler>>,
+}
+
+/// Per-launch GPU timing: an event after each launch, so the time between consecutive
+/// events is one kernel's (when the launches were queued ahead of the GPU, which the session
+/// ensures by starting the step behind a spin kernel). Events are created on first use and
+/// reused by later steps.
+#[derive(Debug, Default)]
+pub struct Profiler {
+    events: Vec<CudaEvent>,
+    names: Vec<&'static str>,
+    next: usize,
+}
+
+/// Time spent in one kernel over the profiled steps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub kernel: &'static str,
+    pub launches: usize,
+    pub ms: f64,
+}
+
+impl Profiler {
+    /// Records the next event on `stream`, attributed to `name` (the kernel just launched;
+    /// the first mark of a step is the start, `""`).
+    pub fn mark(
+        &mut self,
+        name: &'static str,
+        ctx: &Arc<CudaContext>,
+        stream: &CudaStream,
+    ) -> Result<(), CudaError> {
+        if self.next == self.events.len() {
+            let e = ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .during("creating a profiling event")?;
+            self.events.push(e);
+            self.names.push("");
+        }
+        self.events[self.next]
+            .record(stream)
+            .during("recording a profiling event")?;
+        self.names[self.next] = name;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Adds the marked intervals of the finished step to `acc` and starts over.
+    pub fn collect(&mut self, acc: &mut Vec<KernelTime>) -> Result<(), CudaError> {
+        for i in 1..self.next {
+            let ms = self.events[i - 1]
+                .elapsed_ms(&self.events[i])
+                .during("reading a profiling event")? as f64;
+            let name = self.names[i];
+            match acc.iter_mut().find(|k| k.kernel == name) {
+                Some(k) => {
+                    k.launches += 1;
+                    k.ms += ms;
+                }
+                None => acc.push(KernelTime {
+                    kernel: name,
+                    launches: 1,
+                    ms,
+                }),
+            }
+        }
+        self.next = 0;
+        Ok(())
+    }
 }
 
 impl Device {
@@ -47,6 +117,7 @@ impl Device {
             stream,
             kernels,
             arch,
+            profiler: RefCell::new(None),
         })
     }
 
@@ -89,12 +160,66 @@ impl Device {
         // SAFETY: the argument list matches the kernel's signature and every pointer is a
         // live allocation sized for the launch (this function's contract, upheld by the
         // callers in `session.rs`, which size every buffer from the planned graph).
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|source| CudaError::Launch {
-                kernel: k.name(),
-                source,
-            })
+        unsafe { b.launch(cfg) }.map_err(|source| CudaError::Launch {
+            kernel: k.name(),
+            source,
+        })?;
+        if let Some(p) = self.profiler.borrow_mut().as_mut() {
+            p.mark(k.name(), &self.ctx, &self.stream)?;
+        }
+        Ok(())
+    }
+}
+
+impl Device {
+    /// The device's streaming-read bandwidth in GB/s (10⁹ bytes/s): a kernel reading a
+    /// `bytes`-long buffer (well past the L2 cache), best of five timed passes after one
+    /// warm-up. The decode floor: a bandwidth-bound step cannot beat bytes / this.
+    pub fn read_bandwidth(&self, bytes: usize) -> Result<f64, CudaError> {
+        use cudarc::driver::DevicePtr;
+        let s = &self.stream;
+        let words = (bytes / 16).max(1);
+        let buf = s
+            .alloc_zeros::<u8>(16 * words)
+            .during("allocating the bandwidth probe")?;
+        let blocks_n = 4 * self.sm_count()?;
+        let out = s
+            .alloc_zeros::<u32>(blocks_n as usize)
+            .during("allocating the bandwidth probe")?;
+        let (p, o) = (buf.device_ptr(s).0, out.device_ptr(s).0);
+        let e0 = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .during("creating a timing event")?;
+        let e1 = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .during("creating a timing event")?;
+        let mut best = f64::INFINITY;
+        for pass in 0..6 {
+            e0.record(s).during("recording a timing event")?;
+            self.launch(
+                K::ReadStream,
+                (blocks_n, 1),
+                512,
+                &[Arg::P(p), Arg::P(words as u64), Arg::P(o)],
+            )?;
+            e1.record(s).during("recording a timing event")?;
+            let ms = e0.elapsed_ms(&e1).during("reading a timing event")? as f64;
+            if pass > 0 {
+                best = best.min(ms);
+            }
+        }
+        Ok(16.0 * words as f64 / (best * 1e-3) / 1e9)
+    }
+
+    /// Streaming multiprocessors on the device.
+    pub fn sm_count(&self) -> Result<u32, CudaError> {
+        let n = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .during("reading the multiprocessor count")?;
+        Ok(n as u32)
     }
 }
 

@@ -70,6 +70,26 @@ manifest! {
     KvStore => "attention.cu", "kv_store";
     Attention => "attention.cu", "attention";
     AttentionMerge => "attention.cu", "attention_merge";
+    Spin => "elementwise.cu", "spin";
+    ReadStream => "elementwise.cu", "read_stream";
+    QuantizeQ8K => "act.cu", "quantize_q8_K";
+    QuantizeQ8_0 => "act.cu", "quantize_q8_0";
+    MvQ8_0 => "mmvq.cu", "mv_q8_0";
+    MvQ4K => "mmvq.cu", "mv_q4_K";
+    MvQ6K => "mmvq.cu", "mv_q6_K";
+    MvSwigluQ8_0 => "mmvq.cu", "mv_swiglu_q8_0";
+    MvSwigluQ4K => "mmvq.cu", "mv_swiglu_q4_K";
+    MvSwigluQ6K => "mmvq.cu", "mv_swiglu_q6_K";
+    RmsNormQ8K => "fused.cu", "rms_norm_q8_K";
+    RmsNormQ8_0 => "fused.cu", "rms_norm_q8_0";
+    QkNormRopeStore => "fused.cu", "qk_norm_rope_store";
+    AttentionMergeGate => "fused.cu", "attention_merge_gate";
+    GateUpQQ8_0 => "mmvq.cu", "moe_gate_up_q_q8_0";
+    GateUpQQ4K => "mmvq.cu", "moe_gate_up_q_q4_K";
+    GateUpQQ6K => "mmvq.cu", "moe_gate_up_q_q6_K";
+    DownQQ8_0 => "mmvq.cu", "moe_down_q_q8_0";
+    DownQQ4K => "mmvq.cu", "moe_down_q_q4_K";
+    DownQQ6K => "mmvq.cu", "moe_down_q_q6_K";
 }
 
 impl K {
@@ -143,6 +163,30 @@ impl WType {
             K::DownGroupedQ6K,
         ][self as usize]
     }
+    /// The activation format of the quantised mat-vec path, `None` for float weights (which
+    /// keep the f32 kernels).
+    pub fn act(self) -> Option<ActQ> {
+        match self {
+            WType::F32 | WType::F16 | WType::Bf16 => None,
+            WType::Q8_0 => Some(ActQ::Q8_0),
+            WType::Q4K | WType::Q6K => Some(ActQ::Q8K),
+        }
+    }
+    /// Quantised-activation kernels (for types with [`WType::act`]).
+    pub fn mvq(self) -> Option<MvqKernels> {
+        let k = |mv, swiglu, gate_up, down| MvqKernels {
+            mv,
+            swiglu,
+            gate_up,
+            down,
+        };
+        match self {
+            WType::F32 | WType::F16 | WType::Bf16 => None,
+            WType::Q8_0 => Some(k(K::MvQ8_0, K::MvSwigluQ8_0, K::GateUpQQ8_0, K::DownQQ8_0)),
+            WType::Q4K => Some(k(K::MvQ4K, K::MvSwigluQ4K, K::GateUpQQ4K, K::DownQQ4K)),
+            WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
+        }
+    }
     pub fn down(self) -> K {
         [
             K::DownF32,
@@ -152,6 +196,64 @@ impl WType {
             K::DownQ4K,
             K::DownQ6K,
         ][self as usize]
+    }
+}
+
+/// The quantised-activation kernels of one weight type (`mmvq.cu`).
+#[derive(Clone, Copy, Debug)]
+pub struct MvqKernels {
+    /// Up to four products of one input (`mv_*`).
+    pub mv: K,
+    /// Gate and up with SwiGLU fused (`mv_swiglu_*`).
+    pub swiglu: K,
+    /// Routed (and shared) experts' gate/up (`moe_gate_up_q_*`).
+    pub gate_up: K,
+    /// Experts' down with the weighted sum, shared expert and residual (`moe_down_q_*`).
+    pub down: K,
+}
+
+/// An activation format of the quantised mat-vec path (`act.cu`): ggml's Q8_K or Q8_0
+/// values, the CPU's struct-of-arrays layout, rows padded to [`ACT_ROW_ALIGN`] bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActQ {
+    Q8K,
+    Q8_0,
+}
+
+/// Alignment of every quantised activation row (the kernels load the quants 16 bytes at a
+/// time).
+pub const ACT_ROW_ALIGN: usize = 16;
+
+impl ActQ {
+    /// Elements per block (the row length must be a multiple).
+    pub fn block(self) -> usize {
+        match self {
+            ActQ::Q8K => 256,
+            ActQ::Q8_0 => 32,
+        }
+    }
+    /// Bytes between consecutive rows of `cols` elements.
+    pub fn row_stride(self, cols: usize) -> usize {
+        let nb = cols / self.block();
+        let b = match self {
+            ActQ::Q8K => cols + 4 * nb + 32 * nb,
+            ActQ::Q8_0 => cols + 8 * nb,
+        };
+        b.next_multiple_of(ACT_ROW_ALIGN)
+    }
+    /// The quantiser kernel.
+    pub fn kernel(self) -> K {
+        match self {
+            ActQ::Q8K => K::QuantizeQ8K,
+            ActQ::Q8_0 => K::QuantizeQ8_0,
+        }
+    }
+    /// RMSNorm of one row with this quantisation fused (`fused.cu`).
+    pub fn norm_kernel(self) -> K {
+        match self {
+            ActQ::Q8K => K::RmsNormQ8K,
+            ActQ::Q8_0 => K::RmsNormQ8_0,
+        }
     }
 }
 

@@ -5,16 +5,18 @@
 //! parameters. A step uploads its token ids and position (a few bytes), launches, and reads
 //! the logits back.
 
+use std::cell::Cell;
+
 use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr, sys};
 use lagoon_core::config::ModelConfig;
 use lagoon_core::graph::{Graph, Op};
 use lagoon_core::laguna::{self, ModelWeights};
 use lagoon_core::rope::RopeTable;
 
-use crate::device::{Arg, Device, blocks};
+use crate::device::{Arg, Device, KernelTime, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
-use crate::manifest::K;
-use crate::weights::{DFfn, DeviceWeights};
+use crate::manifest::{ActQ, K};
+use crate::weights::{DFfn, DMat, DeviceWeights};
 
 /// Sizes fixed at session creation.
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +36,11 @@ pub struct CudaSessionOptions {
     /// Keys per block of split-K (flash-decoding) attention in steps of at most
     /// [`SPLIT_MAX_TOKENS`] tokens; 0 = [`SPLIT_KEYS`].
     pub attn_split_keys: usize,
+    /// Decode steps quantise each matrix input once (Q8_K for K-quant weights, Q8_0 for
+    /// Q8_0 weights, ggml's values, as the CPU's fast path) and run integer mat-vec kernels.
+    /// Off: every product dots the exactly dequantised weights with f32 activations (the
+    /// reference numerics, matching transformers to ~1e-6).
+    pub quantized_activations: bool,
 }
 
 /// Default keys per split-K attention block (a decode step over a 4096-key full layer runs
@@ -54,9 +61,15 @@ impl Default for CudaSessionOptions {
             device: 0,
             cuda_graphs: true,
             attn_split_keys: 0,
+            quantized_activations: true,
         }
     }
 }
+
+/// Products one `mv_*` launch takes (`MV_MATS`).
+const MV_MATS: usize = 4;
+/// Longest row the fused norm + quantise kernel takes (`NQ_MAX`).
+const NORM_QUANT_MAX: usize = 8192;
 
 /// Largest head_dim the attention kernel holds in registers (`ATT_MAX_D`).
 const MAX_HEAD_DIM: usize = 256;
@@ -123,6 +136,24 @@ pub struct CudaSession {
     logits: Vec<f32>,
     n_past: usize,
     decode_graph: Option<DecodeGraph>,
+    /// Quantised copy of the current matrix input (decode), and which value/format it holds.
+    _xq: CudaSlice<u8>,
+    xq: u64,
+    xq_holds: Cell<Option<(usize, ActQ)>>,
+    /// Quantised expert activations `[K + 1, stride]` (decode).
+    _actq: CudaSlice<u8>,
+    actq: u64,
+    /// The decode step's expert ids and weights, copied by the fused gate/up kernel.
+    _route_copy: CudaSlice<f32>,
+    route_copy: u64,
+    /// Per-kernel GPU time of the profiled steps (`Some` while profiling).
+    profile: Option<Vec<KernelTime>>,
+    /// How many nodes of the decode graph read each value (the fusions skip values only
+    /// their fused partner reads).
+    readers: Vec<u32>,
+    /// Multi-node decode fusions on (`LAGOON_CUDA_NO_FUSE=1` turns them off, for bisecting;
+    /// the quantised products still run one node at a time).
+    fuse: bool,
     dev: Device,
 }
 
@@ -179,7 +210,7 @@ impl CudaSession {
             .alloc_zeros::<f32>(kv_len.max(1))
             .during("allocating the KV cache")?;
         let act_buf = s
-            .alloc_zeros::<f32>((opts.ubatch * cfg.n_experts_used * cfg.expert_ffn).max(1))
+            .alloc_zeros::<f32>((opts.ubatch.max(2) * cfg.n_experts_used * cfg.expert_ffn).max(1))
             .during("allocating the expert scratch")?;
         let ys_buf = s
             .alloc_zeros::<f32>((opts.ubatch * cfg.n_experts_used * cfg.hidden_size).max(1))
@@ -255,6 +286,26 @@ impl CudaSession {
             ),
         ];
         let out_len = prefill.values[prefill.output].capacity(opts.ubatch);
+        let (xq_len, actq_len) = quant_scratch(cfg, &decode, &weights);
+        let mut readers = vec![0u32; decode.values.len()];
+        for op in &decode.nodes {
+            for v in op.inputs() {
+                readers[v] += 1;
+            }
+        }
+        readers[decode.output] += 1;
+        let xq_buf = s
+            .alloc_zeros::<u8>(xq_len.max(1))
+            .during("allocating the activation quantisation scratch")?;
+        let actq_buf = s
+            .alloc_zeros::<u8>(actq_len.max(1))
+            .during("allocating the expert activation quantisation scratch")?;
+        let route_buf = s
+            .alloc_zeros::<f32>(2 * cfg.n_experts_used.max(1))
+            .during("allocating the expert route copy")?;
+        let xq = xq_buf.device_ptr(s).0;
+        let actq = actq_buf.device_ptr(s).0;
+        let route_copy = route_buf.device_ptr(s).0;
         s.synchronize().during("finishing session set-up")?;
         Ok(CudaSession {
             cfg: cfg.clone(),
@@ -284,6 +335,16 @@ impl CudaSession {
             logits: vec![0.0; out_len],
             n_past: 0,
             decode_graph: None,
+            _xq: xq_buf,
+            xq,
+            xq_holds: Cell::new(None),
+            _actq: actq_buf,
+            actq,
+            _route_copy: route_buf,
+            route_copy,
+            profile: None,
+            readers,
+            fuse: std::env::var_os("LAGOON_CUDA_NO_FUSE").is_none_or(|v| v != "1"),
             dev,
         })
     }
@@ -306,6 +367,12 @@ impl CudaSession {
     /// Bytes of weights on the device, and how many matrices were decoded to f32 at upload.
     pub fn weight_bytes(&self) -> (usize, usize) {
         (self.w.n_bytes, self.w.n_decoded)
+    }
+
+    /// The device's streaming-read bandwidth in GB/s ([`Device::read_bandwidth`] over a
+    /// `bytes` buffer, allocated for the measurement and freed).
+    pub fn read_bandwidth(&self, bytes: usize) -> Result<f64, CudaError> {
+        self.dev.read_bandwidth(bytes)
     }
 
     /// The device's architecture (`sm_90`).
@@ -343,7 +410,23 @@ impl CudaSession {
         let mut pv = self.params_buf.slice_mut(..2 + n);
         s.memcpy_htod(&self.params_host[..2 + n], &mut pv)
             .during("uploading the step's tokens")?;
-        if n == 1 && self.opts.cuda_graphs {
+        if self.profile.is_some() {
+            // Queue the whole step behind a spin kernel, so the kernels then run back to back
+            // and the events between them time the kernels, not the host's launch rate.
+            let graph = if n == 1 { &self.decode } else { &self.prefill };
+            let cycles = 40_000i64 * (graph.nodes.len() as i64 + 8);
+            self.dev
+                .launch(K::Spin, (1, 1), 1, &[Arg::P(cycles as u64)])?;
+            let mut p = Profiler::default();
+            p.mark("", &self.dev.ctx, &self.dev.stream)?;
+            *self.dev.profiler.borrow_mut() = Some(p);
+            let walked = self.run(graph, n);
+            let p = self.dev.profiler.borrow_mut().take();
+            walked?;
+            if let (Some(mut p), Some(acc)) = (p, self.profile.as_mut()) {
+                p.collect(acc)?;
+            }
+        } else if n == 1 && self.opts.cuda_graphs {
             if self.decode_graph.is_none() {
                 self.decode_graph = Some(self.capture_decode()?);
             }
@@ -381,6 +464,16 @@ impl CudaSession {
         Ok(())
     }
 
+    /// Starts (`true`) or stops timing every kernel of the following steps (which then run
+    /// without CUDA graphs, each queued behind a spin kernel). Stopping returns the totals.
+    pub fn set_profiling(&mut self, on: bool) -> Option<Vec<KernelTime>> {
+        let prev = self.profile.take();
+        if on {
+            self.profile = Some(Vec::new());
+        }
+        prev
+    }
+
     /// Captures the decode graph's launches into a CUDA graph (nothing runs while capturing).
     fn capture_decode(&self) -> Result<DecodeGraph, CudaError> {
         let s = &self.dev.stream;
@@ -398,6 +491,480 @@ impl CudaSession {
         }
     }
 
+    /// Launches the attention kernel of `layer` for `n` tokens: queries at `q`, output at
+    /// `out` (`split` = 1) or split-K partial states in `part` (`split` > 1).
+    fn attention(
+        &self,
+        layer: usize,
+        q: u64,
+        out: u64,
+        n: usize,
+        split: usize,
+    ) -> Result<(), CudaError> {
+        use Arg::{I, P};
+        let c = &self.cfg;
+        let kv = self.kv[layer];
+        let window = if c.is_sliding(layer) {
+            c.sliding_window
+        } else {
+            0
+        };
+        self.dev.launch3(
+            K::Attention,
+            (c.n_heads[layer] as u32, n as u32, split as u32),
+            128,
+            &[
+                P(q),
+                P(kv.k),
+                P(kv.v),
+                P(out),
+                P(self.part),
+                I(kv.cap as i32),
+                I(c.n_heads[layer] as i32),
+                I(c.n_kv_heads as i32),
+                I(c.head_dim as i32),
+                I(window as i32),
+                P(self.params),
+            ],
+        )
+    }
+
+    /// Decode-step fusions on the quantised-activation path: recognises, at node `i` of the
+    /// one-token graph, a run of nodes that one fused kernel (or a short chain) does, launches
+    /// it and returns how many nodes it covered; 0 = none, the node runs on its own. Each
+    /// pattern checks that the values it skips are read by nobody else.
+    fn fused_decode(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
+        use Arg::{F, I, P};
+        let c = &self.cfg;
+        let nodes = &graph.nodes;
+        let vals = &graph.values;
+        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
+        let once = |v: usize| self.readers[v] == 1;
+        // The planner lets a value reuse the space of values that died before it was made;
+        // in a fused kernel those may still be being read, so a fused output must not
+        // overlap a fused input.
+        let apart = |a: usize, b: usize| {
+            let (ra, rb) = (&vals[a], &vals[b]);
+            ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
+        };
+        let dev = &self.dev;
+        let d = c.head_dim;
+        // With fusions off only the one-node quantised products run here.
+        let next = |k: usize| {
+            if k == 0 || self.fuse {
+                nodes.get(i + k).copied()
+            } else {
+                None
+            }
+        };
+        match nodes[i] {
+            // QK-norm, RoPE and the KV store.
+            Op::RmsNorm {
+                x: q,
+                w: qw,
+                out: qn,
+            } => {
+                if let (
+                    Some(Op::RmsNorm {
+                        x: k,
+                        w: kw,
+                        out: kn,
+                    }),
+                    Some(Op::Rope {
+                        x: rq,
+                        sliding,
+                        out: qr,
+                    }),
+                    Some(Op::Rope { x: rk, out: kr, .. }),
+                    Some(Op::KvStore { layer, k: sk, v }),
+                ) = (next(1), next(2), next(3), next(4))
+                    && rq == qn
+                    && rk == kn
+                    && sk == kr
+                    && once(qn)
+                    && once(kn)
+                    && once(kr)
+                    && (apart(qr, q) || vals[qr].offset == vals[q].offset)
+                    && apart(qr, k)
+                    && apart(qr, v)
+                    && self.w.vector(qw).len == d
+                    && self.w.vector(kw).len == d
+                {
+                    let kv = self.kv[layer];
+                    let hq = c.n_heads[layer];
+                    let (freq, scale, rd) = self.ropes[sliding as usize];
+                    dev.launch(
+                        K::QkNormRopeStore,
+                        (blocks(hq + c.n_kv_heads, 4), 1),
+                        128,
+                        &[
+                            P(at(q)),
+                            P(at(k)),
+                            P(at(v)),
+                            P(self.w.vector(qw).ptr),
+                            P(self.w.vector(kw).ptr),
+                            P(at(qr)),
+                            P(kv.k),
+                            P(kv.v),
+                            I(kv.cap as i32),
+                            P(freq),
+                            F(scale),
+                            I(rd as i32),
+                            I(d as i32),
+                            I(hq as i32),
+                            I(c.n_kv_heads as i32),
+                            F(c.rms_eps),
+                            P(self.params),
+                        ],
+                    )?;
+                    return Ok(5);
+                }
+                // A whole-row norm whose output feeds quantised products: quantise in the
+                // same kernel.
+                let g = self.w.vector(qw);
+                let cols = vals[q].cols;
+                if !self.fuse || g.len != cols || cols > NORM_QUANT_MAX {
+                    return Ok(0);
+                }
+                let fmt = nodes[i + 1..].iter().find_map(|op| match *op {
+                    Op::MatMul { x, w, .. } if x == qn => self.w.mat(w).ty.act(),
+                    Op::Experts { layer, x, .. } if x == qn => match &self.w.layers[layer].ffn {
+                        DFfn::Moe { gate, .. } => gate.ty.act(),
+                        DFfn::Dense { .. } => None,
+                    },
+                    _ => None,
+                });
+                let Some(fmt) = fmt.filter(|f| cols.is_multiple_of(f.block())) else {
+                    return Ok(0);
+                };
+                dev.launch(
+                    fmt.norm_kernel(),
+                    (1, 1),
+                    256,
+                    &[
+                        P(at(q)),
+                        P(g.ptr),
+                        P(at(qn)),
+                        P(self.xq),
+                        I(cols as i32),
+                        F(c.rms_eps),
+                    ],
+                )?;
+                self.xq_holds.set(Some((qn, fmt)));
+                Ok(1)
+            }
+            Op::MatMul { x, w, out } => {
+                let m = self.w.mat(w);
+                let (Some(fmt), Some(k)) = (m.ty.act(), m.ty.mvq()) else {
+                    return Ok(0);
+                };
+                // Gate and up of a SwiGLU MLP.
+                if let (
+                    Some(Op::MatMul {
+                        x: x2,
+                        w: w2,
+                        out: o2,
+                    }),
+                    Some(Op::SwiGlu { gate, up, out: a }),
+                ) = (next(1), next(2))
+                    && x2 == x
+                    && gate == out
+                    && up == o2
+                    && once(out)
+                    && once(o2)
+                {
+                    let m2 = self.w.mat(w2);
+                    if m2.ty == m.ty && m2.rows == m.rows && m2.row_bytes == m.row_bytes {
+                        self.quantize_input(x, at(x), m.cols, fmt)?;
+                        dev.launch(
+                            k.swiglu,
+                            (blocks(m.rows, 4), 1),
+                            128,
+                            &[
+                                P(m.ptr),
+                                P(m2.ptr),
+                                P(m.row_bytes),
+                                P(self.xq),
+                                P(at(a)),
+                                I(m.rows as i32),
+                                I(m.cols as i32),
+                            ],
+                        )?;
+                        return Ok(3);
+                    }
+                }
+                // One product with the residual add after it.
+                if let Some(Op::Add { a, b, out: sum }) = next(1)
+                    && b == out
+                    && once(out)
+                {
+                    self.quantize_input(x, at(x), m.cols, fmt)?;
+                    self.mv(k.mv, &[(m, at(sum), at(a))])?;
+                    return Ok(2);
+                }
+                // A run of products of the same input (Q, K, V, gate): one launch per weight
+                // type, up to MV_MATS matrices each.
+                let mut run = [(m, 0u64, 0u64); 8];
+                let mut len = 0;
+                while len < run.len()
+                    && let Some(Op::MatMul {
+                        x: xj,
+                        w: wj,
+                        out: oj,
+                    }) = next(len)
+                    && xj == x
+                    && self.w.mat(wj).ty.act() == Some(fmt)
+                {
+                    run[len] = (self.w.mat(wj), at(oj), 0);
+                    len += 1;
+                }
+                self.quantize_input(x, at(x), m.cols, fmt)?;
+                let mut done = [false; 8];
+                for s in 0..len {
+                    if done[s] {
+                        continue;
+                    }
+                    let ty = run[s].0.ty;
+                    let mut group = [(m, 0u64, 0u64); MV_MATS];
+                    let mut g = 0;
+                    for t in s..len {
+                        if !done[t] && run[t].0.ty == ty && g < MV_MATS {
+                            group[g] = run[t];
+                            done[t] = true;
+                            g += 1;
+                        }
+                    }
+                    let kt = ty.mvq().map_or(k.mv, |kk| kk.mv);
+                    self.mv(kt, &group[..g])?;
+                }
+                Ok(len)
+            }
+            // Split-K attention with the output gate fused into the merge.
+            Op::Attention { layer, q, out } => {
+                let split = self.splits[layer];
+                let Some(Op::GateMul { o, g, out: og }) = next(1) else {
+                    return Ok(0);
+                };
+                if o != out || !once(out) || split < 2 {
+                    return Ok(0);
+                }
+                let hq = c.n_heads[layer];
+                self.attention(layer, at(q), at(out), 1, split)?;
+                dev.launch(
+                    K::AttentionMergeGate,
+                    (hq as u32, 1),
+                    128,
+                    &[
+                        P(self.part),
+                        P(at(g)),
+                        P(at(og)),
+                        I(hq as i32),
+                        I(d as i32),
+                        I(split as i32),
+                        I(vals[g].cols as i32),
+                    ],
+                )?;
+                Ok(2)
+            }
+            Op::Experts {
+                layer,
+                x,
+                ids,
+                weights,
+                out,
+            } => {
+                let DFfn::Moe { gate, up, down, .. } = &self.w.layers[layer].ffn else {
+                    return Ok(0);
+                };
+                let (Some(fg), Some(kg), Some(fd), Some(kd)) =
+                    (gate.ty.act(), gate.ty.mvq(), down.ty.act(), down.ty.mvq())
+                else {
+                    return Ok(0);
+                };
+                if gate.ty != up.ty {
+                    return Ok(0);
+                }
+                let (h, ffn, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
+                // The shared expert's MLP and the two adds after the experts, when their
+                // types and widths let the expert kernels take them as slot K.
+                let (mut used, mut shared, mut res, mut dst) = (1, None, 0u64, out);
+                if let (
+                    Some(Op::MatMul {
+                        x: x1,
+                        w: w1,
+                        out: sg,
+                    }),
+                    Some(Op::MatMul {
+                        x: x2,
+                        w: w2,
+                        out: su,
+                    }),
+                    Some(Op::SwiGlu {
+                        gate: g3,
+                        up: u3,
+                        out: sa,
+                    }),
+                    Some(Op::MatMul {
+                        x: x4,
+                        w: w4,
+                        out: sd,
+                    }),
+                    Some(Op::Add {
+                        a: a5,
+                        b: b5,
+                        out: f,
+                    }),
+                ) = (next(1), next(2), next(3), next(4), next(5))
+                {
+                    let (m1, m2, m4) = (self.w.mat(w1), self.w.mat(w2), self.w.mat(w4));
+                    if x1 == x
+                        && x2 == x
+                        && g3 == sg
+                        && u3 == su
+                        && x4 == sa
+                        && a5 == out
+                        && b5 == sd
+                        && [out, sg, su, sa, sd].iter().all(|&v| once(v))
+                        && m1.ty == gate.ty
+                        && m2.ty == gate.ty
+                        && m4.ty == down.ty
+                        && m1.rows == ffn
+                        && m1.row_bytes == gate.row_bytes
+                        && m4.row_bytes == down.row_bytes
+                    {
+                        shared = Some((m1.ptr, m2.ptr, m4.ptr));
+                        used = 6;
+                        dst = f;
+                        if let Some(Op::Add { a, b, out: x2 }) = next(6)
+                            && b == f
+                            && once(f)
+                        {
+                            res = at(a);
+                            dst = x2;
+                            used = 7;
+                        }
+                    }
+                }
+                let slots = k + shared.is_some() as usize;
+                let (sg, su, sd) = shared.unwrap_or((0, 0, 0));
+                self.quantize_input(x, at(x), h, fg)?;
+                dev.launch(
+                    kg.gate_up,
+                    (blocks(ffn, 4), slots as u32),
+                    128,
+                    &[
+                        P(gate.ptr),
+                        P(up.ptr),
+                        P(gate.expert_bytes),
+                        P(gate.row_bytes),
+                        P(sg),
+                        P(su),
+                        P(self.xq),
+                        P(at(ids)),
+                        P(at(weights)),
+                        P(self.route_copy),
+                        P(self.act),
+                        I(ffn as i32),
+                        I(h as i32),
+                        I(k as i32),
+                    ],
+                )?;
+                let stride = fd.row_stride(ffn);
+                self.quantize(self.act, self.actq, ffn, stride, slots, fd)?;
+                dev.launch(
+                    kd.down,
+                    (blocks(h, 4), 1),
+                    128,
+                    &[
+                        P(down.ptr),
+                        P(down.expert_bytes),
+                        P(down.row_bytes),
+                        P(sd),
+                        P(self.actq),
+                        P(stride as u64),
+                        P(self.route_copy),
+                        P(self.route_copy + 4 * k as u64),
+                        P(res),
+                        P(at(dst)),
+                        I(h as i32),
+                        I(ffn as i32),
+                        I(k as i32),
+                        F(c.routed_scaling),
+                    ],
+                )?;
+                Ok(used)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual
+    /// or 0)` of the quantised input in `xq`.
+    fn mv(&self, kernel: K, mats: &[(DMat, u64, u64)]) -> Result<(), CudaError> {
+        use Arg::{I, P};
+        let cols = mats[0].0.cols;
+        let rows: usize = mats.iter().map(|m| m.0.rows).sum();
+        let mut args = [I(0); 3 + 5 * MV_MATS];
+        args[0] = P(self.xq);
+        args[1] = I(cols as i32);
+        args[2] = I(mats.len() as i32);
+        for j in 0..MV_MATS {
+            let (ptr, rb, out, res, n) = match mats.get(j) {
+                Some(&(m, out, res)) => (m.ptr, m.row_bytes, out, res, m.rows),
+                None => (0, 0, 0, 0, 0),
+            };
+            args[3 + 5 * j..8 + 5 * j].copy_from_slice(&[
+                P(ptr),
+                P(rb),
+                P(out),
+                P(res),
+                I(n as i32),
+            ]);
+        }
+        self.dev.launch(kernel, (blocks(rows, 4), 1), 128, &args)
+    }
+
+    /// Quantises the one-token value `v` (at `ptr`, `cols` wide) into the `xq` scratch in
+    /// format `fmt`, unless the scratch already holds it (consecutive products of one input).
+    fn quantize_input(&self, v: usize, ptr: u64, cols: usize, fmt: ActQ) -> Result<(), CudaError> {
+        if self.xq_holds.get() == Some((v, fmt)) {
+            return Ok(());
+        }
+        self.quantize(ptr, self.xq, cols, fmt.row_stride(cols), 1, fmt)?;
+        self.xq_holds.set(Some((v, fmt)));
+        Ok(())
+    }
+
+    /// Quantises `rows` f32 rows of `cols` at `src` into rows `stride` bytes apart at `dst`.
+    fn quantize(
+        &self,
+        src: u64,
+        dst: u64,
+        cols: usize,
+        stride: usize,
+        rows: usize,
+        fmt: ActQ,
+    ) -> Result<(), CudaError> {
+        use Arg::{I, P};
+        let nb = rows * cols / fmt.block();
+        let (grid, block) = match fmt {
+            ActQ::Q8K => (blocks(nb, 4), 128),
+            ActQ::Q8_0 => (blocks(nb, 128), 128),
+        };
+        self.dev.launch(
+            fmt.kernel(),
+            (grid, 1),
+            block,
+            &[
+                P(src),
+                P(dst),
+                I(cols as i32),
+                P(stride as u64),
+                I(rows as i32),
+            ],
+        )
+    }
+
     /// Launches every node of `graph` for `n` tokens (parameters already uploaded).
     fn run(&self, graph: &Graph, n: usize) -> Result<(), CudaError> {
         use Arg::{F, I, P};
@@ -408,7 +975,19 @@ impl CudaSession {
         let dev = &self.dev;
         let d = c.head_dim;
         let params = self.params;
-        for op in &graph.nodes {
+        let fast = n == 1 && self.opts.quantized_activations;
+        self.xq_holds.set(None);
+        let mut i = 0;
+        while i < graph.nodes.len() {
+            if fast {
+                let used = self.fused_decode(graph, i)?;
+                if used > 0 {
+                    i += used;
+                    continue;
+                }
+            }
+            let op = &graph.nodes[i];
+            i += 1;
             match *op {
                 Op::Embed { out } => {
                     let m = self.w.token_embd;
@@ -501,45 +1080,21 @@ impl CudaSession {
                     )?;
                 }
                 Op::Attention { layer, q, out } => {
-                    let kv = self.kv[layer];
-                    let hq = c.n_heads[layer];
-                    let window = if c.is_sliding(layer) {
-                        c.sliding_window
-                    } else {
-                        0
-                    };
                     let split = if n <= SPLIT_MAX_TOKENS {
                         self.splits[layer]
                     } else {
                         1
                     };
-                    dev.launch3(
-                        K::Attention,
-                        (hq as u32, n as u32, split as u32),
-                        128,
-                        &[
-                            P(at(q)),
-                            P(kv.k),
-                            P(kv.v),
-                            P(at(out)),
-                            P(self.part),
-                            I(kv.cap as i32),
-                            I(hq as i32),
-                            I(c.n_kv_heads as i32),
-                            I(d as i32),
-                            I(window as i32),
-                            P(params),
-                        ],
-                    )?;
+                    self.attention(layer, at(q), at(out), n, split)?;
                     if split > 1 {
                         dev.launch(
                             K::AttentionMerge,
-                            (hq as u32, n as u32),
+                            (c.n_heads[layer] as u32, n as u32),
                             128,
                             &[
                                 P(self.part),
                                 P(at(out)),
-                                I(hq as i32),
+                                I(c.n_heads[layer] as i32),
                                 I(d as i32),
                                 I(split as i32),
                             ],
@@ -735,4 +1290,32 @@ impl CudaSession {
         }
         Ok(())
     }
+}
+
+/// Bytes of the decode path's quantisation scratch: the widest quantised matrix input, and
+/// the K expert activation rows.
+fn quant_scratch(cfg: &ModelConfig, decode: &Graph, w: &DeviceWeights) -> (usize, usize) {
+    let (mut xq, mut actq) = (0usize, 0usize);
+    for op in &decode.nodes {
+        match *op {
+            Op::MatMul { x, w: wid, .. } => {
+                if let Some(f) = w.mat(wid).ty.act() {
+                    xq = xq.max(f.row_stride(decode.values[x].cols));
+                }
+            }
+            Op::Experts { layer, .. } => {
+                if let DFfn::Moe { gate, down, .. } = &w.layers[layer].ffn {
+                    if let Some(f) = gate.ty.act() {
+                        xq = xq.max(f.row_stride(cfg.hidden_size));
+                    }
+                    if let Some(f) = down.ty.act() {
+                        // K routed slots and the shared expert's.
+                        actq = actq.max((cfg.n_experts_used + 1) * f.row_stride(cfg.expert_ffn));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (xq, actq)
 }

@@ -10,7 +10,7 @@ use lagoon_core::dtype::GgmlType;
 use lagoon_core::laguna::ModelWeights;
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device};
-use lagoon_cuda::manifest::K;
+use lagoon_cuda::manifest::{ActQ, K};
 use lagoon_cuda::weights::wtype;
 use lagoon_cuda::{CudaSession, CudaSessionOptions};
 use lagoon_gguf::Checkpoint;
@@ -270,6 +270,14 @@ fn weights(ckpt: &Checkpoint) -> ModelWeights<'_> {
 
 /// Bound on the relative L2 error vs transformers f32 (issue #2's bound for the CPU path).
 const MAX_REL_L2: f64 = 1e-4;
+/// Bound between the CUDA and CPU quantised-activation paths (same quantisers, same integer
+/// sums, float sums in another order). Eight of the nine fixture variants agree to ~5e-7;
+/// perelem_legacy q8_0 differs by 4.3e-3 with and without the decode fusions
+/// (`LAGOON_CUDA_NO_FUSE=1`), as far from the CPU as both are (1.1e-2) from transformers —
+/// not yet explained (suspected: one activation quantised across a rounding boundary
+/// differently, amplified by that fixture's small routing margins). The bound is the
+/// quantisation error itself; a wrong kernel gives O(1).
+const MAX_REL_L2_FAST_VS_CPU: f64 = 1e-2;
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -341,6 +349,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         // Decode runs split-K attention over 8-key splits (full layers: up
                         // to 6 splits at 48 tokens; sliding, W = 16: 2).
                         attn_split_keys: if ubatch == 1 { 8 } else { 0 },
+                        quantized_activations: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -376,6 +385,51 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                     }
                 }
             }
+            // Decode with quantised activations against the CPU's fast path, which quantises
+            // the same inputs to the same values: only the float summation order differs.
+            let mut cpu_fast = lagoon_cpu::Session::new(
+                cfg,
+                &w,
+                lagoon_cpu::SessionOptions {
+                    n_ctx: toks.len(),
+                    ubatch: toks.len(),
+                    all_logits: true,
+                    n_threads: 0,
+                    reference: false,
+                },
+            );
+            let fast_cpu = cpu_fast.step(&toks).unwrap().to_vec();
+            let mut s = CudaSession::new(
+                cfg,
+                &w,
+                CudaSessionOptions {
+                    n_ctx: toks.len(),
+                    ubatch: 1,
+                    all_logits: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let mut ours = Vec::new();
+            s.prefill(&toks, |l| ours.extend_from_slice(l)).unwrap();
+            let nd = s.weight_bytes().1;
+            let (e_cpu, e_tf) = (rel_l2(&ours, &fast_cpu), rel_l2(&ours, &reference));
+            let e_cpu_tf = rel_l2(&fast_cpu, &reference);
+            println!(
+                "  [decode, quantised activations]: rel L2 vs CPU fast path {e_cpu:.3e}, vs transformers {e_tf:.3e} (CPU fast path vs transformers {e_cpu_tf:.3e})"
+            );
+            // Types the device decodes to f32 at upload (ct-int4/int8 today) run the f32
+            // kernels even here, while the CPU quantises their activations: those match the
+            // CPU reference instead.
+            let e_ref = rel_l2(&ours, &cpu_logits);
+            assert!(
+                e_cpu <= MAX_REL_L2_FAST_VS_CPU || (nd > 0 && e_ref <= MAX_REL_L2),
+                "fast decode vs CPU fast: {e_cpu:.3e} (vs CPU reference {e_ref:.3e})"
+            );
+            assert!(
+                e_tf <= 2.0 * e_cpu_tf.max(MAX_REL_L2),
+                "fast decode vs transformers: {e_tf:.3e}"
+            );
         }
     }
     println!("{n_checked} model/mode pairs checked, worst rel L2 vs transformers {worst:.3e}");
@@ -400,7 +454,7 @@ fn bad_steps_are_typed_errors() {
             all_logits: false,
             device: 0,
             cuda_graphs: true,
-            attn_split_keys: 0,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -447,6 +501,7 @@ fn decode_graph_replay_equals_eager_steps() {
                 device: 0,
                 cuda_graphs: graphs,
                 attn_split_keys: 8,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -465,4 +520,147 @@ fn decode_graph_replay_equals_eager_steps() {
         toks.len()
     );
     assert!(same, "graph replay differs from eager launches");
+}
+
+/// Launch helper for the quantiser kernels: `rows` rows of `cols` into rows `stride` apart.
+fn quantize_on_device(dev: &Device, fmt: ActQ, x: &[f32], cols: usize) -> (Vec<u8>, usize) {
+    let rows = x.len() / cols;
+    let stride = fmt.row_stride(cols);
+    let (_xb, xp) = upload(dev, x);
+    let ob = dev.stream.alloc_zeros::<u8>(rows * stride).unwrap();
+    let op = ob.device_ptr(&dev.stream).0;
+    let nb = rows * cols / fmt.block();
+    let grid = match fmt {
+        ActQ::Q8K => nb.div_ceil(4),
+        ActQ::Q8_0 => nb.div_ceil(128),
+    };
+    dev.launch(
+        fmt.kernel(),
+        (grid as u32, 1),
+        128,
+        &[
+            Arg::P(xp),
+            Arg::P(op),
+            Arg::I(cols as i32),
+            Arg::P(stride as u64),
+            Arg::I(rows as i32),
+        ],
+    )
+    .unwrap();
+    let v = dev.stream.clone_dtoh(&ob).unwrap();
+    dev.stream.synchronize().unwrap();
+    (v, stride)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn activation_quantisers_match_the_cpu_bit_for_bit() {
+    use lagoon_cpu::kernels::act;
+    let dev = device();
+    let mut rng = Rng(0xac7_0001);
+    let cols = 1024;
+    let rows = 6;
+    let mut x: Vec<f32> = (0..rows * cols).map(|_| 3.0 * rng.f()).collect();
+    // Row 1: all zero; row 2: a NaN; row 3: the largest element positive and repeated
+    // (first-on-ties), exact .5 products (ties to even / away from zero); row 4: ±inf.
+    x[cols..2 * cols].fill(0.0);
+    x[2 * cols + 300] = f32::NAN;
+    for (j, v) in x[3 * cols..4 * cols].iter_mut().enumerate() {
+        *v = (j % 9) as f32 * 0.5 - 2.0;
+    }
+    x[3 * cols + 17] = 2.5;
+    x[3 * cols + 18] = -2.5;
+    x[4 * cols + 5] = f32::INFINITY;
+    for fmt in [ActQ::Q8K, ActQ::Q8_0] {
+        let (got, stride) = quantize_on_device(&dev, fmt, &x, cols);
+        for r in 0..rows {
+            let row = &x[r * cols..(r + 1) * cols];
+            let mut want = vec![
+                0u8;
+                if fmt == ActQ::Q8K {
+                    act::q8k_row_bytes(cols)
+                } else {
+                    act::q8_0_row_bytes(cols)
+                }
+            ];
+            match fmt {
+                ActQ::Q8K => act::quantize_row_q8k(row, &mut want),
+                ActQ::Q8_0 => act::quantize_row_q8_0(row, &mut want),
+            }
+            let g = &got[r * stride..r * stride + want.len()];
+            // NaN scales may differ in payload; compare them as "both NaN".
+            let same = g
+                .chunks(4)
+                .zip(want.chunks(4))
+                .enumerate()
+                .all(|(i, (a, b))| {
+                    a == b
+                        || (4 * i >= cols
+                            && f32::from_le_bytes(a.try_into().unwrap()).is_nan()
+                            && f32::from_le_bytes(b.try_into().unwrap()).is_nan())
+                });
+            assert!(
+                same,
+                "{fmt:?} row {r}: device bytes differ from the CPU quantiser"
+            );
+        }
+        println!("{fmt:?}: {rows} rows of {cols} identical to the CPU quantiser");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn quantised_mat_vec_matches_the_cpu_kernels() {
+    use lagoon_cpu::kernels::Kernels;
+    let dev = device();
+    let mut rng = Rng(0x3a7_0002);
+    let k = Kernels::scalar();
+    for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for (rows, cols) in [(37usize, 256usize), (70, 1024), (9, 3072)] {
+            let data = random_rows(&mut rng, ty, rows, cols);
+            let m = MatRef {
+                rows,
+                cols,
+                enc: Encoding::Ggml { ty, data: &data },
+            };
+            let wt = wtype(ty).unwrap();
+            let fmt = wt.act().unwrap();
+            let mv = wt.mvq().unwrap().mv;
+            let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+            // CPU: the same activation quantisation and the scalar integer kernels.
+            let afmt = k.act_format(&m);
+            let mut a = vec![0u8; Kernels::act_row_bytes(afmt, cols)];
+            k.quantize_act(afmt, &x, &mut a);
+            let mut want = vec![0.0f32; rows];
+            k.dot_rows(&m, 0, &a, &mut want);
+            let (q, _) = quantize_on_device(&dev, fmt, &x, cols);
+            let (_qb, qp) = upload(&dev, &q);
+            let (_wb, wp) = upload(&dev, &data);
+            let ob = dev.stream.alloc_zeros::<f32>(rows).unwrap();
+            let op = ob.device_ptr(&dev.stream).0;
+            dev.launch(
+                mv,
+                (rows.div_ceil(4) as u32, 1),
+                128,
+                &[
+                    Arg::P(qp),
+                    Arg::I(cols as i32),
+                    Arg::I(1),
+                    Arg::P(wp),
+                    Arg::P(ty.row_bytes(cols as u64).unwrap()),
+                    Arg::P(op),
+                    Arg::P(0),
+                    Arg::I(rows as i32),
+                ]
+                .into_iter()
+                .chain((0..3).flat_map(|_| [Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0)]))
+                .collect::<Vec<_>>(),
+            )
+            .unwrap();
+            let got = download(&dev, &ob);
+            let e = max_rel(&got, &want);
+            println!("mv {ty} {rows}x{cols}: max rel err vs CPU scalar kernel {e:.2e}");
+            assert!(e < 1e-5, "mv {ty} {rows}x{cols}: {e}");
+        }
+    }
 }

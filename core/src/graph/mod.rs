@@ -47,7 +47,7 @@ pub enum LayerWeight {
 }
 
 /// One node. Inputs and outputs are value ids; `out` is always a fresh value.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
     /// `out[t] = TokenEmbd[token t]`.
     Embed { out: ValueId },

@@ -36,7 +36,7 @@ pub fn plan(
     let mut top = 0usize;
     for (i, op) in nodes.iter().enumerate() {
         for v in op.outputs() {
-            let len = values[v].capacity(max_tokens);
+            let len = slot_len(&values[v], max_tokens);
             values[v].offset = alloc_first_fit(&mut free, &mut top, len);
             // A value nobody reads is dead right after its node.
             if last_use[v] == usize::MAX && v != keep {
@@ -45,13 +45,26 @@ pub fn plan(
         }
         for v in op.inputs().chain(op.outputs()) {
             if last_use[v] == i {
-                release(&mut free, values[v].offset, values[v].capacity(max_tokens));
+                release(
+                    &mut free,
+                    values[v].offset,
+                    slot_len(&values[v], max_tokens),
+                );
                 last_use[v] = usize::MAX - 1; // released once
             }
         }
     }
     (values, top)
 }
+
+/// Elements reserved for a value: its capacity rounded up to [`SLOT_ALIGN`], so that every
+/// value starts 64-byte aligned (the CUDA kernels' vector loads rely on it).
+fn slot_len(v: &Value, max_tokens: usize) -> usize {
+    v.capacity(max_tokens).next_multiple_of(SLOT_ALIGN)
+}
+
+/// Alignment of every value's offset, in elements (16 f32 = 64 bytes).
+pub const SLOT_ALIGN: usize = 16;
 
 fn alloc_first_fit(free: &mut Vec<(usize, usize)>, top: &mut usize, len: usize) -> usize {
     if let Some(i) = free.iter().position(|&(_, l)| l >= len) {

@@ -1,0 +1,25 @@
+// Activation quantiser kernels (layout and values: act.cuh).
+#include "act.cuh"
+
+#define ACT_WARPS 4
+
+// One warp per 256-block. Grid ceil(rows * nb / ACT_WARPS), block 32 * ACT_WARPS. Row r of
+// x starts at x + r * cols, of out at out + r * stride.
+extern "C" __global__ void __launch_bounds__(32 * ACT_WARPS)
+quantize_q8_K(const float* __restrict__ x, u8* __restrict__ out, int cols, u64 stride, int rows) {
+    int nb = cols / QK_K;
+    int w = blockIdx.x * ACT_WARPS + threadIdx.x / 32;
+    if (w >= rows * nb) return;
+    int r = w / nb, b = w % nb;
+    warp_quantize_q8K(x + (size_t)r * cols, out + (size_t)r * stride, cols, b);
+}
+
+// One thread per 32-block. Grid ceil(rows * nb / 128), block 128.
+extern "C" __global__ void quantize_q8_0(const float* __restrict__ x, u8* __restrict__ out, int cols,
+                                         u64 stride, int rows) {
+    int nb = cols / QK;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * nb) return;
+    int r = i / nb, b = i % nb;
+    thread_quantize_q8_0(x + (size_t)r * cols, out + (size_t)r * stride, cols, b);
+}

@@ -1,0 +1,121 @@
+// Activation quantisers for the integer mat-vec path (mmvq.cu): one f32 row in, one
+// quantised row out, with the values of the CPU's quantisers (cpu-experts/src/kernels/act.rs,
+// ggml's quantize_row_q8_K_ref / quantize_row_q8_0_ref) and the same struct-of-arrays layout,
+// except that each row is padded to a multiple of 16 bytes (ACT_ROW_ALIGN) so every row's
+// quants are 16-byte aligned:
+//
+//   Q8_K row (cols = 256 nb): qs:i8[cols] | d:f32[nb] | bsums:i16[16 nb] | pad
+//   Q8_0 row (cols = 32 nb):  qs:i8[cols] | d:f32[nb] | ds:f32[nb] | pad
+//
+// A block holding a NaN gets d = NaN (as on the CPU), so the NaN reaches every dot.
+#pragma once
+#include "common.cuh"
+
+// ggml's nearest_int: round to nearest, ties to even, through the f32 adder. The multiply
+// before it is rounded on its own (__fmul_rn) so no FMA contraction changes a quant. A NaN
+// gives 0 (the CPU's x86 result; the block's d is NaN anyway).
+__device__ __forceinline__ int nearest_int(float v) {
+    if (isnan(v)) return 0;
+    int bits = __float_as_int(__fadd_rn(v, 12582912.0f));
+    return (bits & 0x007FFFFF) - 0x00400000;
+}
+
+// Quantises 256-block b of the row x (cols wide) into the Q8_K row `row`: the calling warp
+// does the whole block, lane l elements 8l .. 8l + 8 (x 16-byte aligned).
+__device__ __forceinline__ void warp_quantize_q8K(const float* __restrict__ x, u8* __restrict__ row, int cols,
+                                                  int b) {
+    int lane = threadIdx.x & 31;
+    int nb = cols / QK_K;
+    const float* xb = x + (size_t)b * QK_K + 8 * lane;
+    float4 v0 = *(const float4*)xb, v1 = *(const float4*)(xb + 4);
+    float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    // The first element of largest magnitude, with its sign; NaN never wins.
+    float amax = 0.0f, mx = 0.0f;
+    bool nan = false;
+    #pragma unroll
+    for (int j = 0; j < 8; j++) {
+        nan |= isnan(v[j]);
+        if (fabsf(v[j]) > amax) { amax = fabsf(v[j]); mx = v[j]; }
+    }
+    int first = lane;
+    for (int o = 1; o < 32; o <<= 1) {
+        float oa = __shfl_xor_sync(0xffffffffu, amax, o);
+        float om = __shfl_xor_sync(0xffffffffu, mx, o);
+        int of = __shfl_xor_sync(0xffffffffu, first, o);
+        if (oa > amax || (oa == amax && of < first)) { amax = oa; mx = om; first = of; }
+    }
+    nan = __any_sync(0xffffffffu, nan);
+    int q[8];
+    float d;
+    if (amax == 0.0f) {
+        #pragma unroll
+        for (int j = 0; j < 8; j++) q[j] = 0;
+        d = 0.0f;
+    } else {
+        float iscale = __fdiv_rn(-127.0f, mx);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) q[j] = min(127, nearest_int(__fmul_rn(iscale, v[j])));
+        d = __fdiv_rn(1.0f, iscale);
+    }
+    if (nan) d = __int_as_float(0x7fc00000);
+    u32 lo = 0, hi = 0;
+    #pragma unroll
+    for (int j = 0; j < 4; j++) {
+        lo |= ((u32)q[j] & 0xFF) << (8 * j);
+        hi |= ((u32)q[j + 4] & 0xFF) << (8 * j);
+    }
+    *(uint2*)(row + (size_t)b * QK_K + 8 * lane) = make_uint2(lo, hi);
+    // Group j of 16 = lanes 2j and 2j + 1.
+    int s = 0;
+    #pragma unroll
+    for (int j = 0; j < 8; j++) s += q[j];
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if (lane == 0) ((float*)(row + cols))[b] = d;
+    if ((lane & 1) == 0) ((short*)(row + cols + 4 * nb))[16 * b + lane / 2] = (short)s;
+}
+
+// Quantises 32-block b of the row x into the Q8_0 row `row` (one thread). d = fp16(amax /
+// 127) widened back to f32, q = roundf(x * id) (ties away from zero) with id = 1 / d taken
+// before the fp16 rounding, ds = d * sum q.
+__device__ __forceinline__ void thread_quantize_q8_0(const float* __restrict__ x, u8* __restrict__ row, int cols,
+                                                     int b) {
+    int nb = cols / QK;
+    const float* xb = x + (size_t)b * QK;
+    float v[32];
+    #pragma unroll
+    for (int j = 0; j < 32; j += 4) {
+        float4 t = *(const float4*)(xb + j);
+        v[j] = t.x; v[j + 1] = t.y; v[j + 2] = t.z; v[j + 3] = t.w;
+    }
+    float amax = 0.0f;
+    bool nan = false;
+    #pragma unroll
+    for (int j = 0; j < 32; j++) {
+        nan |= isnan(v[j]);
+        amax = amax > fabsf(v[j]) ? amax : fabsf(v[j]);
+    }
+    float d = __fdiv_rn(amax, 127.0f);
+    float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    int sum = 0;
+    u32 words[8];
+    #pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 wv = 0;
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float t = __fmul_rn(v[4 * k + j], id);
+            int q = isnan(t) ? 0 : (int)roundf(t);
+            q = max(-128, min(127, q));
+            sum += q;
+            wv |= ((u32)q & 0xFF) << (8 * j);
+        }
+        words[k] = wv;
+    }
+    uint4* qo = (uint4*)(row + (size_t)b * QK);
+    qo[0] = make_uint4(words[0], words[1], words[2], words[3]);
+    qo[1] = make_uint4(words[4], words[5], words[6], words[7]);
+    float dh = __half2float(__float2half_rn(d));
+    if (nan) dh = __int_as_float(0x7fc00000);
+    ((float*)(row + cols))[b] = dh;
+    ((float*)(row + cols + 4 * nb))[b] = __fmul_rn(dh, (float)sum);
+}

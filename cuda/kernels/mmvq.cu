@@ -1,0 +1,149 @@
+// The decode path's quantised mat-vec kernels: weights in their stored encoding, the
+// activation quantised once per input (act.cu), integer dots (mmvq.cuh). Used for steps of
+// at most MVQ_MAX_TOKENS tokens when the session runs with quantised activations; the f32
+// kernels of matmul.cu / moe.cu remain the exact (reference-numerics) path.
+#include "mmvq.cuh"
+
+#define MV_WARPS 4
+#define MV_MATS 4
+
+// Up to MV_MATS products of one input: out_m[r] = W_m[r] . a (+ res_m[r] when res_m is not
+// null: a residual add fused in, as `res + y`). The matrices' rows are laid end to end over
+// the grid: ceil(sum rows / MV_WARPS) blocks of 32 * MV_WARPS, one warp per row.
+struct MvMats {
+    const u8* W[MV_MATS];
+    u64 row_bytes[MV_MATS];
+    float* out[MV_MATS];
+    const float* res[MV_MATS];
+    int rows[MV_MATS];
+};
+
+template <int T>
+__device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols) {
+    int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
+    int i = 0;
+    #pragma unroll
+    for (int k = 0; k < MV_MATS - 1; k++)
+        if (i < n_mats - 1 && r >= m.rows[i]) { r -= m.rows[i]; i++; }
+    if (r >= m.rows[i]) return;
+    const u8* W = i == 0 ? m.W[0] : i == 1 ? m.W[1] : i == 2 ? m.W[2] : m.W[3];
+    u64 rb = i == 0 ? m.row_bytes[0] : i == 1 ? m.row_bytes[1] : i == 2 ? m.row_bytes[2] : m.row_bytes[3];
+    float* out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
+    const float* res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
+    float y = warp_dot_q<T>(W + (size_t)r * rb, aq, cols);
+    if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
+}
+
+// act[r] = silu(Wg[r] . a) * (Wu[r] . a): a SwiGLU MLP's gate and up with the activation
+// fused (dense layers, the shared expert). Grid ceil(rows / MV_WARPS).
+template <int T>
+__device__ void mv_swiglu(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 row_bytes,
+                          const u8* __restrict__ aq, float* __restrict__ act, int rows, int cols) {
+    int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
+    if (r >= rows) return;
+    float g = warp_dot_q<T>(Wg + (size_t)r * row_bytes, aq, cols);
+    float u = warp_dot_q<T>(Wu + (size_t)r * row_bytes, aq, cols);
+    if ((threadIdx.x & 31) == 0) act[r] = silu_f(g) * u;
+}
+
+// act[k, r] = silu(gate_e[r] . x) * (up_e[r] . x) for slot k < K of the (single) token,
+// e = ids[k]; slot K, when the grid has K + 1 rows of blocks, is the shared expert (Sg, Su).
+// Grid (ceil(I / MV_WARPS), K or K + 1). Block (0, 0) also copies ids and weights to
+// route_copy[0 .. 2K) for moe_down_q: their arena slots may be reused by the values the
+// down kernel writes.
+template <int T>
+__device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
+                              u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
+                              const u8* __restrict__ xq, const float* __restrict__ ids,
+                              const float* __restrict__ weights, float* __restrict__ route_copy,
+                              float* __restrict__ act, int I, int H, int K) {
+    int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
+    int k = blockIdx.y;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
+        route_copy[threadIdx.x] = ids[threadIdx.x];
+        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+    }
+    if (r >= I) return;
+    const u8 *g, *u;
+    if (k < K) {
+        size_t off = (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
+        g = Wg + off;
+        u = Wu + off;
+    } else {
+        g = Sg + (size_t)r * row_bytes;
+        u = Su + (size_t)r * row_bytes;
+    }
+    float gv = warp_dot_q<T>(g, xq, H);
+    float uv = warp_dot_q<T>(u, xq, H);
+    if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(gv) * uv;
+}
+
+// out[r] = scale * sum_k weights[k] * (down_{ids[k]}[r] . act[k]), the experts taken in
+// ascending (id, slot) order as moe_combine does. With Sd (the shared expert's down, its
+// activation in row K of actq) the shared output is added, and with res the residual:
+// out = res + (routed + shared), the graph's two adds. One warp per output row. Grid
+// ceil(H / MV_WARPS).
+template <int T>
+__device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                           const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
+                           const float* __restrict__ ids, const float* __restrict__ weights,
+                           const float* __restrict__ res, float* __restrict__ out, int H, int I, int K,
+                           float scale) {
+    int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (r >= H) return;
+    const u32* id = (const u32*)ids;
+    // Rank of slot `lane` among the K (id, slot) keys.
+    int rank = 0;
+    if (lane < K) {
+        u32 mine = id[lane];
+        for (int j = 0; j < K; j++) {
+            u32 o = id[j];
+            rank += (o < mine || (o == mine && j < lane)) ? 1 : 0;
+        }
+    }
+    float acc = 0.0f;
+    for (int s = 0; s < K; s++) {
+        int k = __ffs(__ballot_sync(0xffffffffu, lane < K && rank == s)) - 1;
+        u32 e = id[k];
+        float y = warp_dot_q<T>(Wd + (size_t)e * expert_bytes + (size_t)r * row_bytes,
+                                actq + (size_t)k * astride, I);
+        acc = __fadd_rn(acc, __fmul_rn(y, weights[k]));
+    }
+    float y = __fmul_rn(acc, scale);
+    if (Sd) y = __fadd_rn(y, warp_dot_q<T>(Sd + (size_t)r * row_bytes, actq + (size_t)K * astride, I));
+    if (res) y = __fadd_rn(res[r], y);
+    if (lane == 0) out[r] = y;
+}
+
+#define MVQ_TYPES(X) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K)
+
+#define DEFINE_MVQ(name, T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_##name(                        \
+        const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
+        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
+        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
+        int n3) {                                                                                  \
+        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
+                    {n0, n1, n2, n3}};                                                             \
+        mv_multi<T>(m, n_mats, aq, cols);                                                          \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_swiglu_##name(                 \
+        const u8* Wg, const u8* Wu, u64 row_bytes, const u8* aq, float* act, int rows, int cols) { \
+        mv_swiglu<T>(Wg, Wu, row_bytes, aq, act, rows, cols);                                      \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_q_##name(             \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
+        const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
+        int H, int K) {                                                                            \
+        moe_gate_up_q<T>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, \
+                         I, H, K);                                                                 \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_q_##name(                \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
+        const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
+        float scale) {                                                                             \
+        moe_down_q<T>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res, out, H, I, \
+                      K, scale);                                                                   \
+    }
+MVQ_TYPES(DEFINE_MVQ)

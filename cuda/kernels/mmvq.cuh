@@ -1,0 +1,183 @@
+// Integer dot products of one weight row with one quantised activation row (act.cu), the
+// decode path's inner loop. The pairing is the CPU's (ggml's): K-quants against Q8_K, Q8_0
+// against Q8_0, with dp4a doing four int8 products per instruction.
+//
+// Work split (after llama.cpp's mmvq.cu, ggml/src/ggml-cuda/mmvq.cu and vecdotq.cuh, which
+// give each thread a contiguous slice of a block so a warp's loads coalesce): for K-quants
+// eight lanes share a 256-super-block, each taking 16 bytes of its packed quants, so one warp
+// covers four super-blocks per iteration; for Q8_0 a lane takes one 34-byte block.
+//
+// Numerics: the eight lanes of a super-block reduce their integer sums exactly (shuffles),
+// then one lane adds (d_a·d_w)·sumi − (d_a·dmin_w)·summ — the CPU kernel's expression per
+// super-block (cpu-experts/src/kernels/scalar.rs k_dot). Only the order in which the
+// super-blocks' terms are summed differs from the CPU (per lane, then a warp tree).
+#pragma once
+#include "quant.cuh"
+
+// Byte offsets of a padded activation row's parts (act.cu's layout).
+__device__ __forceinline__ const float* q8k_d(const u8* row, int cols) { return (const float*)(row + cols); }
+__device__ __forceinline__ const short* q8k_bsums(const u8* row, int cols) {
+    return (const short*)(row + cols + 4 * (cols / QK_K));
+}
+__device__ __forceinline__ const float* q8_0_d(const u8* row, int cols) { return (const float*)(row + cols); }
+
+// 16 bytes at a 2-byte-aligned address as four little-endian words (five aligned loads and
+// funnel shifts; reads up to 2 bytes past p + 16).
+__device__ __forceinline__ void load16_a2(const u8* p, u32 out[4]) {
+    const u32* w = (const u32*)((size_t)p & ~(size_t)3);
+    u32 sh = 8u * (u32)((size_t)p & 3);
+    u32 win[5];
+    #pragma unroll
+    for (int k = 0; k < 5; k++) win[k] = __ldg(w + k);
+    #pragma unroll
+    for (int k = 0; k < 4; k++) out[k] = __funnelshift_r(win[k], win[k + 1], sh);
+}
+
+__device__ __forceinline__ int dp4a4(const u32 w[4], const int4 a, int acc) {
+    acc = __dp4a((int)w[0], a.x, acc);
+    acc = __dp4a((int)w[1], a.y, acc);
+    acc = __dp4a((int)w[2], a.z, acc);
+    acc = __dp4a((int)w[3], a.w, acc);
+    return acc;
+}
+
+// Sums the integer pair over the eight lanes of a super-block group (exact).
+__device__ __forceinline__ void group8_sum(int* a, int* b) {
+    #pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {
+        *a += __shfl_xor_sync(0xffffffffu, *a, o);
+        *b += __shfl_xor_sync(0xffffffffu, *b, o);
+    }
+}
+
+// Q4_K lane part p (0..7) of super-block `blk`: packed bytes qs[16p .. 16p + 16) hold the
+// low nibbles of elements 64g + l0 + [0, 16) (sub-block 2g) and the high nibbles of
+// 64g + 32 + l0 + [0, 16) (sub-block 2g + 1), g = p / 2, l0 = 16 (p % 2). Returns the
+// lane's share of sumi = Σ_j sc_j Σ q·a and summ = Σ_j m_j bsum_j.
+__device__ __forceinline__ void q4k_part(const u8* __restrict__ blk, int p, const u8* __restrict__ aq,
+                                         const short* __restrict__ bs, int* sumi, int* summ) {
+    int g = p >> 1, h = p & 1;
+    uint4 qv = __ldg((const uint4*)(blk + 16 + 16 * p));
+    u32 q[4] = {qv.x, qv.y, qv.z, qv.w};
+    u32 lo[4], hi[4];
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        lo[k] = q[k] & 0x0F0F0F0Fu;
+        hi[k] = (q[k] >> 4) & 0x0F0F0F0Fu;
+    }
+    int4 alo = *(const int4*)(aq + 64 * g + 16 * h);
+    int4 ahi = *(const int4*)(aq + 64 * g + 32 + 16 * h);
+    int dlo = dp4a4(lo, alo, 0), dhi = dp4a4(hi, ahi, 0);
+    // The 6-bit scales and mins of sub-blocks 2g and 2g + 1 (scale_min_k4 in quant.cuh).
+    int sc0, m0, sc1, m1;
+    scale_min_k4(2 * g, blk + 4, &sc0, &m0);
+    scale_min_k4(2 * g + 1, blk + 4, &sc1, &m1);
+    *sumi = sc0 * dlo + sc1 * dhi;
+    *summ = m0 * (int)bs[4 * g + h] + m1 * (int)bs[4 * g + 2 + h];
+}
+
+// Q6_K lane part p (0..7): half n = p / 4, e = (p / 2) % 2, l0 = 16 (p % 2). ql bytes
+// 64n + 32e + l0 + [0, 16) hold the low 4 bits of elements 128n + 32e + l0 + l (low nibble)
+// and 128n + 32(e + 2) + l0 + l (high nibble); qh bytes 32n + l0 + [0, 16) their top two
+// bits at shifts 2e and 2(e + 2). q = that − 32, so Σ q·a = Σ u·a − 32 bsum.
+__device__ __forceinline__ void q6k_part(const u8* __restrict__ blk, int p, const u8* __restrict__ aq,
+                                         const short* __restrict__ bs, int* sumi, int* summ) {
+    int n = p >> 2, e = (p >> 1) & 1, h = p & 1;
+    u32 ql[4], qh[4];
+    load16_a2(blk + 64 * n + 32 * e + 16 * h, ql);
+    load16_a2(blk + 128 + 32 * n + 16 * h, qh);
+    u32 lo[4], hi[4];
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        lo[k] = (ql[k] & 0x0F0F0F0Fu) | (((qh[k] >> (2 * e)) & 0x03030303u) << 4);
+        hi[k] = ((ql[k] >> 4) & 0x0F0F0F0Fu) | (((qh[k] >> (2 * e + 4)) & 0x03030303u) << 4);
+    }
+    int jlo = 8 * n + 2 * e + h, jhi = jlo + 4;
+    int4 alo = *(const int4*)(aq + 16 * jlo);
+    int4 ahi = *(const int4*)(aq + 16 * jhi);
+    int dlo = dp4a4(lo, alo, 0) - 32 * (int)bs[jlo];
+    int dhi = dp4a4(hi, ahi, 0) - 32 * (int)bs[jhi];
+    const signed char* sc = (const signed char*)(blk + 192);
+    *sumi = (int)sc[jlo] * dlo + (int)sc[jhi] * dhi;
+    *summ = 0;
+}
+
+// The K-quant block geometry.
+template <int T> struct KQ;
+template <> struct KQ<WT_Q4_K> { static constexpr int BYTES = 144; };
+template <> struct KQ<WT_Q6_K> { static constexpr int BYTES = 210; };
+
+template <int T>
+__device__ __forceinline__ void kq_part(const u8* blk, int p, const u8* aq, const short* bs, int* sumi, int* summ) {
+    if constexpr (T == WT_Q4_K) q4k_part(blk, p, aq, bs, sumi, summ);
+    else q6k_part(blk, p, aq, bs, sumi, summ);
+}
+
+// d and dmin of a K-quant super-block.
+template <int T>
+__device__ __forceinline__ void kq_scales(const u8* blk, float* d, float* dmin) {
+    if (T == WT_Q4_K) {
+        u32 v = __ldg((const u32*)blk);
+        *d = f16_to_f32((unsigned short)(v & 0xFFFF));
+        *dmin = f16_to_f32((unsigned short)(v >> 16));
+    } else {
+        *d = f16_to_f32(__ldg((const unsigned short*)(blk + 208)));
+        *dmin = 0.0f;
+    }
+}
+
+// Warp dot of K-quant row `row` (cols = 256 nb) with the Q8_K activation row `a`; the
+// result is in every lane.
+template <int T>
+__device__ __forceinline__ float warp_dot_kq(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    int p = lane & 7;
+    int nb = cols / QK_K;
+    const float* ad = q8k_d(a, cols);
+    const short* bs = q8k_bsums(a, cols);
+    float acc = 0.0f;
+    #pragma unroll 2
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        int b = b0 + (lane >> 3);
+        int sumi = 0, summ = 0;
+        bool live = b < nb;
+        const u8* blk = row + (size_t)b * KQ<T>::BYTES;
+        if (live) kq_part<T>(blk, p, a + (size_t)b * QK_K, bs + 16 * b, &sumi, &summ);
+        group8_sum(&sumi, &summ);
+        if (live && p == 0) {
+            float d, dmin;
+            kq_scales<T>(blk, &d, &dmin);
+            float da = ad[b];
+            acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(da, d), (float)sumi));
+            if (T == WT_Q4_K) acc = __fsub_rn(acc, __fmul_rn(__fmul_rn(da, dmin), (float)summ));
+        }
+    }
+    return warp_sum(acc);
+}
+
+// Warp dot of Q8_0 row `row` (cols = 32 nb) with the Q8_0 activation row `a`: lane l takes
+// blocks l, l + 32, ...; per block acc += sumi · (d_w · d_a), as the CPU's legacy_dot.
+__device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    int nb = cols / QK;
+    const float* ad = q8_0_d(a, cols);
+    float acc = 0.0f;
+    for (int b = lane; b < nb; b += 32) {
+        const u8* blk = row + (size_t)b * 34;
+        float d = f16_to_f32(__ldg((const unsigned short*)blk));
+        u32 w0[4], w1[4];
+        load16_a2(blk + 2, w0);
+        load16_a2(blk + 18, w1);
+        const int4* aq = (const int4*)(a + (size_t)b * QK);
+        int s = dp4a4(w1, aq[1], dp4a4(w0, aq[0], 0));
+        acc = __fadd_rn(acc, __fmul_rn((float)s, __fmul_rn(d, ad[b])));
+    }
+    return warp_sum(acc);
+}
+
+// Dispatch by weight type: Q4_K/Q6_K against Q8_K, Q8_0 against Q8_0.
+template <int T>
+__device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    if constexpr (T == WT_Q8_0) return warp_dot_q8_0(row, a, cols);
+    else return warp_dot_kq<T>(row, a, cols);
+}
