@@ -270,14 +270,16 @@ fn weights(ckpt: &Checkpoint) -> ModelWeights<'_> {
 
 /// Bound on the relative L2 error vs transformers f32 (issue #2's bound for the CPU path).
 const MAX_REL_L2: f64 = 1e-4;
-/// Bound between the CUDA and CPU quantised-activation paths (same quantisers, same integer
-/// sums, float sums in another order). Eight of the nine fixture variants agree to ~5e-7;
-/// perelem_legacy q8_0 differs by 4.3e-3 with and without the decode fusions
-/// (`LAGOON_CUDA_NO_FUSE=1`), as far from the CPU as both are (1.1e-2) from transformers —
-/// not yet explained (suspected: one activation quantised across a rounding boundary
-/// differently, amplified by that fixture's small routing margins). The bound is the
-/// quantisation error itself; a wrong kernel gives O(1).
-const MAX_REL_L2_FAST_VS_CPU: f64 = 1e-2;
+/// Bounds of the quantised-activation decode, relative to the CPU's fast path (same
+/// quantisers, same integer sums, float sums in another order). Where no activation lands on
+/// another side of a rounding boundary the two agree to ~5e-7 (most fixture variants); where
+/// one does, the later layers re-round on top of it and every position it reaches moves by
+/// about the quantisation error itself (tools/reference/quant_models.py measured the same
+/// between llama.cpp and lagoon). So: no farther from the CPU fast path than that path is
+/// from transformers, and no farther from transformers than 1.6 x the CPU fast path
+/// (sqrt(1 + 1.25^2), independent rounding). A wrong kernel gives O(1).
+const FAST_VS_CPU_FACTOR: f64 = 1.0;
+const FAST_VS_TF_FACTOR: f64 = 1.6;
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -422,12 +424,13 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
             // kernels even here, while the CPU quantises their activations: those match the
             // CPU reference instead.
             let e_ref = rel_l2(&ours, &cpu_logits);
+            let bound = e_cpu_tf.max(MAX_REL_L2);
             assert!(
-                e_cpu <= MAX_REL_L2_FAST_VS_CPU || (nd > 0 && e_ref <= MAX_REL_L2),
+                e_cpu <= FAST_VS_CPU_FACTOR * bound || (nd > 0 && e_ref <= MAX_REL_L2),
                 "fast decode vs CPU fast: {e_cpu:.3e} (vs CPU reference {e_ref:.3e})"
             );
             assert!(
-                e_tf <= 2.0 * e_cpu_tf.max(MAX_REL_L2),
+                e_tf <= FAST_VS_TF_FACTOR * bound,
                 "fast decode vs transformers: {e_tf:.3e}"
             );
         }
