@@ -62,7 +62,7 @@ impl Avx512Vnni {
 /// The AVX-512 table: the AVX2 table with the kernels that measurably win replaced
 /// (single thread, `benches/kernels.rs`; see each module).
 pub(crate) fn table(proof: Avx512Vnni) -> Table {
-    Table {
+    let t = Table {
         name: "avx512vnni",
         q6k: k16::vec_dot_q6k_q8k,
         q6k_multi: Some(k16::vec_dot_q6k_q8k_multi),
@@ -70,7 +70,8 @@ pub(crate) fn table(proof: Avx512Vnni) -> Table {
         iq4xs_multi: Some(iq::vec_dot_iq4_xs_q8k_multi),
         ct_nib4: ct::vec_dot_ct_nib4_q8_0,
         ..avx2::table(proof.avx2())
-    }
+    };
+    iq::with_grid_kernels(proof, t)
 }
 
 /// Declares the safe row wrapper `$name` and the several-token wrapper `$multi` of the
