@@ -456,11 +456,105 @@ fn bench_simd_cmp(c: &mut Criterion<ThreadCpu>) {
         }
     }
     group.finish();
+    // 64 tokens (a dense matmul's tile) and 16 (about one expert's share of a 512-token
+    // ubatch on Laguna XS.2: 512 · 8 / 256): the AVX-512 table's Q4_K/Q6_K GEMM against
+    // AVX2's several-token kernels.
     let mut group = c.benchmark_group("simd_cmp_prefill");
-    for ty in [GgmlType::Q6K, GgmlType::IQ4XS] {
+    for (ty, tok) in [
+        (GgmlType::Q4K, 64),
+        (GgmlType::Q4K, 16),
+        (GgmlType::Q6K, 64),
+        (GgmlType::Q6K, 16),
+        (GgmlType::IQ4XS, 64),
+    ] {
         for k in &tables {
-            prefill_one(k, &mut group, ty, true);
+            prefill_one(k, &mut group, ty, tok, true);
         }
+    }
+    group.finish();
+    bench_attention(c, &tables);
+}
+
+/// Grouped-query attention of one token at position 511 (512 positions) for each of the 8
+/// KV heads of Laguna XS.2 (8 query heads each, head width 128), over a 512-row f32 cache
+/// (2 × 2 MiB, as one layer during a 512-token prefill); the tables that have the kernel.
+/// Throughput in elements is FLOP (QK and PV: 4·heads·positions·d).
+#[cfg(target_os = "linux")]
+fn bench_attention(c: &mut Criterion<ThreadCpu>, tables: &[Kernels]) {
+    use lagoon_cpu::kernels::AttnGroup;
+    const D: usize = 128;
+    const KV: usize = 8;
+    const G: usize = 8;
+    const CAP: usize = 512;
+    let row = KV * D;
+    let mut rng = Rng(5);
+    let mut f = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
+            .collect()
+    };
+    let (kc, vc, q) = (f(CAP * row), f(CAP * row), f(KV * G * D));
+    let mut scores = vec![0f32; G * CAP];
+    let mut out = vec![0f32; KV * G * D];
+    let mut group = c.benchmark_group("simd_cmp_attention");
+    group.throughput(Throughput::Elements((4 * KV * G * CAP * D) as u64));
+    for k in tables {
+        let a = |kvh: usize| AttnGroup {
+            q: &q[kvh * G * D..(kvh + 1) * G * D],
+            kc: &kc,
+            vc: &vc,
+            row,
+            cap: CAP,
+            off: kvh * D,
+            d: D,
+            n_heads: G,
+            first: 0,
+            pos: CAP - 1,
+        };
+        if !k.attend_group(&a(0), &mut scores, &mut out[..G * D]) {
+            continue;
+        }
+        group.bench_function(format!("gqa8_d128_512pos/{}", k.name()), |b| {
+            b.iter(|| {
+                for (kvh, o) in out.chunks_exact_mut(G * D).enumerate() {
+                    k.attend_group(&a(kvh), &mut scores, o);
+                }
+                black_box(&out);
+            })
+        });
+        // Four tokens at positions 508..512 through the several-token kernel, per token.
+        const TB: usize = Kernels::ATTEND_MAX_TOKENS;
+        let qt = f(TB * KV * G * D);
+        let mut ot = vec![0f32; TB * KV * G * D];
+        let at = |kvh: usize| lagoon_cpu::kernels::AttnTokens {
+            q: &qt[kvh * G * D..],
+            q_stride: KV * G * D,
+            n_tokens: TB,
+            kc: &kc,
+            vc: &vc,
+            row,
+            cap: CAP,
+            off: kvh * D,
+            d: D,
+            n_heads: G,
+            pos0: CAP - TB,
+            window: usize::MAX,
+        };
+        group.bench_function(
+            format!("gqa8_d128_512pos_per_token_of_{TB}/{}", k.name()),
+            |b| {
+                b.iter(|| {
+                    for kvh in 0..KV {
+                        let mut outs: Vec<&mut [f32]> = ot
+                            .chunks_exact_mut(KV * G * D)
+                            .map(|o| &mut o[kvh * G * D..(kvh + 1) * G * D])
+                            .collect();
+                        k.attend_tokens(&at(kvh), &mut outs);
+                    }
+                    black_box(&ot);
+                })
+            },
+        );
     }
     group.finish();
 }
@@ -571,7 +665,7 @@ fn prefill_64tok(c: &mut Criterion) {
         GgmlType::Q6K,
         GgmlType::IQ4XS,
     ] {
-        prefill_one(&k, &mut group, ty, false);
+        prefill_one(&k, &mut group, ty, 64, false);
     }
     group.finish();
 }
@@ -580,27 +674,27 @@ fn prefill_one<M: criterion::measurement::Measurement>(
     k: &Kernels,
     group: &mut criterion::BenchmarkGroup<'_, M>,
     ty: GgmlType,
+    tok: usize,
     group_is_cmp: bool,
 ) {
-    const TOK: usize = 64;
     const TILE: usize = 16;
     let mut rng = Rng(11);
     let m = Mat::build(Kind::G(ty), FFN, HIDDEN, &mut rng);
     let w = m.view();
     let fmt = k.act_format(&w);
     let ab = Kernels::act_row_bytes(fmt, HIDDEN);
-    let mut acts = vec![0u8; TOK * ab];
-    for t in 0..TOK {
+    let mut acts = vec![0u8; tok * ab];
+    for t in 0..tok {
         let x: Vec<f32> = (0..HIDDEN)
             .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
             .collect();
         k.quantize_act(fmt, &x, &mut acts[t * ab..(t + 1) * ab]);
     }
-    let mut tile = vec![0f32; TOK * TILE];
-    group.throughput(Throughput::Elements((2 * FFN * HIDDEN * TOK) as u64));
+    let mut tile = vec![0f32; tok * TILE];
+    group.throughput(Throughput::Elements((2 * FFN * HIDDEN * tok) as u64));
     let name = match ty {
-        GgmlType::Q4K => "prefill_q4k_64tok".to_string(),
-        _ => format!("prefill_{ty}_64tok"),
+        GgmlType::Q4K => format!("prefill_q4k_{tok}tok"),
+        _ => format!("prefill_{ty}_{tok}tok"),
     };
     let name = match group_is_cmp {
         true => format!("{name}/{}", k.name()),
@@ -609,7 +703,7 @@ fn prefill_one<M: criterion::measurement::Measurement>(
     group.bench_function(name, |b| {
         b.iter(|| {
             for r0 in (0..FFN).step_by(TILE) {
-                k.dot_rows_multi(&w, r0, TILE, &acts, ab, TOK, &mut tile, TILE);
+                k.dot_rows_multi(&w, r0, TILE, &acts, ab, tok, &mut tile, TILE);
                 black_box(&tile);
             }
         })

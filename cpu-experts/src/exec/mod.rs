@@ -16,7 +16,7 @@ use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
 use self::experts::{Ctx, ExpertMats, ExpertScratch, LayerShapes, SharedMats};
-use crate::kernels::{ActFormat, Kernels};
+use crate::kernels::{ActFormat, AttnGroup, AttnTokens, Kernels};
 use crate::pool::{Dynamic, SharedOut, ThreadPool};
 use crate::session::State;
 
@@ -91,7 +91,9 @@ impl Scratch {
         Scratch {
             threads: (0..n_threads)
                 .map(|_| {
-                    let mut t = ThreadScratch::new(w.max_cols(), max_cap, ubatch);
+                    // Scores of up to ATTEND_MAX_HEADS heads at once (`Kernels::attend_group`).
+                    let scores = max_cap * Kernels::ATTEND_MAX_HEADS;
+                    let mut t = ThreadScratch::new(w.max_cols(), scores, ubatch);
                     t.sel = vec![0.0; c.n_experts];
                     t.ids_k = vec![0; c.n_experts_used];
                     t.ws_k = vec![0.0; c.n_experts_used];
@@ -236,10 +238,15 @@ pub(crate) fn run(
                 }
             }
             Op::RmsNorm { x, w: wid, out } => {
-                let rows = vals[x].rows(n);
+                let (rows, cols) = (vals[x].rows(n), vals[x].cols);
                 let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
-                ops::norm::rms_norm(xs, vector(w, wid), c.rms_eps, o);
-                debug_assert_eq!(xs.len(), rows * vals[x].cols);
+                debug_assert_eq!(xs.len(), rows * cols);
+                let (wv, os) = (vector(w, wid), SharedOut::new(o));
+                for_rows(&st.pool, rows, &|r0, r1| {
+                    // SAFETY: rows r0..r1 of the output belong to this call only.
+                    let o = unsafe { os.slice(r0 * cols..r1 * cols) };
+                    ops::norm::rms_norm(&xs[r0 * cols..r1 * cols], wv, c.rms_eps, o);
+                });
             }
             Op::MatMul { x, w: wid, out } => {
                 let rows = vals[x].rows(n);
@@ -260,14 +267,19 @@ pub(crate) fn run(
             }
             Op::Rope { x, sliding, out } => {
                 let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
-                o.copy_from_slice(xs);
                 let table = &st.ropes[sliding as usize];
                 let cols = vals[x].cols;
-                for t in 0..n {
-                    for head in o[t * cols..(t + 1) * cols].chunks_exact_mut(d) {
-                        table.apply(head, pos0 + t);
+                let os = SharedOut::new(o);
+                for_rows(&st.pool, n, &|t0, t1| {
+                    // SAFETY: tokens t0..t1 of the output belong to this call only.
+                    let o = unsafe { os.slice(t0 * cols..t1 * cols) };
+                    o.copy_from_slice(&xs[t0 * cols..t1 * cols]);
+                    for (t, row) in (t0..t1).zip(o.chunks_exact_mut(cols)) {
+                        for head in row.chunks_exact_mut(d) {
+                            table.apply(head, pos0 + t);
+                        }
                     }
-                }
+                });
             }
             Op::KvStore { layer, k, v } => {
                 let (kv, vv) = (vals[k], vals[v]);
@@ -290,6 +302,114 @@ pub(crate) fn run(
                 let threads = &st.scratch.threads;
                 let nt = st.pool.n_threads();
                 let fast = st.kernels.is_some();
+                // Fast path: one item per (token, KV head, block of up to ATTEND_MAX_HEADS of
+                // its query heads), each K/V row read once per block; the kernel may decline
+                // a shape, then the block's heads run one by one as on the reference path.
+                if let Some(k) = st.kernels.filter(|_| group > 0 && n > 1) {
+                    // Several tokens: items of (block of ATTEND_MAX_TOKENS tokens, KV head,
+                    // block of heads), each K/V row read once per item.
+                    const TB: usize = Kernels::ATTEND_MAX_TOKENS;
+                    let blocks = group.div_ceil(Kernels::ATTEND_MAX_HEADS);
+                    let per_tb = c.n_kv_heads * blocks;
+                    let work = Dynamic::balanced(n.div_ceil(TB) * per_tb, nt, CLAIMS_PER_THREAD);
+                    st.pool.run(&|ti| {
+                        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+                        for job in work.items() {
+                            let (tb, rest) = (job / per_tb, job % per_tb);
+                            let (g, b) = (rest / blocks, rest % blocks);
+                            let h0 = g * group + b * Kernels::ATTEND_MAX_HEADS;
+                            let gb = Kernels::ATTEND_MAX_HEADS.min((g + 1) * group - h0);
+                            let (t0, tn) = (tb * TB, TB.min(n - tb * TB));
+                            let rows = |t: usize| {
+                                let base = (t * hq + h0) * d;
+                                base..base + gb * d
+                            };
+                            let mut outs: [&mut [f32]; TB] = Default::default();
+                            for (i, o) in outs[..tn].iter_mut().enumerate() {
+                                // SAFETY: each (token, head) pair, hence each output range,
+                                // belongs to exactly one job.
+                                *o = unsafe { out.slice(rows(t0 + i)) };
+                            }
+                            let a = AttnTokens {
+                                q: &qs[rows(t0).start..rows(t0 + tn - 1).end],
+                                q_stride: hq * d,
+                                n_tokens: tn,
+                                kc: &cache.k,
+                                vc: &cache.v,
+                                row,
+                                cap: cache.cap,
+                                off: g * d,
+                                d,
+                                n_heads: gb,
+                                pos0: pos0 + t0,
+                                window: if sliding { window } else { usize::MAX },
+                            };
+                            if k.attend_tokens(&a, &mut outs[..tn]) {
+                                continue;
+                            }
+                            let kv = |j| cache.get(j, row);
+                            for (i, o) in outs[..tn].iter_mut().enumerate() {
+                                let pos = pos0 + t0 + i;
+                                let first = if sliding {
+                                    (pos + 1).saturating_sub(window)
+                                } else {
+                                    0
+                                };
+                                for (hh, oh) in o.chunks_exact_mut(d).enumerate() {
+                                    let qh = &qs[rows(t0 + i).start + hh * d..][..d];
+                                    let sc = &mut sc.scores;
+                                    attend_head_lanes(qh, g, d, first, pos, &kv, sc, oh);
+                                }
+                            }
+                        }
+                    });
+                    continue;
+                }
+                if let Some(k) = st.kernels.filter(|_| group > 0) {
+                    let blocks = group.div_ceil(Kernels::ATTEND_MAX_HEADS);
+                    let per_token = c.n_kv_heads * blocks;
+                    let work = Dynamic::balanced(n * per_token, nt, CLAIMS_PER_THREAD);
+                    st.pool.run(&|ti| {
+                        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+                        for job in work.items() {
+                            let (t, rest) = (job / per_token, job % per_token);
+                            let (g, b) = (rest / blocks, rest % blocks);
+                            let h0 = g * group + b * Kernels::ATTEND_MAX_HEADS;
+                            let gb = Kernels::ATTEND_MAX_HEADS.min((g + 1) * group - h0);
+                            let pos = pos0 + t;
+                            let first = if sliding {
+                                (pos + 1).saturating_sub(window)
+                            } else {
+                                0
+                            };
+                            let base = (t * hq + h0) * d;
+                            // SAFETY: each (token, head) pair, hence each output range,
+                            // belongs to exactly one job.
+                            let oh = unsafe { out.slice(base..base + gb * d) };
+                            let a = AttnGroup {
+                                q: &qs[base..base + gb * d],
+                                kc: &cache.k,
+                                vc: &cache.v,
+                                row,
+                                cap: cache.cap,
+                                off: g * d,
+                                d,
+                                n_heads: gb,
+                                first,
+                                pos,
+                            };
+                            if k.attend_group(&a, &mut sc.scores, oh) {
+                                continue;
+                            }
+                            let kv = |j| cache.get(j, row);
+                            for (i, oh) in oh.chunks_exact_mut(d).enumerate() {
+                                let qh = &a.q[i * d..(i + 1) * d];
+                                attend_head_lanes(qh, g, d, first, pos, &kv, &mut sc.scores, oh);
+                            }
+                        }
+                    });
+                    continue;
+                }
                 let work = Dynamic::balanced(n * hq, nt, CLAIMS_PER_THREAD);
                 st.pool.run(&|ti| {
                     let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
@@ -330,17 +450,22 @@ pub(crate) fn run(
                     io(&mut st.arena, [(vals[ov], n), (vals[g], n)], (vals[out], n));
                 let (ocols, gcols) = (vals[ov].cols, vals[g].cols);
                 let per = ocols / gcols; // head_dim (per-head) or 1 (per-element)
-                // softplus once per gate value, not once per element it scales.
-                for ((dst, src), &gv) in o[..n * ocols]
-                    .chunks_exact_mut(per)
-                    .zip(os.chunks_exact(per))
-                    .zip(&gs[..n * gcols])
-                {
-                    let s = ops::softplus(gv);
-                    for (d, &x) in dst.iter_mut().zip(src) {
-                        *d = x * s;
+                let out = SharedOut::new(&mut o[..n * ocols]);
+                for_rows(&st.pool, n, &|t0, t1| {
+                    // SAFETY: tokens t0..t1 of the output belong to this call only.
+                    let o = unsafe { out.slice(t0 * ocols..t1 * ocols) };
+                    // softplus once per gate value, not once per element it scales.
+                    for ((dst, src), &gv) in o
+                        .chunks_exact_mut(per)
+                        .zip(os[t0 * ocols..t1 * ocols].chunks_exact(per))
+                        .zip(&gs[t0 * gcols..t1 * gcols])
+                    {
+                        let s = ops::softplus(gv);
+                        for (d, &x) in dst.iter_mut().zip(src) {
+                            *d = x * s;
+                        }
                     }
-                }
+                });
             }
             Op::SwiGlu { gate, up, out } => {
                 let ([gs, us], o) = io(
@@ -348,7 +473,13 @@ pub(crate) fn run(
                     [(vals[gate], n), (vals[up], n)],
                     (vals[out], n),
                 );
-                ops::swiglu(gs, us, o);
+                let (rows, cols) = (vals[out].rows(n), vals[out].cols);
+                let os = SharedOut::new(o);
+                for_rows(&st.pool, rows, &|r0, r1| {
+                    let r = r0 * cols..r1 * cols;
+                    // SAFETY: rows r0..r1 of the output belong to this call only.
+                    ops::swiglu(&gs[r.clone()], &us[r.clone()], unsafe { os.slice(r) });
+                });
             }
             Op::Add { a, b, out } => {
                 let ([as_, bs], o) =
@@ -448,6 +579,26 @@ pub(crate) fn run(
             }
         }
     }
+}
+
+/// Rows (tokens) from which the row-wise nodes (norms, RoPE, gating, SwiGLU) split across
+/// the pool: below it a dispatch costs more than the work (decode stays on the caller).
+const PARALLEL_ROWS: usize = 4;
+
+/// `f(r0, r1)` over row ranges covering `0..rows` exactly once: on the calling thread below
+/// [`PARALLEL_ROWS`], else one row per work item across the pool. Each row's result does not
+/// depend on how the rows are split.
+fn for_rows(pool: &ThreadPool, rows: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    if rows < PARALLEL_ROWS || pool.n_threads() == 1 {
+        f(0, rows);
+        return;
+    }
+    let work = Dynamic::balanced(rows, pool.n_threads(), CLAIMS_PER_THREAD);
+    pool.run(&|_| {
+        for r in work.items() {
+            f(r, r + 1);
+        }
+    });
 }
 
 /// Partial sums of [`dot_lanes`].
@@ -815,4 +966,183 @@ fn dot_tiles(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// xorshift64 floats in [-1, 1).
+    fn floats(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Every SIMD table's grouped attention (where it has one) against the per-head loop,
+    /// for each group size, head widths 32 and 128, full and sliding spans and a ring
+    /// buffer that wrapped: equal up to rounding; a shape it declines writes nothing.
+    #[test]
+    fn grouped_attention_matches_per_head() {
+        let mut checked = 0;
+        for k in Kernels::simd_tables() {
+            for (d, n_kv, cap, first, pos, seed) in [
+                (128, 2, 64, 0, 40, 1u64),
+                (128, 3, 50, 47, 120, 2),
+                (32, 1, 300, 0, 299, 3),
+                (128, 2, 9, 7, 7, 4),
+            ] {
+                let row = n_kv * d;
+                let kc = floats(cap * row, seed);
+                let vc = floats(cap * row, seed + 100);
+                for g in 1..=Kernels::ATTEND_MAX_HEADS {
+                    let q: Vec<f32> = floats(g * d, seed + g as u64)
+                        .iter()
+                        .map(|x| 3.0 * x)
+                        .collect();
+                    let kvh = n_kv - 1;
+                    let a = AttnGroup {
+                        q: &q,
+                        kc: &kc,
+                        vc: &vc,
+                        row,
+                        cap,
+                        off: kvh * d,
+                        d,
+                        n_heads: g,
+                        first,
+                        pos,
+                    };
+                    let mut scores = vec![0.0; g * cap];
+                    let mut got = vec![f32::NAN; g * d];
+                    if !k.attend_group(&a, &mut scores, &mut got) {
+                        assert!(got.iter().all(|x| x.is_nan()), "declined but wrote");
+                        continue;
+                    }
+                    let kv = |j: usize| {
+                        let s = (j % cap) * row;
+                        (&kc[s..s + row], &vc[s..s + row])
+                    };
+                    for h in 0..g {
+                        let mut want = vec![0.0; d];
+                        let qh = &q[h * d..(h + 1) * d];
+                        attend_head_lanes(qh, kvh, d, first, pos, &kv, &mut scores, &mut want);
+                        for (i, (&x, &y)) in got[h * d..(h + 1) * d].iter().zip(&want).enumerate() {
+                            assert!(
+                                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                                "{} d {d} g {g} head {h} [{i}]: {x} vs {y}",
+                                k.name()
+                            );
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        let has_kernel = Kernels::simd_tables().any(|k| k.name() == "avx512vnni");
+        assert!(
+            !has_kernel || checked > 0,
+            "the AVX-512 table declined every shape"
+        );
+    }
+
+    /// The several-token kernel against the per-head loop token by token: every token
+    /// count, several group sizes, full and sliding windows, a wrapped ring buffer, blocks
+    /// of positions that start unaligned; equal up to rounding.
+    #[test]
+    fn several_token_attention_matches_per_head() {
+        let mut checked = 0;
+        for k in Kernels::simd_tables() {
+            // (d, n_kv, cap, pos0, window, seed)
+            for (d, n_kv, cap, pos0, window, seed) in [
+                (128, 2, 64, 0, usize::MAX, 1u64),
+                (128, 2, 64, 37, usize::MAX, 2),
+                (32, 3, 80, 150, 20, 3),
+                (128, 1, 40, 3, 17, 4),
+                (64, 2, 200, 100, 64, 5),
+            ] {
+                let row = n_kv * d;
+                let kc = floats(cap * row, seed);
+                let vc = floats(cap * row, seed + 100);
+                for g in [1, 3, 6, 8] {
+                    for nt in 1..=Kernels::ATTEND_MAX_TOKENS {
+                        let stride = g * d + 3 * d;
+                        let q: Vec<f32> = floats(nt * stride, seed + 7 * g as u64)
+                            .iter()
+                            .map(|x| 3.0 * x)
+                            .collect();
+                        let kvh = n_kv - 1;
+                        let a = AttnTokens {
+                            q: &q,
+                            q_stride: stride,
+                            n_tokens: nt,
+                            kc: &kc,
+                            vc: &vc,
+                            row,
+                            cap,
+                            off: kvh * d,
+                            d,
+                            n_heads: g,
+                            pos0,
+                            window,
+                        };
+                        let mut bufs = vec![vec![f32::NAN; g * d]; nt];
+                        let mut outs: Vec<&mut [f32]> =
+                            bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                        if !k.attend_tokens(&a, &mut outs) {
+                            assert!(
+                                bufs.iter().flatten().all(|x| x.is_nan()),
+                                "declined but wrote"
+                            );
+                            continue;
+                        }
+                        let kv = |j: usize| {
+                            let s = (j % cap) * row;
+                            (&kc[s..s + row], &vc[s..s + row])
+                        };
+                        let mut scores = vec![0.0; cap];
+                        for (t, got) in bufs.iter().enumerate() {
+                            let pos = pos0 + t;
+                            let first = (pos + 1).saturating_sub(window);
+                            for h in 0..g {
+                                let mut want = vec![0.0; d];
+                                let qh = &q[t * stride + h * d..][..d];
+                                attend_head_lanes(
+                                    qh,
+                                    kvh,
+                                    d,
+                                    first,
+                                    pos,
+                                    &kv,
+                                    &mut scores,
+                                    &mut want,
+                                );
+                                for (i, (&x, &y)) in
+                                    got[h * d..(h + 1) * d].iter().zip(&want).enumerate()
+                                {
+                                    assert!(
+                                        (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                                        "{} d {d} g {g} nt {nt} token {t} head {h} [{i}]: {x} vs {y}",
+                                        k.name()
+                                    );
+                                }
+                            }
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        let has_kernel = Kernels::simd_tables().any(|k| k.name() == "avx512vnni");
+        assert!(
+            !has_kernel || checked > 0,
+            "the AVX-512 table declined every shape"
+        );
+    }
 }

@@ -44,6 +44,75 @@ pub(crate) type RowDot = fn(w: &[u8], a: &[u8], n: usize) -> f32;
 /// `out[t] = w · acts[t]`, `out.len() == acts.len()`, each result bit-identical to the
 /// type's [`RowDot`] on that token alone.
 pub(crate) type MultiDot = fn(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]);
+/// Several weight rows × several tokens at once (prefill): `out[t·out_stride + i] =
+/// W[i] · act_t` for `i < n_rows`, `t < n_act`, where `w` holds the `n_rows` rows of `rb`
+/// bytes and `act_t = acts[t·act_stride..]` (`cols` elements in the type's format). Each
+/// result bit-identical to the table's [`RowDot`] on that row and token alone. Returns
+/// `false` with nothing written when it does not take the call (malformed rows or
+/// activations, a shape it has no room for): the caller then takes the one-row path.
+pub(crate) type Gemm = fn(
+    w: &[u8],
+    rb: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_act: usize,
+    cols: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) -> bool;
+/// The attention of the query heads that share one KV head, for one token (see
+/// [`Kernels::attend_group`]); `false` with nothing written for shapes it does not take.
+pub(crate) type AttendGroup = fn(a: &AttnGroup<'_>, scores: &mut [f32], out: &mut [f32]) -> bool;
+
+/// The attention of several consecutive tokens' query heads that share one KV head (see
+/// [`Kernels::attend_tokens`]); `false` with nothing written for shapes it does not take.
+pub(crate) type AttendTokens = fn(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> bool;
+
+/// Tokens `0..n_tokens` at positions `pos0 + t`, each attending positions
+/// `(pos0 + t + 1).saturating_sub(window)..=pos0 + t`; token t's `n_heads` query rows of `d`
+/// are `q[t·q_stride..][..n_heads·d]`. The cache as in [`AttnGroup`].
+#[derive(Clone, Copy, Debug)]
+pub struct AttnTokens<'a> {
+    pub q: &'a [f32],
+    pub q_stride: usize,
+    pub n_tokens: usize,
+    pub kc: &'a [f32],
+    pub vc: &'a [f32],
+    pub row: usize,
+    pub cap: usize,
+    pub off: usize,
+    pub d: usize,
+    pub n_heads: usize,
+    pub pos0: usize,
+    /// Positions attended back, the token's own included (`usize::MAX`: all).
+    pub window: usize,
+}
+
+/// One token's query heads of one KV head, and the layer's K/V cache rows: position `p`'s
+/// K row is `kc[(p % cap)·row..][..row]`, the KV head's part `[off..off + d]` of it.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnGroup<'a> {
+    /// `n_heads` query rows of `d`, consecutive.
+    pub q: &'a [f32],
+    pub kc: &'a [f32],
+    pub vc: &'a [f32],
+    pub row: usize,
+    pub cap: usize,
+    pub off: usize,
+    pub d: usize,
+    pub n_heads: usize,
+    /// Positions `first..=pos` are attended.
+    pub first: usize,
+    pub pos: usize,
+}
+
+/// Tokens from which [`Kernels::dot_rows_multi`] hands a call to the table's [`Gemm`].
+const GEMM_MIN_TOKENS: usize = 2;
+/// Tokens per block in [`Kernels::dot_rows_multi`] on the one-row and several-token paths
+/// (a multiple of [`MULTI_TOKENS`]): 16 activation rows of 2048 columns are 34 KiB of Q8_K,
+/// 128 KiB of f32.
+const TOKEN_BLOCK: usize = 16;
 /// Tokens one [`MultiDot`] call takes at most.
 const MULTI_TOKENS: usize = 4;
 /// Dequantised f32 weights · f32 activation bytes (the fallback's inner product).
@@ -83,6 +152,13 @@ pub(crate) struct Table {
     pub q8_0_multi: Option<MultiDot>,
     pub q6k_multi: Option<MultiDot>,
     pub iq4xs_multi: Option<MultiDot>,
+    /// Rows × tokens at once (prefill); `None`: [`MultiDot`] or [`RowDot`] per row.
+    pub q4k_gemm: Option<Gemm>,
+    pub q6k_gemm: Option<Gemm>,
+    /// Grouped-query attention of one token and KV head; `None`: the caller's per-head loop.
+    pub attend: Option<AttendGroup>,
+    /// The same for several tokens at once, K/V rows read once per block of positions.
+    pub attend_tokens: Option<AttendTokens>,
     pub f32: RowDot,
     pub f16: RowDot,
     pub bf16: RowDot,
@@ -124,6 +200,10 @@ pub(crate) fn scalar_table() -> Table {
         q8_0_multi: None,
         q6k_multi: None,
         iq4xs_multi: None,
+        q4k_gemm: None,
+        q6k_gemm: None,
+        attend: None,
+        attend_tokens: None,
         f32: vec_dot_f32_f32,
         f16: vec_dot_f16_f32,
         bf16: vec_dot_bf16_f32,
@@ -163,6 +243,8 @@ enum Plan<'m> {
         f: RowDot,
         /// The several-token kernel, where the table has one for this type.
         fm: Option<MultiDot>,
+        /// The rows × tokens kernel, where the table has one for this type.
+        gemm: Option<Gemm>,
         data: &'m [u8],
         rb: usize,
     },
@@ -277,6 +359,30 @@ impl Kernels {
         }
     }
 
+    /// Attention of the `a.n_heads` query heads sharing one KV head, one token: for each
+    /// head h, `out[h·d..][..d] = Σ_j softmax_j(q_h·k_j / √d)·v_j` over positions
+    /// `a.first..=a.pos` (`scores`: at least `n_heads · (pos + 1 − first)` floats of
+    /// scratch). `false`, with nothing written, when the table has no such kernel or it does
+    /// not take this shape: the caller then runs its per-head loop.
+    pub fn attend_group(&self, a: &AttnGroup<'_>, scores: &mut [f32], out: &mut [f32]) -> bool {
+        self.t.attend.is_some_and(|f| f(a, scores, out))
+    }
+
+    /// [`Kernels::attend_group`] for `a.n_tokens ≤` [`Kernels::ATTEND_MAX_TOKENS`]
+    /// consecutive tokens at once (`out[t]`: token t's `n_heads · d` outputs), with an
+    /// online softmax over blocks of positions, each K/V block read once for all the
+    /// tokens' heads. `false`, with nothing written, when the table has no such kernel or it
+    /// does not take this shape.
+    pub fn attend_tokens(&self, a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> bool {
+        self.t.attend_tokens.is_some_and(|f| f(a, out))
+    }
+
+    /// Tokens [`Kernels::attend_tokens`] takes per call at most.
+    pub const ATTEND_MAX_TOKENS: usize = 4;
+
+    /// Query heads [`Kernels::attend_group`] takes per call at most.
+    pub const ATTEND_MAX_HEADS: usize = 8;
+
     /// Bytes of one activation row of `cols` elements in `fmt`.
     pub fn act_row_bytes(fmt: ActFormat, cols: usize) -> usize {
         match fmt {
@@ -332,12 +438,40 @@ impl Kernels {
         debug_assert!(n_act == 0 || (n_act - 1) * act_stride + ab <= acts.len());
         debug_assert!(n_act == 0 || (n_act - 1) * out_stride + n_rows <= out.len());
         let act_t = |t: usize| acts.get(t * act_stride..t * act_stride + ab);
+        let plan = self.plan(w);
+        if let Plan::Ggml {
+            gemm: Some(g),
+            data,
+            rb,
+            ..
+        } = &plan
+            && n_act >= GEMM_MIN_TOKENS
+            && let Some(wd) = data.get(r0 * rb..(r0 + n_rows) * rb)
+            && g(
+                wd, *rb, n_rows, acts, act_stride, n_act, cols, out, out_stride,
+            )
+        {
+            return;
+        }
+        // Many tokens: in blocks, so that a block's activation rows stay in L1/L2 while the
+        // tile's weight rows are dotted with them (each row read once per block from L2,
+        // instead of every token row streamed from L3 once per weight row).
+        if n_act > TOKEN_BLOCK {
+            for c0 in (0..n_act).step_by(TOKEN_BLOCK) {
+                let nc = TOKEN_BLOCK.min(n_act - c0);
+                // Out-of-contract short buffers: missing activations give NaN, missing
+                // outputs are skipped, as below.
+                let a = acts.get(c0 * act_stride..).unwrap_or(&[]);
+                let o = out.get_mut(c0 * out_stride..).unwrap_or(&mut []);
+                self.dot_rows_multi(w, r0, n_rows, a, act_stride, nc, o, out_stride);
+            }
+            return;
+        }
         let mut put = |t: usize, i: usize, v: f32| {
             if let Some(o) = out.get_mut(t * out_stride + i) {
                 *o = v;
             }
         };
-        let plan = self.plan(w);
         for i in 0..n_rows {
             let r = r0 + i;
             if r >= w.rows {
@@ -345,7 +479,9 @@ impl Kernels {
                 continue;
             }
             match &plan {
-                Plan::Ggml { f, fm, data, rb } => {
+                Plan::Ggml {
+                    f, fm, data, rb, ..
+                } => {
                     if let Some(next) =
                         data.get((r + PREFETCH_ROWS) * rb..(r + PREFETCH_ROWS + 1) * rb)
                     {
@@ -500,8 +636,19 @@ impl Kernels {
                     GgmlType::IQ4XS => t.iq4xs_multi,
                     _ => None,
                 };
+                let gemm = match ty {
+                    GgmlType::Q4K => t.q4k_gemm,
+                    GgmlType::Q6K => t.q6k_gemm,
+                    _ => None,
+                };
                 match f {
-                    Some(f) => Plan::Ggml { f, fm, data, rb },
+                    Some(f) => Plan::Ggml {
+                        f,
+                        fm,
+                        gemm,
+                        data,
+                        rb,
+                    },
                     None if quant::supported(*ty) => {
                         let (blk, blk_bytes) = ty.block();
                         Plan::GgmlFallback {

@@ -1,0 +1,304 @@
+//! Q4_K × Q8_K as a small GEMM on 512 bits (prefill): a block of weight rows times a block
+//! of tokens per call, each result bit-identical to AVX2's one-row kernel (`avx2::k4`).
+//!
+//! Scalar, per super-block b of row r and token t (the one-row kernel's sums):
+//! `acc[r,t] += (d_a·d)·Σ_j sc_j·Σ_{l<32} q·q_a` in 8 f32 lanes, lane i holding the
+//! elements `4i..4i+4` of every sub-block j (the lanes `maddubs` + `madd` give on 256 bits),
+//! and `accm[r,t] += (d_a·dmin)·mins_dot` in 4 lanes; the result is
+//! `hsum(acc) − reduce(accm)`. The integer sums are exact, so any grouping of them that
+//! keeps that lane partition gives the same f32 operations.
+//!
+//! How (learned from the register-blocked int8 micro-kernels of ggml's
+//! `ggml-cpu/llamafile/sgemm.cpp` and the `vpdpwssd` scale folding of our Q6_K kernel,
+//! restated for Q4_K):
+//! - each weight row's super-blocks are decoded once per call into [`Dec`]: the 256 nibbles
+//!   as bytes in element order, the 8 scales as i16 pairs, the mins, d and dmin;
+//! - a zmm holds one sub-block for **two tokens** (token 2p in the low 256 bits, 2p+1 in the
+//!   high): the weight sub-block is broadcast to both halves, so `maddubs` + `vpdpwssd` with
+//!   the sub-block scale broadcast leave, in each half, exactly the one-row kernel's 8 lanes,
+//!   and the f32 step (convert, `d_a·d`, FMA) runs for two (row, token) pairs at once;
+//! - a micro-tile is [`R`] rows × 2 pairs (four tokens): 8 integer and 8 f32 accumulators,
+//!   4 mins accumulators, in registers over the whole row.
+
+use core::arch::x86_64::*;
+
+use super::super::avx2::k4::scales_mins;
+use super::super::avx2::{at, f16_at, hsum_ps, ld128, ld256};
+use super::join256;
+use crate::kernels::act::Q8KAct;
+
+/// Rows per micro-tile.
+pub(super) const R: usize = 4;
+/// Token pairs per micro-tile (four tokens).
+const P: usize = 2;
+/// Tokens per micro-tile.
+pub(super) const T: usize = 2 * P;
+/// Widest row the GEMMs take (super-blocks): 12288 columns, Laguna's widest input.
+pub(super) const MAX_NB: usize = 48;
+
+/// One decoded Q4_K super-block of one row (320 bytes).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Dec {
+    /// Quants 0..15 in element order.
+    q: [[u8; 32]; 8],
+    /// Sub-block scale j in both i16 halves (the `vpdpwssd` operand, broadcast).
+    sc: [i32; 8],
+    /// Sub-block mins as i16 (`mins_dot`'s operand).
+    mins: [u8; 16],
+    d: f32,
+    dmin: f32,
+}
+
+const DEC0: Dec = Dec {
+    q: [[0; 32]; 8],
+    sc: [0; 8],
+    mins: [0; 16],
+    d: 0.0,
+    dmin: 0.0,
+};
+
+/// Decodes the Q4_K block `blk` (`[0..2) d | [2..4) dmin | [4..16) scales | [16..144) qs`:
+/// chunk c of 32 bytes holds sub-block 2c in its low nibbles, 2c+1 in its high).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn decode(blk: &[u8; 144], out: &mut Dec) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let qs = at::<u8, 16, 128, 144>(blk).as_chunks::<32>().0;
+    for c in 0..4 {
+        let x = ld256(&qs[c]);
+        let lo = _mm256_and_si256(x, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+        // SAFETY: each `q[j]` is 32 writable bytes; `storeu` accepts any alignment.
+        unsafe {
+            _mm256_storeu_si256(out.q[2 * c].as_mut_ptr().cast(), lo);
+            _mm256_storeu_si256(out.q[2 * c + 1].as_mut_ptr().cast(), hi);
+        }
+    }
+    let (sc, m) = scales_mins(at::<u8, 4, 12, 144>(blk));
+    let sc32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(sc)));
+    let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(m)));
+    // SAFETY: `sc` is 32 writable bytes, `mins` 16; `storeu` accepts any alignment.
+    unsafe {
+        let sc2 = _mm256_or_si256(sc32, _mm256_slli_epi32::<16>(sc32));
+        _mm256_storeu_si256(out.sc.as_mut_ptr().cast(), sc2);
+        _mm_storeu_si128(out.mins.as_mut_ptr().cast(), m16);
+    }
+    out.d = f16_at::<0, 144>(blk);
+    out.dmin = f16_at::<2, 144>(blk);
+}
+
+/// Declares the safe [`Gemm`](crate::kernels::Gemm) wrapper `$name` and its driver for a
+/// Q8_K-paired type of `$B`-byte blocks: rows decoded `R` at a time by `$decode` into
+/// `$dec` (zero value `$zero`), then micro-tiles of `$tile` over groups of `T` tokens.
+///
+/// `out[t·out_stride + i] = W[i] · act_t` for `i < n_rows`, `t < n_act`, where
+/// `w = n_rows` rows of `rb` bytes and `act_t = acts[t·act_stride..][..q8k_row_bytes]`.
+/// `false` (nothing written) when a row or an activation is malformed or the row is wider
+/// than [`MAX_NB`] super-blocks; the caller then takes the one-row path.
+macro_rules! gemm_q8k {
+    ($name:ident, $B:literal, $dec:ty, $zero:expr, $decode:ident, $tile:ident) => {
+        #[allow(clippy::too_many_arguments)]
+        pub(super) fn $name(
+            w: &[u8],
+            rb: usize,
+            n_rows: usize,
+            acts: &[u8],
+            act_stride: usize,
+            n_act: usize,
+            cols: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) -> bool {
+            use $crate::kernels::act::{Q8KAct, q8k_row_bytes};
+            let nb = cols / 256;
+            let ab = q8k_row_bytes(cols);
+            let ok = cols.is_multiple_of(256)
+                && nb > 0
+                && rb == $B * nb
+                && w.len() >= n_rows * rb
+                && n_act > 0
+                && n_rows > 0
+                && (n_act - 1) * act_stride + ab <= acts.len()
+                && (n_act - 1) * out_stride + n_rows <= out.len()
+                && (0..n_act).all(|t| {
+                    Q8KAct::new(&acts[t * act_stride..t * act_stride + ab], cols).is_some()
+                });
+            if !ok {
+                return false;
+            }
+            // SAFETY: the driver only needs the features `Avx512Vnni::detect`
+            // checks. This wrapper is reachable only through the table built by
+            // `avx512::table`, which requires an `Avx512Vnni` token.
+            unsafe {
+                match nb {
+                    ..=2 => {
+                        driver::<2>(w, rb, n_rows, acts, act_stride, n_act, nb, out, out_stride)
+                    }
+                    ..=8 => {
+                        driver::<8>(w, rb, n_rows, acts, act_stride, n_act, nb, out, out_stride)
+                    }
+                    ..=$crate::kernels::arch::x86_64::avx512::k4::MAX_NB => {
+                        driver::<{ $crate::kernels::arch::x86_64::avx512::k4::MAX_NB }>(
+                            w, rb, n_rows, acts, act_stride, n_act, nb, out, out_stride,
+                        )
+                    }
+                    _ => return false,
+                }
+            }
+            true
+        }
+
+        /// The driver with room for `NB ≥ nb` decoded super-blocks per row (so that the
+        /// buffer zeroed per call stays near the size used). The caller checked every shape.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        fn driver<const NB: usize>(
+            w: &[u8],
+            rb: usize,
+            n_rows: usize,
+            acts: &[u8],
+            act_stride: usize,
+            n_act: usize,
+            nb: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) {
+            use $crate::kernels::act::{Q8KAct, q8k_row_bytes};
+            use $crate::kernels::arch::x86_64::avx512::k4::{R, T};
+            let cols = 256 * nb;
+            let ab = q8k_row_bytes(cols);
+            let act = |t: usize| {
+                Q8KAct::new(&acts[t * act_stride..t * act_stride + ab], cols)
+                    .unwrap_or_else(|| unreachable!("checked by the wrapper"))
+            };
+            let mut dec = [[$zero; NB]; R];
+            for r0 in (0..n_rows).step_by(R) {
+                let nr = R.min(n_rows - r0);
+                for (i, d) in dec[..nr].iter_mut().enumerate() {
+                    let row = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
+                    let bl = row.as_chunks::<$B>().0;
+                    for (blk, db) in bl[..nb].iter().zip(d.iter_mut()) {
+                        $decode(blk, db);
+                    }
+                }
+                for t0 in (0..n_act).step_by(T) {
+                    let nt = T.min(n_act - t0);
+                    // Short groups repeat their last token; the repeats are not written.
+                    let a: [Q8KAct<'_>; T] = core::array::from_fn(|k| act(t0 + k.min(nt - 1)));
+                    let res = match (nr, nt) {
+                        (4, 3..) => $tile::<4, 2, NB>(&dec, nb, &a),
+                        (4, _) => $tile::<4, 1, NB>(&dec, nb, &a),
+                        (3, 3..) => $tile::<3, 2, NB>(&dec, nb, &a),
+                        (3, _) => $tile::<3, 1, NB>(&dec, nb, &a),
+                        (2, 3..) => $tile::<2, 2, NB>(&dec, nb, &a),
+                        (2, _) => $tile::<2, 1, NB>(&dec, nb, &a),
+                        (_, 3..) => $tile::<1, 2, NB>(&dec, nb, &a),
+                        (_, _) => $tile::<1, 1, NB>(&dec, nb, &a),
+                    };
+                    for (i, rr) in res[..nr].iter().enumerate() {
+                        for (k, &v) in rr[..nt].iter().enumerate() {
+                            out[(t0 + k) * out_stride + r0 + i] = v;
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+pub(super) use gemm_q8k;
+
+gemm_q8k!(q4k_q8k_gemm, 144, Dec, DEC0, decode, tile);
+
+/// One micro-tile: rows `0..RR` of `dec` × token pairs `0..PP` of `a` over `nb`
+/// super-blocks; `res[r][t]` for `t < 2·PP`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tile<const RR: usize, const PP: usize, const NB: usize>(
+    dec: &[[Dec; NB]; R],
+    nb: usize,
+    a: &[Q8KAct<'_>; T],
+) -> [[f32; T]; R] {
+    let mut facc = [[_mm512_setzero_ps(); PP]; RR];
+    let mut macc = [_mm512_setzero_ps(); RR];
+    let qa: [&[[i8; 256]]; T] = core::array::from_fn(|k| &a[k].qs.as_chunks::<256>().0[..nb]);
+    let bs: [&[[[u8; 2]; 16]]; T] = core::array::from_fn(|k| &a[k].bsums.as_chunks::<16>().0[..nb]);
+    for b in 0..nb {
+        let mut acc = [[_mm512_setzero_si512(); PP]; RR];
+        for j in 0..8 {
+            let av: [__m512i; PP] = core::array::from_fn(|p| {
+                let lo = &qa[2 * p][b].as_chunks::<32>().0[j];
+                let hi = &qa[2 * p + 1][b].as_chunks::<32>().0[j];
+                join256(ld256(lo), ld256(hi))
+            });
+            for r in 0..RR {
+                let d = &dec[r][b];
+                let wv = _mm512_broadcast_i64x4(ld256(&d.q[j]));
+                let s = _mm512_set1_epi32(d.sc[j]);
+                for p in 0..PP {
+                    let prod = _mm512_maddubs_epi16(wv, av[p]);
+                    acc[r][p] = _mm512_dpwssd_epi32(acc[r][p], prod, s);
+                }
+            }
+        }
+        // d_a per half (pairs) and per quarter (the mins' four tokens).
+        let da: [f32; T] = core::array::from_fn(|k| a[k].d(b));
+        let dav: [__m512; PP] = core::array::from_fn(|p| {
+            _mm512_castsi512_ps(join256(
+                _mm256_castps_si256(_mm256_set1_ps(da[2 * p])),
+                _mm256_castps_si256(_mm256_set1_ps(da[2 * p + 1])),
+            ))
+        });
+        let dam = _mm512_setr_ps(
+            da[0], da[0], da[0], da[0], da[1], da[1], da[1], da[1], da[2], da[2], da[2], da[2],
+            da[3], da[3], da[3], da[3],
+        );
+        // Per token: the 8 sums of adjacent bsums pairs (as `mins_dot` forms them).
+        let pairs: [__m128i; T] = core::array::from_fn(|k| {
+            let h = bs[k][b].as_flattened().as_chunks::<16>().0;
+            _mm_hadd_epi16(ld128(&h[0]), ld128(&h[1]))
+        });
+        let pairs = join256(
+            _mm256_set_m128i(pairs[1], pairs[0]),
+            _mm256_set_m128i(pairs[3], pairs[2]),
+        );
+        for r in 0..RR {
+            let d = &dec[r][b];
+            let dw = _mm512_set1_ps(d.d);
+            for p in 0..PP {
+                let dd = _mm512_mul_ps(dav[p], dw);
+                facc[r][p] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(acc[r][p]), facc[r][p]);
+            }
+            let m = _mm512_broadcast_i32x4(ld128(&d.mins));
+            let md = _mm512_madd_epi16(m, pairs);
+            let dmin = _mm512_mul_ps(dam, _mm512_set1_ps(d.dmin));
+            macc[r] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(md), macc[r]);
+        }
+    }
+    let mut res = [[0.0f32; T]; R];
+    for r in 0..RR {
+        let mut m = [0.0f32; 16];
+        // SAFETY: `m` is 16 writable f32; `storeu` accepts any alignment.
+        unsafe { _mm512_storeu_ps(m.as_mut_ptr(), macc[r]) };
+        for p in 0..PP {
+            let mut f = [0.0f32; 16];
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(f.as_mut_ptr(), facc[r][p]) };
+            for h in 0..2 {
+                let k = 2 * p + h;
+                // SAFETY: 8 (resp. 4) f32 inside the 16 of `f` (resp. `m`).
+                let (acc, accm) = unsafe {
+                    (
+                        _mm256_loadu_ps(f.as_ptr().add(8 * h)),
+                        _mm_loadu_ps(m.as_ptr().add(4 * k)),
+                    )
+                };
+                // The one-row kernel's final reduction, operation for operation.
+                let mm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+                let mm = _mm_add_ss(mm, _mm_movehdup_ps(mm));
+                res[r][k] = hsum_ps(acc) - _mm_cvtss_f32(mm);
+            }
+        }
+    }
+    res
+}
