@@ -130,3 +130,102 @@ extern "C" __global__ void attention_merge(const float* __restrict__ part, float
         oh[k] = o / L;
     }
 }
+
+// Decode attention for the quantised-activation path (one token; same grid, splits, outputs
+// and visibility as `attention`, a different work split): each warp takes runs of 32 keys,
+// lane l scoring key l of the run on its own (the whole d-wide dot from 16-byte loads, q in
+// shared memory), so a run costs one warp max/sum instead of a shuffle reduction per key;
+// then lanes switch to owning dims (lane + 32 i) to add the run's p-weighted V rows
+// (coalesced). Online softmax per warp, warps merged as in `attention`. The summation order
+// differs from `attention` (and the CPU), so this kernel is not on the exact path. With one
+// split and a gate g (not null), the output is multiplied by softplus(g[c / per]) as
+// gate_mul does (per = hq d / gcols), fusing that node.
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+attention_decode(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+                 float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,
+                 int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols) {
+    int h = blockIdx.x;
+    int split = blockIdx.z, n_split = gridDim.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int kvh = h / (hq / n_kv);
+    int row = n_kv * d;
+    int pos = (int)params[P_POS0];
+    int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    int last = pos;
+    if (n_split > 1) {
+        int per = (pos + 1 - first + n_split - 1) / n_split;
+        int lo = first + split * per;
+        last = min(pos, lo + per - 1);
+        first = lo;
+    }
+    __shared__ __align__(16) float qs[ATT_MAX_D];
+    for (int k = threadIdx.x; k < d; k += blockDim.x) qs[k] = q[(size_t)h * d + k];
+    __syncthreads();
+    float scale = 1.0f / sqrtf((float)d);
+    float acc[ATT_MAX_D / 32];
+    #pragma unroll
+    for (int i = 0; i < ATT_MAX_D / 32; i++) acc[i] = 0.0f;
+    float m = -LG_INF, l = 0.0f;
+    for (int base = first + 32 * warp; base <= last; base += 32 * ATT_WARPS) {
+        int j = base + lane;
+        bool live = j <= last;
+        float s = -LG_INF;
+        if (live) {
+            const float4* kr = (const float4*)(kc + (size_t)(j % cap) * row + (size_t)kvh * d);
+            const float4* q4 = (const float4*)qs;
+            float a0 = 0.0f, a1 = 0.0f;
+            for (int i = 0; i < d / 4; i += 2) {
+                float4 kv = kr[i], qv = q4[i];
+                a0 += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+                if (i + 1 < d / 4) {
+                    float4 kv2 = kr[i + 1], qv2 = q4[i + 1];
+                    a1 += kv2.x * qv2.x + kv2.y * qv2.y + kv2.z * qv2.z + kv2.w * qv2.w;
+                }
+            }
+            s = (a0 + a1) * scale;
+        }
+        float mn = fmaxf(m, warp_max(s));
+        float corr = expf(m - mn);
+        float p = live ? expf(s - mn) : 0.0f;
+        l = l * corr + warp_sum(p);
+        #pragma unroll
+        for (int i = 0; i < ATT_MAX_D / 32; i++) acc[i] *= corr;
+        int nk = min(32, last - base + 1);
+        for (int jj = 0; jj < nk; jj++) {
+            float pj = __shfl_sync(0xffffffffu, p, jj);
+            const float* vr = vc + (size_t)((base + jj) % cap) * row + (size_t)kvh * d;
+            #pragma unroll
+            for (int i = 0; i < ATT_MAX_D / 32; i++) {
+                int k = lane + 32 * i;
+                if (k < d) acc[i] += pj * vr[k];
+            }
+        }
+        m = mn;
+    }
+    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
+    __shared__ float sacc[ATT_WARPS][ATT_MAX_D];
+    if (lane == 0) { sm[warp] = m; sl[warp] = l; }
+    #pragma unroll
+    for (int i = 0; i < ATT_MAX_D / 32; i++) {
+        int k = lane + 32 * i;
+        if (k < d) sacc[warp][k] = acc[i];
+    }
+    __syncthreads();
+    float M = -LG_INF;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) L += sm[w] == -LG_INF ? 0.0f : sl[w] * expf(sm[w] - M);
+    float* oh = n_split > 1 ? part + ((size_t)h * n_split + split) * (d + 2) : out + (size_t)h * d;
+    int per = g ? hq * d / gcols : 1;
+    for (int k = threadIdx.x; k < d; k += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            if (sm[w] != -LG_INF) o += sacc[w][k] * expf(sm[w] - M);
+        if (n_split > 1) oh[k] = o;
+        else oh[k] = g ? (o / L) * softplus_f(g[(h * d + k) / per]) : o / L;
+    }
+    if (n_split > 1 && threadIdx.x == 0) {
+        oh[d] = M;
+        oh[d + 1] = L;
+    }
+}

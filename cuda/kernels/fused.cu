@@ -8,25 +8,27 @@
 #define QKR_WARPS 4
 #define QKR_MAX_D 256
 
-// RMSNorm of one row (norm.cu's rms_norm arithmetic) writing both the f32 output and
+// RMSNorm of one row (norm.cu's rms_norm, block-wide sum) writing both the f32 output and
 // its quantised copy for the products that read it. One block of NQ_THREADS; glen <= NQ_MAX.
 template <bool Q8K>
 __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
                                u8* __restrict__ xq, int glen, float eps) {
     __shared__ __align__(16) float y[NQ_MAX];
-    __shared__ float tot;
+    __shared__ float part[NQ_THREADS / 32];
     int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
-    // The sum of squares in rms_norm's order (one warp, lane-strided, then the warp tree), so
-    // the normed values are the unfused kernel's bit for bit. (A block-wide sum is ~10%
-    // faster here but moved the tiny fixtures' quantised activations across rounding
-    // boundaries enough to fail the CPU comparison; kept exact for now.)
-    if (warp == 0) {
-        float ss = 0.0f;
-        for (int i = lane; i < glen; i += 32) ss += x[i] * x[i];
-        ss = warp_sum(ss);
-        if (lane == 0) tot = ss;
-    }
+    // Block-wide sum of squares: a different order from rms_norm's one-warp sum (which cost
+    // ~11 µs per norm at batch 1, one warp walking the row serially). The normed values may
+    // then differ from the unfused kernel's in the last bit, which can move a quantised
+    // activation across a rounding boundary: the device tests bound this path by the
+    // quantisation error, not by the exact path's 1e-6.
+    float ss = 0.0f;
+    for (int i = tid; i < glen; i += NQ_THREADS) ss += x[i] * x[i];
+    ss = warp_sum(ss);
+    if (lane == 0) part[warp] = ss;
     __syncthreads();
+    float tot = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < NQ_THREADS / 32; i++) tot += part[i];
     float r = 1.0f / sqrtf(tot / (float)glen + eps);
     for (int i = tid; i < glen; i += NQ_THREADS) {
         float v = w[i] * (x[i] * r);

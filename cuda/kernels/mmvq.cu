@@ -41,9 +41,8 @@ __device__ void mv_swiglu(const u8* __restrict__ Wg, const u8* __restrict__ Wu, 
                           const u8* __restrict__ aq, float* __restrict__ act, int rows, int cols) {
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     if (r >= rows) return;
-    float g = warp_dot_q<T>(Wg + (size_t)r * row_bytes, aq, cols);
-    float u = warp_dot_q<T>(Wu + (size_t)r * row_bytes, aq, cols);
-    if ((threadIdx.x & 31) == 0) act[r] = silu_f(g) * u;
+    float2 gu = warp_dot2_q<T>(Wg + (size_t)r * row_bytes, Wu + (size_t)r * row_bytes, aq, cols);
+    if ((threadIdx.x & 31) == 0) act[r] = silu_f(gu.x) * gu.y;
 }
 
 // act[k, r] = silu(gate_e[r] . x) * (up_e[r] . x) for slot k < K of the (single) token,
@@ -73,9 +72,8 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
         g = Sg + (size_t)r * row_bytes;
         u = Su + (size_t)r * row_bytes;
     }
-    float gv = warp_dot_q<T>(g, xq, H);
-    float uv = warp_dot_q<T>(u, xq, H);
-    if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(gv) * uv;
+    float2 gu = warp_dot2_q<T>(g, u, xq, H);
+    if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(gu.x) * gu.y;
 }
 
 // out[r] = scale * sum_k weights[k] * (down_{ids[k]}[r] . act[k]), the experts taken in
@@ -102,9 +100,17 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
             rank += (o < mine || (o == mine && j < lane)) ? 1 : 0;
         }
     }
-    float acc = 0.0f;
+    // Lane s holds the slot of rank s, so the loop below reads it with a shuffle and its
+    // iterations (independent loads) can overlap.
+    int order = 0;
     for (int s = 0; s < K; s++) {
         int k = __ffs(__ballot_sync(0xffffffffu, lane < K && rank == s)) - 1;
+        if (lane == s) order = k;
+    }
+    float acc = 0.0f;
+    #pragma unroll 4
+    for (int s = 0; s < K; s++) {
+        int k = __shfl_sync(0xffffffffu, order, s);
         u32 e = id[k];
         float y = warp_dot_q<T>(Wd + (size_t)e * expert_bytes + (size_t)r * row_bytes,
                                 actq + (size_t)k * astride, I);
@@ -113,6 +119,31 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     float y = __fmul_rn(acc, scale);
     if (Sd) y = __fadd_rn(y, warp_dot_q<T>(Sd + (size_t)r * row_bytes, actq + (size_t)K * astride, I));
     if (res) y = __fadd_rn(res[r], y);
+    if (lane == 0) out[r] = y;
+}
+
+// out[r] = W[r] . x for f32 weights (the router) at batch 1: one warp per row, 16-byte
+// loads, two accumulators. Rows start 16-byte aligned and cols % 4 == 0. Grid
+// ceil(rows / MV_WARPS).
+extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
+mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, float* __restrict__ out,
+       int rows, int cols) {
+    int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const float4* w4 = (const float4*)((const u8*)W + (size_t)r * row_bytes);
+    const float4* x4 = (const float4*)x;
+    int n4 = cols / 4;
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int i = lane; i < n4; i += 64) {
+        float4 w = __ldg(w4 + i), v = x4[i];
+        a0 += w.x * v.x + w.y * v.y + w.z * v.z + w.w * v.w;
+        if (i + 32 < n4) {
+            float4 w2 = __ldg(w4 + i + 32), v2 = x4[i + 32];
+            a1 += w2.x * v2.x + w2.y * v2.y + w2.z * v2.z + w2.w * v2.w;
+        }
+    }
+    float y = warp_sum(a0 + a1);
     if (lane == 0) out[r] = y;
 }
 

@@ -7,10 +7,10 @@
 // eight lanes share a 256-super-block, each taking 16 bytes of its packed quants, so one warp
 // covers four super-blocks per iteration; for Q8_0 a lane takes one 34-byte block.
 //
-// Numerics: the eight lanes of a super-block reduce their integer sums exactly (shuffles),
-// then one lane adds (d_a·d_w)·sumi − (d_a·dmin_w)·summ — the CPU kernel's expression per
-// super-block (cpu-experts/src/kernels/scalar.rs k_dot). Only the order in which the
-// super-blocks' terms are summed differs from the CPU (per lane, then a warp tree).
+// Numerics: each lane's integer sums are exact; each lane scales its share by the
+// super-block's (d_a·d_w) and (d_a·dmin_w) as the CPU kernel scales the whole super-block
+// (cpu-experts/src/kernels/scalar.rs k_dot), and the shares are added per lane then by a
+// warp tree — the float rounding differs from the CPU's by a few ulp per term.
 #pragma once
 #include "quant.cuh"
 
@@ -39,15 +39,6 @@ __device__ __forceinline__ int dp4a4(const u32 w[4], const int4 a, int acc) {
     acc = __dp4a((int)w[2], a.z, acc);
     acc = __dp4a((int)w[3], a.w, acc);
     return acc;
-}
-
-// Sums the integer pair over the eight lanes of a super-block group (exact).
-__device__ __forceinline__ void group8_sum(int* a, int* b) {
-    #pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-        *a += __shfl_xor_sync(0xffffffffu, *a, o);
-        *b += __shfl_xor_sync(0xffffffffu, *b, o);
-    }
 }
 
 // Q4_K lane part p (0..7) of super-block `blk`: packed bytes qs[16p .. 16p + 16) hold the
@@ -127,7 +118,12 @@ __device__ __forceinline__ void kq_scales(const u8* blk, float* d, float* dmin) 
 }
 
 // Warp dot of K-quant row `row` (cols = 256 nb) with the Q8_K activation row `a`; the
-// result is in every lane.
+// result is in every lane. Each lane scales its own share of a super-block's integer sums
+// ((d_a·d_w)·sumi_part − (d_a·dmin_w)·summ_part) instead of the eight lanes first adding
+// theirs exactly: no shuffles inside the loop, so its iterations are independent and their
+// loads can be in flight together (the exact-per-super-block variant ran at ~20–35% of the
+// read floor on S 2.1 shapes). Rounding differs from the CPU's per-super-block float terms by
+// a few ulp of each partial.
 template <int T>
 __device__ __forceinline__ float warp_dot_kq(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
@@ -136,23 +132,50 @@ __device__ __forceinline__ float warp_dot_kq(const u8* __restrict__ row, const u
     const float* ad = q8k_d(a, cols);
     const short* bs = q8k_bsums(a, cols);
     float acc = 0.0f;
-    #pragma unroll 2
-    for (int b0 = 0; b0 < nb; b0 += 4) {
-        int b = b0 + (lane >> 3);
-        int sumi = 0, summ = 0;
-        bool live = b < nb;
+    #pragma unroll 4
+    for (int b = lane >> 3; b < nb; b += 4) {
         const u8* blk = row + (size_t)b * KQ<T>::BYTES;
-        if (live) kq_part<T>(blk, p, a + (size_t)b * QK_K, bs + 16 * b, &sumi, &summ);
-        group8_sum(&sumi, &summ);
-        if (live && p == 0) {
-            float d, dmin;
-            kq_scales<T>(blk, &d, &dmin);
-            float da = ad[b];
-            acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(da, d), (float)sumi));
-            if (T == WT_Q4_K) acc = __fsub_rn(acc, __fmul_rn(__fmul_rn(da, dmin), (float)summ));
-        }
+        int sumi, summ;
+        kq_part<T>(blk, p, a + (size_t)b * QK_K, bs + 16 * b, &sumi, &summ);
+        float d, dmin;
+        kq_scales<T>(blk, &d, &dmin);
+        float da = ad[b];
+        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(da, d), (float)sumi));
+        if (T == WT_Q4_K) acc = __fsub_rn(acc, __fmul_rn(__fmul_rn(da, dmin), (float)summ));
     }
     return warp_sum(acc);
+}
+
+// Two K-quant rows (a SwiGLU's gate and up) dotted with the same activation row in one loop,
+// so both rows' loads are in flight together; each result is warp_dot_kq's bit for bit.
+template <int T>
+__device__ __forceinline__ float2 warp_dot2_kq(const u8* __restrict__ r0, const u8* __restrict__ r1,
+                                               const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    int p = lane & 7;
+    int nb = cols / QK_K;
+    const float* ad = q8k_d(a, cols);
+    const short* bs = q8k_bsums(a, cols);
+    float acc0 = 0.0f, acc1 = 0.0f;
+    #pragma unroll 2
+    for (int b = lane >> 3; b < nb; b += 4) {
+        const u8* b0 = r0 + (size_t)b * KQ<T>::BYTES;
+        const u8* b1 = r1 + (size_t)b * KQ<T>::BYTES;
+        int si0, sm0, si1, sm1;
+        kq_part<T>(b0, p, a + (size_t)b * QK_K, bs + 16 * b, &si0, &sm0);
+        kq_part<T>(b1, p, a + (size_t)b * QK_K, bs + 16 * b, &si1, &sm1);
+        float d0, dm0, d1, dm1;
+        kq_scales<T>(b0, &d0, &dm0);
+        kq_scales<T>(b1, &d1, &dm1);
+        float da = ad[b];
+        acc0 = __fadd_rn(acc0, __fmul_rn(__fmul_rn(da, d0), (float)si0));
+        acc1 = __fadd_rn(acc1, __fmul_rn(__fmul_rn(da, d1), (float)si1));
+        if (T == WT_Q4_K) {
+            acc0 = __fsub_rn(acc0, __fmul_rn(__fmul_rn(da, dm0), (float)sm0));
+            acc1 = __fsub_rn(acc1, __fmul_rn(__fmul_rn(da, dm1), (float)sm1));
+        }
+    }
+    return make_float2(warp_sum(acc0), warp_sum(acc1));
 }
 
 // Warp dot of Q8_0 row `row` (cols = 32 nb) with the Q8_0 activation row `a`: lane l takes
@@ -162,6 +185,7 @@ __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const
     int nb = cols / QK;
     const float* ad = q8_0_d(a, cols);
     float acc = 0.0f;
+    #pragma unroll 4
     for (int b = lane; b < nb; b += 32) {
         const u8* blk = row + (size_t)b * 34;
         float d = f16_to_f32(__ldg((const unsigned short*)blk));
@@ -180,4 +204,12 @@ template <int T>
 __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return warp_dot_q8_0(row, a, cols);
     else return warp_dot_kq<T>(row, a, cols);
+}
+
+// Gate and up rows against one activation: the K-quant pair loop, or two Q8_0 dots.
+template <int T>
+__device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u8* __restrict__ r1,
+                                              const u8* __restrict__ a, int cols) {
+    if constexpr (T == WT_Q8_0) return make_float2(warp_dot_q8_0(r0, a, cols), warp_dot_q8_0(r1, a, cols));
+    else return warp_dot2_kq<T>(r0, r1, a, cols);
 }

@@ -55,6 +55,69 @@ route(const float* __restrict__ z, const float* __restrict__ bias, float* __rest
         for (int slot = 0; slot < K; slot++) wt[slot] = wt[slot] / sum;
 }
 
+// The same routing with one block of RB_THREADS per token: each expert's rank among the
+// biased scores (larger first, ties to the lower id) is counted in parallel, and the experts
+// of rank < K fill the slots. That equals route's K sequential picks whenever every score is
+// finite; a token with a NaN or -inf score (where route's knock-out-to--inf rules decide)
+// or K > E takes route's sequential algorithm on one thread. Grid (n), block RB_THREADS.
+#define RB_THREADS 256
+extern "C" __global__ void __launch_bounds__(RB_THREADS)
+route_block(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
+            float* __restrict__ weights, int E, int K, int norm, int n) {
+    __shared__ float sel[ROUTE_MAX_EXPERTS];
+    __shared__ int odd;
+    int t = blockIdx.x, tid = threadIdx.x;
+    if (t >= n) return;
+    const float* zt = z + (size_t)t * E;
+    if (tid == 0) odd = K > E;
+    __syncthreads();
+    for (int e = tid; e < E; e += RB_THREADS) {
+        float v = sigmoid_f(zt[e]) + bias[e];
+        sel[e] = v;
+        if (!(v > -LG_INF)) odd = 1;
+    }
+    __syncthreads();
+    u32* idt = (u32*)ids + (size_t)t * K;
+    float* wt = weights + (size_t)t * K;
+    if (odd) {
+        if (tid == 0) {
+            for (int slot = 0; slot < K; slot++) {
+                float bv = -LG_INF;
+                int be = 0x7fffffff;
+                for (int e = 0; e < E; e++) {
+                    float v = sel[e];
+                    if (!isnan(v) && (v > bv || (v == bv && e < be))) { bv = v; be = e; }
+                }
+                if (be == 0x7fffffff) be = slot;
+                if (be < E) sel[be] = -LG_INF;
+                idt[slot] = (u32)be;
+                wt[slot] = sigmoid_f(zt[be]);
+            }
+        }
+    } else {
+        for (int e = tid; e < E; e += RB_THREADS) {
+            float v = sel[e];
+            int rank = 0;
+            for (int j = 0; j < E; j++) {
+                float o = sel[j];
+                rank += (o > v || (o == v && j < e)) ? 1 : 0;
+            }
+            if (rank < K) {
+                idt[rank] = (u32)e;
+                wt[rank] = sigmoid_f(zt[e]);
+            }
+        }
+    }
+    if (norm) {
+        __syncthreads();
+        if (tid == 0) {
+            float sum = 0.0f;
+            for (int slot = 0; slot < K; slot++) sum += wt[slot];
+            for (int slot = 0; slot < K; slot++) wt[slot] = wt[slot] / sum;
+        }
+    }
+}
+
 // Warp dot of one decoded weight row with one f32 vector.
 template <int T>
 __device__ __forceinline__ float warp_dot(const u8* __restrict__ row, const float* __restrict__ x, int cols) {

@@ -60,6 +60,8 @@ manifest! {
     DownGroupedQ6K => "moe.cu", "moe_down_grouped_q6_K";
     MoeGroup => "moe.cu", "moe_group";
     Route => "moe.cu", "route";
+    RouteBlock => "moe.cu", "route_block";
+    MvF32 => "mmvq.cu", "mv_f32";
     MoeCombine => "moe.cu", "moe_combine";
     RmsNorm => "norm.cu", "rms_norm";
     Rope => "norm.cu", "rope";
@@ -70,6 +72,7 @@ manifest! {
     KvStore => "attention.cu", "kv_store";
     Attention => "attention.cu", "attention";
     AttentionMerge => "attention.cu", "attention_merge";
+    AttentionDecode => "attention.cu", "attention_decode";
     Spin => "elementwise.cu", "spin";
     ReadStream => "elementwise.cu", "read_stream";
     QuantizeQ8K => "act.cu", "quantize_q8_K";

@@ -15,7 +15,7 @@ use lagoon_core::rope::RopeTable;
 
 use crate::device::{Arg, Device, KernelTime, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
-use crate::manifest::{ActQ, K};
+use crate::manifest::{ActQ, K, WType};
 use crate::weights::{DFfn, DMat, DeviceWeights};
 
 /// Sizes fixed at session creation.
@@ -500,6 +500,7 @@ impl CudaSession {
         out: u64,
         n: usize,
         split: usize,
+        gate: Option<(u64, usize)>,
     ) -> Result<(), CudaError> {
         use Arg::{I, P};
         let c = &self.cfg;
@@ -509,24 +510,40 @@ impl CudaSession {
         } else {
             0
         };
+        // One token on the quantised path: the key-per-lane decode kernel (same outputs).
+        let decode = self.decode_attention(n);
+        let args = [
+            P(q),
+            P(kv.k),
+            P(kv.v),
+            P(out),
+            P(self.part),
+            I(kv.cap as i32),
+            I(c.n_heads[layer] as i32),
+            I(c.n_kv_heads as i32),
+            I(c.head_dim as i32),
+            I(window as i32),
+            P(self.params),
+            // attention_decode's fused gate (null: none).
+            P(gate.map_or(0, |g| g.0)),
+            I(gate.map_or(0, |g| g.1 as i32)),
+        ];
+        let (kernel, n_args) = if decode {
+            (K::AttentionDecode, args.len())
+        } else {
+            (K::Attention, args.len() - 2)
+        };
         self.dev.launch3(
-            K::Attention,
+            kernel,
             (c.n_heads[layer] as u32, n as u32, split as u32),
             128,
-            &[
-                P(q),
-                P(kv.k),
-                P(kv.v),
-                P(out),
-                P(self.part),
-                I(kv.cap as i32),
-                I(c.n_heads[layer] as i32),
-                I(c.n_kv_heads as i32),
-                I(c.head_dim as i32),
-                I(window as i32),
-                P(self.params),
-            ],
+            &args[..n_args],
         )
+    }
+
+    /// One token on the quantised path takes the key-per-lane decode attention kernel.
+    fn decode_attention(&self, n: usize) -> bool {
+        n == 1 && self.opts.quantized_activations && self.cfg.head_dim.is_multiple_of(4)
     }
 
     /// Decode-step fusions on the quantised-activation path: recognises, at node `i` of the
@@ -655,6 +672,23 @@ impl CudaSession {
             }
             Op::MatMul { x, w, out } => {
                 let m = self.w.mat(w);
+                if m.ty == WType::F32 && m.cols.is_multiple_of(4) {
+                    // f32 weights (the router) at batch 1.
+                    dev.launch(
+                        K::MvF32,
+                        (blocks(m.rows, 4), 1),
+                        128,
+                        &[
+                            P(m.ptr),
+                            P(m.row_bytes),
+                            P(at(x)),
+                            P(at(out)),
+                            I(m.rows as i32),
+                            I(m.cols as i32),
+                        ],
+                    )?;
+                    return Ok(1);
+                }
                 let (Some(fmt), Some(k)) = (m.ty.act(), m.ty.mvq()) else {
                     return Ok(0);
                 };
@@ -739,17 +773,27 @@ impl CudaSession {
                 }
                 Ok(len)
             }
-            // Split-K attention with the output gate fused into the merge.
+            // Attention with the output gate fused: into the decode kernel's write when
+            // there is one split, else into the merge of the splits.
             Op::Attention { layer, q, out } => {
                 let split = self.splits[layer];
                 let Some(Op::GateMul { o, g, out: og }) = next(1) else {
                     return Ok(0);
                 };
-                if o != out || !once(out) || split < 2 {
+                if o != out || !once(out) || !self.decode_attention(1) {
                     return Ok(0);
                 }
                 let hq = c.n_heads[layer];
-                self.attention(layer, at(q), at(out), 1, split)?;
+                let gcols = vals[g].cols;
+                // One kernel reads q and writes og: og must not overlap another head's q.
+                if split < 2 && (apart(og, q) || vals[og].offset == vals[q].offset) {
+                    self.attention(layer, at(q), at(og), 1, 1, Some((at(g), gcols)))?;
+                    return Ok(2);
+                }
+                if split < 2 {
+                    return Ok(0);
+                }
+                self.attention(layer, at(q), at(out), 1, split, None)?;
                 dev.launch(
                     K::AttentionMergeGate,
                     (hq as u32, 1),
@@ -761,7 +805,7 @@ impl CudaSession {
                         I(hq as i32),
                         I(d as i32),
                         I(split as i32),
-                        I(vals[g].cols as i32),
+                        I(gcols as i32),
                     ],
                 )?;
                 Ok(2)
@@ -1085,7 +1129,7 @@ impl CudaSession {
                     } else {
                         1
                     };
-                    self.attention(layer, at(q), at(out), n, split)?;
+                    self.attention(layer, at(q), at(out), n, split, None)?;
                     if split > 1 {
                         dev.launch(
                             K::AttentionMerge,
@@ -1145,9 +1189,9 @@ impl CudaSession {
                         unreachable!("route on a dense layer")
                     };
                     dev.launch(
-                        K::Route,
-                        (blocks(n, 4), 1),
-                        128,
+                        K::RouteBlock,
+                        (n as u32, 1),
+                        256,
                         &[
                             P(at(z)),
                             P(bias.ptr),

@@ -199,50 +199,56 @@ fn router_matches_reference_including_ties() {
         let bias: Vec<f32> = (0..e).map(|i| if i % 5 == 0 { 0.1 } else { 0.0 }).collect();
         let (_zb, zp) = upload(&dev, &z);
         let (_bb, bp) = upload(&dev, &bias);
-        let ib = dev.stream.alloc_zeros::<f32>(n * k).unwrap();
-        let wb = dev.stream.alloc_zeros::<f32>(n * k).unwrap();
-        let (ip, wp) = (ib.device_ptr(&dev.stream).0, wb.device_ptr(&dev.stream).0);
-        dev.launch(
-            K::Route,
-            (n.div_ceil(4) as u32, 1),
-            128,
-            &[
-                Arg::P(zp),
-                Arg::P(bp),
-                Arg::P(ip),
-                Arg::P(wp),
-                Arg::I(e as i32),
-                Arg::I(k as i32),
-                Arg::I(norm as i32),
-                Arg::I(n as i32),
-            ],
-        )
-        .unwrap();
-        let (ids, ws) = (download(&dev, &ib), download(&dev, &wb));
-        let mut max_err = 0.0f32;
-        for t in 0..n {
-            let (mut ri, mut rw, mut sel) = (vec![0u32; k], vec![0f32; k], vec![0f32; e]);
-            lagoon_core::ops::router::route(
-                &z[t * e..(t + 1) * e],
-                &bias,
-                norm,
-                &mut ri,
-                &mut rw,
-                &mut sel,
-            );
-            let gi: Vec<u32> = ids[t * k..(t + 1) * k]
-                .iter()
-                .map(|v| v.to_bits())
-                .collect();
-            assert_eq!(gi, ri, "E={e} K={k} token {t}: ids");
-            for (a, b) in ws[t * k..(t + 1) * k].iter().zip(&rw) {
-                if !(a.is_nan() && b.is_nan()) {
-                    max_err = max_err.max((a - b).abs());
+        // Both kernels; token 1's NaN sends route_block to its sequential picks.
+        for (kern, grid, block) in [(K::Route, n.div_ceil(4), 128), (K::RouteBlock, n, 256)] {
+            let ib = dev.stream.alloc_zeros::<f32>(n * k).unwrap();
+            let wb = dev.stream.alloc_zeros::<f32>(n * k).unwrap();
+            let (ip, wp) = (ib.device_ptr(&dev.stream).0, wb.device_ptr(&dev.stream).0);
+            dev.launch(
+                kern,
+                (grid as u32, 1),
+                block,
+                &[
+                    Arg::P(zp),
+                    Arg::P(bp),
+                    Arg::P(ip),
+                    Arg::P(wp),
+                    Arg::I(e as i32),
+                    Arg::I(k as i32),
+                    Arg::I(norm as i32),
+                    Arg::I(n as i32),
+                ],
+            )
+            .unwrap();
+            let (ids, ws) = (download(&dev, &ib), download(&dev, &wb));
+            let mut max_err = 0.0f32;
+            for t in 0..n {
+                let (mut ri, mut rw, mut sel) = (vec![0u32; k], vec![0f32; k], vec![0f32; e]);
+                lagoon_core::ops::router::route(
+                    &z[t * e..(t + 1) * e],
+                    &bias,
+                    norm,
+                    &mut ri,
+                    &mut rw,
+                    &mut sel,
+                );
+                let gi: Vec<u32> = ids[t * k..(t + 1) * k]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                assert_eq!(gi, ri, "E={e} K={k} token {t}: ids");
+                for (a, b) in ws[t * k..(t + 1) * k].iter().zip(&rw) {
+                    if !(a.is_nan() && b.is_nan()) {
+                        max_err = max_err.max((a - b).abs());
+                    }
                 }
             }
+            println!(
+                "{} E={e} K={k} norm={norm}: ids equal, max weight err {max_err:.2e}",
+                kern.name()
+            );
+            assert!(max_err < 1e-6);
         }
-        println!("route E={e} K={k} norm={norm}: ids equal, max weight err {max_err:.2e}");
-        assert!(max_err < 1e-6);
     }
 }
 
@@ -408,6 +414,9 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                     n_ctx: toks.len(),
                     ubatch: 1,
                     all_logits: true,
+                    // Split-K over 8-key splits, so the decode attention's partial states
+                    // and the fused merge + gate run.
+                    attn_split_keys: 8,
                     ..Default::default()
                 },
             )
@@ -665,5 +674,60 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
             println!("mv {ty} {rows}x{cols}: max rel err vs CPU scalar kernel {e:.2e}");
             assert!(e < 1e-5, "mv {ty} {rows}x{cols}: {e}");
         }
+    }
+}
+
+/// The quant-type fixtures (`tests/fixtures/models/quant`, llama.cpp-quantised, see
+/// `tests/quant_logits.rs` for the bounds): the exact path against llama.cpp's f32 path on
+/// the dequantised weights, and the quantised decode (the K-quant fused MoE and mat-vec
+/// kernels on a real model) within 1.25 x llama.cpp's own CPU-vs-f32 distance of it.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn quant_type_models_match_llama_cpp() {
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/models/quant"
+    ));
+    let toks: Vec<u32> = std::fs::read_to_string(dir.join("eval_tokens.txt"))
+        .unwrap()
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    for ty in ["q8_0", "q4_k_m", "q6_k", "q5_k_m", "iq4_xs", "q4_0"] {
+        let ckpt = Checkpoint::open(dir.join(format!("model-{ty}.gguf"))).unwrap();
+        let w = weights(&ckpt);
+        let deq = read_f32(&dir.join(format!("logits.llamacpp.{ty}.deq.f32")));
+        let llama = read_f32(&dir.join(format!("logits.llamacpp.{ty}.f32")));
+        let d_llama = rel_l2(&llama, &deq);
+        let run = |ubatch: usize, quantized: bool| {
+            let mut s = CudaSession::new(
+                &ckpt.config,
+                &w,
+                CudaSessionOptions {
+                    n_ctx: toks.len(),
+                    ubatch,
+                    all_logits: true,
+                    quantized_activations: quantized,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{ty}: {e}"));
+            let mut out = Vec::new();
+            s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
+            (out, s.weight_bytes().1)
+        };
+        let (exact, nd) = run(toks.len(), false);
+        let (fast, _) = run(1, true);
+        let (e_exact, e_fast) = (rel_l2(&exact, &deq), rel_l2(&fast, &deq));
+        println!(
+            "{ty}: exact vs llama.cpp f32 {e_exact:.3e}; quantised decode vs llama.cpp f32 {e_fast:.3e} ({:.2} x llama.cpp's own {d_llama:.3e}); {nd} matrices decoded to f32 at upload",
+            e_fast / d_llama
+        );
+        assert!(e_exact <= MAX_REL_L2, "{ty}: exact {e_exact:.3e}");
+        assert!(
+            e_fast <= 1.25 * d_llama,
+            "{ty}: quantised decode {e_fast:.3e}"
+        );
     }
 }
