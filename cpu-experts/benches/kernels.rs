@@ -387,7 +387,16 @@ impl criterion::measurement::Measurement for ThreadCpu {
 }
 
 /// Kinds whose AVX-512 kernel differs from AVX2's (benched with both tables).
-const AVX512_KINDS: [&str; 3] = ["q6_K", "iq4_xs", "ct-int4-g32"];
+const AVX512_KINDS: [&str; 8] = [
+    "q6_K",
+    "iq4_xs",
+    "ct-int4-g32",
+    "iq2_xxs",
+    "iq2_xs",
+    "iq2_s",
+    "iq3_xxs",
+    "iq3_s",
+];
 
 /// One-token expert GEMV of every kind, single thread, timed in thread CPU time
 /// ([`ThreadCpu`]) with the streaming-read floor measured the same way: the figures to

@@ -1,6 +1,8 @@
 //! AVX-512 (F, BW, VL) + VNNI kernels where they beat AVX2: Q6_K, IQ4_XS and
-//! compressed-tensors int4. Everything else keeps the AVX2 kernel (the table starts from
-//! AVX2's).
+//! compressed-tensors int4, and — when the CPU also has VBMI, BITALG, GFNI and BMI2 — the
+//! grid types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (`iq::with_grid_kernels`: grid
+//! lookups by `vpermt2b`, codes to magnitudes by `gf2p8affineqb`; 1.6–2.6x AVX2 single
+//! thread). Everything else keeps the AVX2 kernel (the table starts from AVX2's).
 //!
 //! Measured single thread on the development VM (Xeon, AVX-512 + VNNI), `benches/kernels.rs`
 //! group `simd_cmp_*` (thread CPU time, three runs): 512-bit Q6_K +5-13 % decode and
