@@ -14,6 +14,8 @@ pub mod manifest;
 pub mod session;
 pub mod weights;
 
+/// The driver bindings the kernels are launched through (for tools such as the kernel lab).
+pub use cudarc;
 pub use error::CudaError;
 pub use session::{CudaSession, CudaSessionOptions};
 
