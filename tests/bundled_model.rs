@@ -6,8 +6,11 @@
 //! (the export snaps the trained weights to the Q8_0 grid and checks the converted file bit
 //! for bit), so the reference path is held to the f32 bound.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{modes, read_f32, rel_l2, row_errors};
 use lagoon::tokenizer::Tokenizer;
 use lagoon::{Checkpoint, Session, SessionOptions};
 use serde_json::Value;
@@ -41,47 +44,8 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn read_f32(p: &Path) -> Vec<f32> {
-    let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut n, mut d) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        n += (x as f64 - y as f64).powi(2);
-        d += (y as f64).powi(2);
-    }
-    (n / d).sqrt()
-}
-
 fn open() -> Checkpoint {
-    let p = dir().join("model.gguf");
-    Checkpoint::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-fn session<'w>(
-    ckpt: &'w Checkpoint,
-    w: &'w lagoon::ModelWeights<'w>,
-    n_ctx: usize,
-    ubatch: usize,
-    all_logits: bool,
-    reference: bool,
-) -> Session<'w> {
-    Session::new(
-        &ckpt.config,
-        w,
-        SessionOptions {
-            n_ctx,
-            ubatch,
-            all_logits,
-            n_threads: 0,
-            reference,
-        },
-    )
+    common::open(&dir().join("model.gguf"))
 }
 
 /// Logits of the stored positions of the evaluation prompt.
@@ -92,10 +56,7 @@ fn eval_logits(
     ubatch: usize,
     reference: bool,
 ) -> Vec<f32> {
-    let w = lagoon::weights(ckpt).unwrap();
-    let mut s = session(ckpt, &w, toks.len(), ubatch, true, reference);
-    let mut all = Vec::new();
-    s.prefill(toks, |l| all.extend_from_slice(l)).unwrap();
+    let all = common::eval(ckpt, toks, ubatch, reference);
     let vocab = ckpt.config.vocab_size;
     pos.iter()
         .flat_map(|&p| all[p * vocab..(p + 1) * vocab].iter().copied())
@@ -116,17 +77,12 @@ fn bundled_model_logits_match_transformers() {
     assert_eq!(expected.len(), pos.len() * vocab);
     // the evaluation prompt spans more than two sliding windows
     assert!(toks.len() > 2 * 64);
-    for (mode, ubatch) in [("prefill", toks.len()), ("chunked-7", 7), ("decode", 1)] {
+    for (mode, ubatch) in modes(toks.len()) {
         let ours = eval_logits(&ckpt, &toks, &pos, ubatch, true);
         let e = rel_l2(&ours, &expected);
         println!("reference path [{mode}]: rel L2 {e:.3e}");
         assert!(e <= MAX_REL_L2, "reference path [{mode}]: rel L2 {e:.3e}");
-        for (i, (a, b)) in ours
-            .chunks_exact(vocab)
-            .zip(expected.chunks_exact(vocab))
-            .enumerate()
-        {
-            let e = rel_l2(a, b);
+        for (i, e) in row_errors(&ours, &expected, vocab).into_iter().enumerate() {
             assert!(e <= MAX_REL_L2, "position {}: rel L2 {e:.3e}", pos[i]);
         }
     }
@@ -171,7 +127,17 @@ fn bundled_model_greedy_matches_transformers() {
             .map_or(expected.len(), |i| i);
         assert!(n >= 32, "{prompt_text:?}: only {n} comparable greedy steps");
 
-        let mut s = session(&ckpt, &w, prompt.len() + n, 64, false, true);
+        let mut s = Session::new(
+            &ckpt.config,
+            &w,
+            SessionOptions {
+                n_ctx: prompt.len() + n,
+                ubatch: 64,
+                all_logits: false,
+                n_threads: 0,
+                reference: true,
+            },
+        );
         let mut last = Vec::new();
         s.prefill(&prompt, |l| {
             last.clear();

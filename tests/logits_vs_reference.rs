@@ -3,9 +3,11 @@
 //! variants (on the dequantised weights for the latter), in one-shot prefill, chunked
 //! prefill (ubatch 7) and token-by-token decode.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use lagoon::{Checkpoint, Session, SessionOptions};
+use common::{eval, modes, open, read_f32, read_tokens, rel_l2, row_errors};
 
 /// Bound on the relative L2 error vs transformers f32 on the reference path. The fixtures'
 /// weights are exactly representable in every stored format (powers-of-two scales), so every
@@ -57,54 +59,6 @@ fn fixtures() -> Vec<PathBuf> {
     v
 }
 
-fn read_f32(p: &Path) -> Vec<f32> {
-    let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn tokens(case: &Path) -> Vec<u32> {
-    std::fs::read_to_string(case.join("tokens.txt"))
-        .unwrap()
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| s.trim().parse().unwrap())
-        .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut n, mut d) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        n += (x as f64 - y as f64).powi(2);
-        d += (y as f64).powi(2);
-    }
-    (n / d).sqrt()
-}
-
-fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize) -> Vec<f32> {
-    eval_with(ckpt, toks, ubatch, true)
-}
-
-fn eval_with(ckpt: &Checkpoint, toks: &[u32], ubatch: usize, reference: bool) -> Vec<f32> {
-    let w = lagoon::weights(ckpt).unwrap();
-    let mut s = Session::new(
-        &ckpt.config,
-        &w,
-        SessionOptions {
-            n_ctx: toks.len(),
-            ubatch,
-            all_logits: true,
-            n_threads: 0,
-            reference,
-        },
-    );
-    let mut out = Vec::new();
-    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
-    out
-}
-
 /// Whether the case's llama.cpp logits are usable: `gen_fixtures.py` marks configs where
 /// llama.cpp is known to deviate from transformers (`meta.json` → `llamacpp.status`).
 fn llama_is_reference(case: &Path) -> bool {
@@ -117,11 +71,7 @@ fn llama_is_reference(case: &Path) -> bool {
 
 /// Median over positions of the per-position relative L2 error.
 fn median_row_err(a: &[f32], b: &[f32], vocab: usize) -> f64 {
-    let mut e: Vec<f64> = a
-        .chunks_exact(vocab)
-        .zip(b.chunks_exact(vocab))
-        .map(|(x, y)| rel_l2(x, y))
-        .collect();
+    let mut e = row_errors(a, b, vocab);
     e.sort_by(f64::total_cmp);
     e[e.len() / 2]
 }
@@ -174,15 +124,14 @@ fn every_fixture_matches_transformers_in_every_mode() {
     assert!(!cases.is_empty(), "no fixtures under tests/fixtures/models");
     let mut n_checked = 0;
     for case in cases {
-        let toks = tokens(&case);
+        let toks = read_tokens(&case.join("tokens.txt"));
         for (model, refpath) in variants(&case) {
             let reference = read_f32(&refpath);
-            let ckpt =
-                Checkpoint::open(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+            let ckpt = open(&model);
             let vocab = ckpt.config.vocab_size;
             assert_eq!(reference.len(), toks.len() * vocab, "{}", refpath.display());
-            for (mode, ubatch) in [("prefill", toks.len()), ("chunked-7", 7), ("decode", 1)] {
-                let ours = eval(&ckpt, &toks, ubatch);
+            for (mode, ubatch) in modes(toks.len()) {
+                let ours = eval(&ckpt, &toks, ubatch, true);
                 let e = rel_l2(&ours, &reference);
                 let what = format!(
                     "{} [{mode}]",
@@ -220,7 +169,7 @@ fn default_path_within_llama_cpp_distance() {
             );
             continue;
         }
-        let toks = tokens(&case);
+        let toks = read_tokens(&case.join("tokens.txt"));
         let tf = read_f32(&case.join("logits.transformers.f32"));
         for ty in ["f32", "f16", "q8_0"] {
             let (model, lc) = (
@@ -234,9 +183,9 @@ fn default_path_within_llama_cpp_distance() {
             let llama = rel_l2(&lcl, &tf);
             let vocab = tf.len() / toks.len();
             let llama_med = median_row_err(&lcl, &tf, vocab);
-            let ckpt = Checkpoint::open(&model).unwrap();
-            for ubatch in [toks.len(), 7, 1] {
-                let ours = eval_with(&ckpt, &toks, ubatch, false);
+            let ckpt = open(&model);
+            for (_, ubatch) in modes(toks.len()) {
+                let ours = eval(&ckpt, &toks, ubatch, false);
                 let (e, med) = (rel_l2(&ours, &tf), median_row_err(&ours, &tf, vocab));
                 println!(
                     "{} ubatch {ubatch}: ours {e:.3e} (median position {med:.3e}), llama.cpp {llama:.3e} (median {llama_med:.3e})",

@@ -37,10 +37,13 @@
 //! Q5_K odd-sub-block min off by one step fails the reference path (1.4e-2 > 1e-4). A scale
 //! off by 2^-9 passes (ours vs f32 +2..6%): kernel exactness is the kernel tests' job.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{eval, modes, read_f32, read_tokens, rel_l2, row_errors};
+use lagoon::Checkpoint;
 use lagoon::gguf::checkpoint::PartRecord;
-use lagoon::{Checkpoint, Session, SessionOptions};
 use serde_json::Value;
 
 /// Every type of `tools/reference/quant_models.py` (file `model-<t>.gguf`).
@@ -67,20 +70,8 @@ fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/quant")
 }
 
-fn read_f32(p: &Path) -> Vec<f32> {
-    let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 fn tokens() -> Vec<u32> {
-    std::fs::read_to_string(dir().join("eval_tokens.txt"))
-        .expect("eval_tokens.txt")
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| s.trim().parse().expect("token id"))
-        .collect()
+    read_tokens(&dir().join("eval_tokens.txt"))
 }
 
 fn meta() -> Value {
@@ -88,23 +79,12 @@ fn meta() -> Value {
     serde_json::from_str(&text).expect("meta.json is JSON")
 }
 
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut n, mut d) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        n += (x as f64 - y as f64).powi(2);
-        d += (y as f64).powi(2);
-    }
-    (n / d).sqrt()
-}
-
 /// Per-position relative L2: (median, worst, worst position).
 fn positions(a: &[f32], b: &[f32], vocab: usize) -> (f64, f64, usize) {
-    let mut e: Vec<(f64, usize)> = a
-        .chunks_exact(vocab)
-        .zip(b.chunks_exact(vocab))
+    let mut e: Vec<(f64, usize)> = row_errors(a, b, vocab)
+        .into_iter()
         .enumerate()
-        .map(|(t, (x, y))| (rel_l2(x, y), t))
+        .map(|(t, e)| (e, t))
         .collect();
     e.sort_by(|x, y| x.0.total_cmp(&y.0));
     let worst = e[e.len() - 1];
@@ -112,33 +92,7 @@ fn positions(a: &[f32], b: &[f32], vocab: usize) -> (f64, f64, usize) {
 }
 
 fn open(ty: &str) -> Checkpoint {
-    let p = dir().join(format!("model-{ty}.gguf"));
-    Checkpoint::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// Logits of every position, `ubatch` tokens per step.
-fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize, reference: bool) -> Vec<f32> {
-    let w = lagoon::weights(ckpt).unwrap();
-    let mut s = Session::new(
-        &ckpt.config,
-        &w,
-        SessionOptions {
-            n_ctx: toks.len(),
-            ubatch,
-            all_logits: true,
-            n_threads: 0,
-            reference,
-        },
-    );
-    let mut out = Vec::new();
-    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
-    out
-}
-
-const MODES: [(&str, usize); 3] = [("prefill", 0), ("chunked-7", 7), ("decode", 1)];
-
-fn ubatch(mode: usize, n: usize) -> usize {
-    if mode == 0 { n } else { mode }
+    common::open(&dir().join(format!("model-{ty}.gguf")))
 }
 
 /// ggml's type name without underscores (`Q4_K` and lagoon's `Q4K` both become `Q4K`).
@@ -182,8 +136,8 @@ fn reference_path_matches_llama_cpp_on_the_dequantised_weights() {
         let ckpt = open(ty);
         let expected = read_f32(&dir().join(format!("logits.llamacpp.{ty}.deq.f32")));
         assert_eq!(expected.len(), toks.len() * ckpt.config.vocab_size, "{ty}");
-        for (mode, ub) in MODES {
-            let ours = eval(&ckpt, &toks, ubatch(ub, toks.len()), true);
+        for (mode, ubatch) in modes(toks.len()) {
+            let ours = eval(&ckpt, &toks, ubatch, true);
             let e = rel_l2(&ours, &expected);
             println!("{ty:8} reference [{mode}]: rel L2 vs llama.cpp f32 {e:.3e}");
             assert!(
@@ -204,8 +158,8 @@ fn fast_path_within_llama_cpp_own_distance() {
         let f32_ref = read_f32(&dir().join(format!("logits.llamacpp.{ty}.deq.f32")));
         let d_llama = rel_l2(&cpu, &f32_ref);
         let bound = FAST_MARGIN * d_llama;
-        for (mode, ub) in MODES {
-            let ours = eval(&ckpt, &toks, ubatch(ub, toks.len()), false);
+        for (mode, ubatch) in modes(toks.len()) {
+            let ours = eval(&ckpt, &toks, ubatch, false);
             let (e, e_ref) = (rel_l2(&ours, &cpu), rel_l2(&ours, &f32_ref));
             let (med, worst, at) = positions(&ours, &cpu, ckpt.config.vocab_size);
             println!(
