@@ -39,7 +39,7 @@ use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
 use super::{CLAIMS_PER_THREAD, ROW_TILE, ThreadScratch};
-use crate::kernels::{ActFormat, Kernels};
+use crate::kernels::{ActFormat, Kernels, act};
 use crate::pool::{Dynamic, SharedOut, ThreadPool};
 
 /// Claims per thread in the gate/up dispatch, whose items vary in cost.
@@ -499,8 +499,12 @@ pub(crate) fn run(
                 // their increments of the group's counter), and only this thread touches
                 // them until the dispatch ends.
                 let (g, u) = unsafe { (g.slice(j * w..(j + 1) * w), u.slice(j * w..(j + 1) * w)) };
-                for (g, &u) in g.iter_mut().zip(u.iter()) {
-                    *g = ops::silu(*g) * u;
+                if kernels.is_some() {
+                    act::swiglu_in_place(g, u);
+                } else {
+                    for (g, &u) in g.iter_mut().zip(u.iter()) {
+                        *g = ops::silu(*g) * u;
+                    }
                 }
                 if let (Some(kern), Some(fmt)) = (kernels, fmt) {
                     // SAFETY: row j's activation bytes are written by this thread only.

@@ -16,7 +16,7 @@ use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
 use self::experts::{Ctx, ExpertMats, ExpertScratch, LayerShapes, SharedMats};
-use crate::kernels::{ActFormat, AttnGroup, AttnTokens, Kernels};
+use crate::kernels::{ActFormat, AttnGroup, AttnTokens, Kernels, act};
 use crate::pool::{Dynamic, SharedOut, ThreadPool};
 use crate::session::State;
 
@@ -232,10 +232,16 @@ pub(crate) fn run(
         match *op {
             Op::Embed { out } => {
                 let (_, o) = io::<0>(&mut st.arena, [], (vals[out], n));
-                let e = &w.token_embd;
-                for (t, &tok) in st.tokens.iter().enumerate() {
-                    e.dequant_row(tok as usize, &mut o[t * e.cols..(t + 1) * e.cols]);
-                }
+                let (e, tokens) = (&w.token_embd, &st.tokens[..n]);
+                let os = SharedOut::new(&mut o[..n * e.cols]);
+                for_rows(&st.pool, n, &|t0, t1| {
+                    for (t, &tok) in (t0..t1).zip(&tokens[t0..t1]) {
+                        // SAFETY: token t's row of the output belongs to this call only.
+                        e.dequant_row(tok as usize, unsafe {
+                            os.slice(t * e.cols..(t + 1) * e.cols)
+                        });
+                    }
+                });
             }
             Op::RmsNorm { x, w: wid, out } => {
                 let (rows, cols) = (vals[x].rows(n), vals[x].cols);
@@ -270,25 +276,45 @@ pub(crate) fn run(
                 let table = &st.ropes[sliding as usize];
                 let cols = vals[x].cols;
                 let os = SharedOut::new(o);
-                for_rows(&st.pool, n, &|t0, t1| {
+                let threads = &st.scratch.threads;
+                for_rows_scratch(&st.pool, threads, n, &|sc, t0, t1| {
                     // SAFETY: tokens t0..t1 of the output belong to this call only.
                     let o = unsafe { os.slice(t0 * cols..t1 * cols) };
                     o.copy_from_slice(&xs[t0 * cols..t1 * cols]);
                     for (t, row) in (t0..t1).zip(o.chunks_exact_mut(cols)) {
-                        for head in row.chunks_exact_mut(d) {
-                            table.apply(head, pos0 + t);
-                        }
+                        rope_token(table, row, d, pos0 + t, &mut sc.row);
                     }
                 });
             }
             Op::KvStore { layer, k, v } => {
                 let (kv, vv) = (vals[k], vals[v]);
                 let cache = &mut st.kv.layers[layer];
-                for t in 0..n {
-                    let ks = &st.arena[kv.offset + t * kv.cols..kv.offset + (t + 1) * kv.cols];
-                    let vs = &st.arena[vv.offset + t * vv.cols..vv.offset + (t + 1) * vv.cols];
-                    cache.store(pos0 + t, ks, vs);
+                let arena = &st.arena;
+                let (row, cap) = (kv.cols, cache.cap);
+                let ks = &arena[kv.offset..kv.offset + n * row];
+                let vs = &arena[vv.offset..vv.offset + n * vv.cols];
+                assert!(vv.cols == row && cache.k.len() >= cap * row && cache.v.len() >= cap * row);
+                if n > cap {
+                    // More tokens than ring rows (never planned): later tokens overwrite
+                    // earlier ones, so keep the order.
+                    for t in 0..n {
+                        let r = t * row..(t + 1) * row;
+                        cache.store(pos0 + t, &ks[r.clone()], &vs[r]);
+                    }
+                    continue;
                 }
+                let (kc, vc) = (SharedOut::new(&mut cache.k), SharedOut::new(&mut cache.v));
+                for_rows(&st.pool, n, &|t0, t1| {
+                    for t in t0..t1 {
+                        let s = ((pos0 + t) % cap) * row;
+                        let r = t * row..(t + 1) * row;
+                        // SAFETY: n ≤ cap, so the tokens' ring rows are distinct and row
+                        // `(pos0 + t) % cap` belongs to token t only.
+                        unsafe { kc.slice(s..s + row) }.copy_from_slice(&ks[r.clone()]);
+                        // SAFETY: as above.
+                        unsafe { vc.slice(s..s + row) }.copy_from_slice(&vs[r]);
+                    }
+                });
             }
             Op::Attention { layer, q, out } => {
                 let ([qs], o) = io(&mut st.arena, [(vals[q], n)], (vals[out], n));
@@ -475,18 +501,23 @@ pub(crate) fn run(
                 );
                 let (rows, cols) = (vals[out].rows(n), vals[out].cols);
                 let os = SharedOut::new(o);
+                let fast = st.kernels.is_some();
                 for_rows(&st.pool, rows, &|r0, r1| {
                     let r = r0 * cols..r1 * cols;
                     // SAFETY: rows r0..r1 of the output belong to this call only.
-                    ops::swiglu(&gs[r.clone()], &us[r.clone()], unsafe { os.slice(r) });
+                    let o = unsafe { os.slice(r.clone()) };
+                    if fast {
+                        o.copy_from_slice(&gs[r.clone()]);
+                        act::swiglu_in_place(o, &us[r]);
+                    } else {
+                        ops::swiglu(&gs[r.clone()], &us[r], o);
+                    }
                 });
             }
             Op::Add { a, b, out } => {
                 let ([as_, bs], o) =
                     io(&mut st.arena, [(vals[a], n), (vals[b], n)], (vals[out], n));
-                for ((o, &x), &y) in o.iter_mut().zip(as_).zip(bs) {
-                    *o = x + y;
-                }
+                add_rows(&st.pool, as_, bs, o, n);
             }
             Op::Route {
                 layer,
@@ -568,9 +599,7 @@ pub(crate) fn run(
                 // The sum may reuse an input's space, so it is formed after the dispatches.
                 let ([r], f) = io(&mut st.arena, [(vals[out], n)], (vals[sum], n));
                 let sd = st.scratch.experts.shared_out(n, vals[out].cols);
-                for ((f, &r), &y) in f.iter_mut().zip(r).zip(sd) {
-                    *f = r + y;
-                }
+                add_rows(&st.pool, r, sd, f, n);
             }
             Op::LastRow { x, out } => {
                 let xv = vals[x];
@@ -599,6 +628,82 @@ fn for_rows(pool: &ThreadPool, rows: usize, f: &(dyn Fn(usize, usize) + Sync)) {
             f(r, r + 1);
         }
     });
+}
+
+/// [`for_rows`] with the calling thread's scratch.
+fn for_rows_scratch(
+    pool: &ThreadPool,
+    threads: &[Mutex<ThreadScratch>],
+    rows: usize,
+    f: &(dyn Fn(&mut ThreadScratch, usize, usize) + Sync),
+) {
+    if rows < PARALLEL_ROWS || pool.n_threads() == 1 {
+        let mut sc = threads[0].lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut sc, 0, rows);
+        return;
+    }
+    let work = Dynamic::balanced(rows, pool.n_threads(), CLAIMS_PER_THREAD);
+    pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        for r in work.items() {
+            f(&mut sc, r, r + 1);
+        }
+    });
+}
+
+/// `o = a + b` elementwise over `n` rows (all three the same length), rows split across the
+/// pool as in [`for_rows`].
+fn add_rows(pool: &ThreadPool, a: &[f32], b: &[f32], o: &mut [f32], n: usize) {
+    let len = o.len().min(a.len()).min(b.len());
+    let cols = len / n.max(1);
+    let os = SharedOut::new(&mut o[..len]);
+    for_rows(pool, n, &|r0, r1| {
+        let r = r0 * cols..r1 * cols;
+        // SAFETY: rows r0..r1 of the output belong to this call only.
+        let o = unsafe { os.slice(r.clone()) };
+        for ((o, &x), &y) in o.iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
+            *o = x + y;
+        }
+    });
+    // Elements past the last full row (none when the lengths are n · cols).
+    for i in n * cols..len {
+        // SAFETY: the pool has returned; this thread alone touches the output.
+        unsafe { os.set(i, a[i] + b[i]) };
+    }
+}
+
+/// [`lagoon_core::rope::RopeTable::apply`] on every head of one token's row: the same
+/// cos/sin values, computed once for the token (into `cs`) instead of once per head, and
+/// the same rotation arithmetic, so the result is bit-identical.
+fn rope_token(
+    table: &lagoon_core::rope::RopeTable,
+    row: &mut [f32],
+    d: usize,
+    pos: usize,
+    cs: &mut [f32],
+) {
+    let half = table.rotary_dim / 2;
+    if cs.len() < 2 * half {
+        for head in row.chunks_exact_mut(d) {
+            table.apply(head, pos);
+        }
+        return;
+    }
+    // Rotating (1, 0) pairs leaves exactly (cos, sin) · scale: `1·c − 0·s = c` and
+    // `0·c + 1·s = s` in f32 for finite c, s.
+    let (cos, sin) = cs[..2 * half].split_at_mut(half);
+    cos.fill(1.0);
+    sin.fill(0.0);
+    table.apply(&mut cs[..2 * half], pos);
+    let (cos, sin) = cs[..2 * half].split_at(half);
+    for head in row.chunks_exact_mut(d) {
+        let (x0s, x1s) = head[..2 * half].split_at_mut(half);
+        for (((x0, x1), &c), &s) in x0s.iter_mut().zip(x1s.iter_mut()).zip(cos).zip(sin) {
+            let (a, b) = (*x0, *x1);
+            *x0 = a * c - b * s;
+            *x1 = b * c + a * s;
+        }
+    }
 }
 
 /// Partial sums of [`dot_lanes`].
