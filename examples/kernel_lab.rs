@@ -22,8 +22,7 @@ mod args;
 use anyhow::Context;
 use lagoon::core::dtype::GgmlType;
 use lagoon::cuda_backend::cudarc::driver::{DevicePtr, sys::CUevent_flags};
-use lagoon::cuda_backend::device::{Arg, Device, blocks};
-use lagoon::cuda_backend::manifest::ActQ;
+use lagoon::cuda_backend::device::{Arg, Device, MvMat, blocks};
 use lagoon::cuda_backend::weights::wtype;
 
 /// Bytes the rotating copies of one matrix span at least.
@@ -161,42 +160,20 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             })?;
             row(&format!("{:?} (exact)", wt.matmul()), exact, bytes);
-            let nb = cols / fmt.block();
-            let qgrid = match fmt {
-                ActQ::Q8K => blocks(nb, 4),
-                ActQ::Q8_0 => blocks(nb, 128),
-            };
             let quant = time_us(&dev, reps, |_| {
-                dev.launch(
-                    fmt.kernel(),
-                    (qgrid, 1),
-                    128,
-                    &[
-                        Arg::P(xp),
-                        Arg::P(qp),
-                        Arg::I(cols as i32),
-                        Arg::P(stride as u64),
-                        Arg::I(1),
-                    ],
-                )?;
+                dev.quantize_act(fmt, xp, qp, cols, stride, 1)?;
                 Ok(())
             })?;
             row(&format!("{:?}", fmt.kernel()), quant, 4.0 * cols as f64);
             let mv = time_us(&dev, reps, |i| {
-                let mut args = vec![
-                    Arg::P(qp),
-                    Arg::I(cols as i32),
-                    Arg::I(1),
-                    Arg::P(at(i)),
-                    Arg::P(row_bytes),
-                    Arg::P(op),
-                    Arg::P(0),
-                    Arg::I(rows as i32),
-                ];
-                for _ in 0..3 {
-                    args.extend([Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0)]);
-                }
-                dev.launch(mvq.mv, (blocks(rows, 4), 1), 128, &args)?;
+                let one = MvMat {
+                    w: at(i),
+                    row_bytes,
+                    rows,
+                    out: op,
+                    res: 0,
+                };
+                dev.mv(mvq.mv, qp, cols, &[one])?;
                 Ok(())
             })?;
             row(&format!("{:?}", mvq.mv), mv, bytes);

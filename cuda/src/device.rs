@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, LaunchConfig, PushKernelArg, sys};
 
 use crate::error::{CudaError, DriverContext};
-use crate::manifest::{K, Kernels};
+use crate::manifest::{ActQ, K, Kernels};
 
 /// A kernel argument, by the C type the kernel declares: a device pointer or `u64` (`P`), an
 /// `int` (`I`) or a `float` (`F`).
@@ -168,6 +168,82 @@ impl Device {
             p.mark(k.name(), &self.ctx, &self.stream)?;
         }
         Ok(())
+    }
+}
+
+/// One product of an `mv_*` launch ([`Device::mv`]): the matrix rows at `w` (`row_bytes`
+/// apart), the output, and the residual added to it (0: none).
+#[derive(Clone, Copy, Debug)]
+pub struct MvMat {
+    pub w: u64,
+    pub row_bytes: u64,
+    pub rows: usize,
+    pub out: u64,
+    pub res: u64,
+}
+
+/// Products one `mv_*` launch takes (`MV_MATS` in `mmvq.cu`).
+pub const MV_MATS: usize = 4;
+
+impl Device {
+    /// Launches the activation quantiser of `fmt` on `rows` f32 rows of `cols` at `src`,
+    /// writing rows `stride` bytes apart at `dst` (`act.cu`: a warp per Q8_K block, a thread
+    /// per Q8_0 block).
+    pub fn quantize_act(
+        &self,
+        fmt: ActQ,
+        src: u64,
+        dst: u64,
+        cols: usize,
+        stride: usize,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        let nb = rows * cols / fmt.block();
+        let grid = match fmt {
+            ActQ::Q8K => blocks(nb, 4),
+            ActQ::Q8_0 => blocks(nb, 128),
+        };
+        self.launch(
+            fmt.kernel(),
+            (grid, 1),
+            128,
+            &[
+                Arg::P(src),
+                Arg::P(dst),
+                Arg::I(cols as i32),
+                Arg::P(stride as u64),
+                Arg::I(rows as i32),
+            ],
+        )
+    }
+
+    /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products of the quantised
+    /// activation row at `aq` (`cols` wide), one warp per row over all products' rows.
+    pub fn mv(&self, kernel: K, aq: u64, cols: usize, mats: &[MvMat]) -> Result<(), CudaError> {
+        let rows: usize = mats.iter().map(|m| m.rows).sum();
+        let mut args = [Arg::I(0); 3 + 5 * MV_MATS];
+        args[0] = Arg::P(aq);
+        args[1] = Arg::I(cols as i32);
+        args[2] = Arg::I(mats.len().min(MV_MATS) as i32);
+        for (j, m) in mats.iter().take(MV_MATS).enumerate() {
+            args[3 + 5 * j..8 + 5 * j].copy_from_slice(&[
+                Arg::P(m.w),
+                Arg::P(m.row_bytes),
+                Arg::P(m.out),
+                Arg::P(m.res),
+                Arg::I(m.rows as i32),
+            ]);
+        }
+        for j in mats.len()..MV_MATS {
+            args[3 + 5 * j..8 + 5 * j].copy_from_slice(&[
+                Arg::P(0),
+                Arg::P(0),
+                Arg::P(0),
+                Arg::P(0),
+                Arg::I(0),
+            ]);
+        }
+        self.launch(kernel, (blocks(rows, 4), 1), 128, &args)
     }
 }
 

@@ -13,7 +13,7 @@ use lagoon_core::graph::{Graph, Op};
 use lagoon_core::laguna::{self, ModelWeights};
 use lagoon_core::rope::RopeTable;
 
-use crate::device::{Arg, Device, KernelTime, Profiler, blocks};
+use crate::device::{Arg, Device, KernelTime, MV_MATS, MvMat, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
 use crate::manifest::{ActQ, K, WType};
 use crate::weights::{DFfn, DMat, DeviceWeights};
@@ -66,8 +66,6 @@ impl Default for CudaSessionOptions {
     }
 }
 
-/// Products one `mv_*` launch takes (`MV_MATS`).
-const MV_MATS: usize = 4;
 /// Longest row the fused norm + quantise kernel takes (`NQ_MAX`).
 const NORM_QUANT_MAX: usize = 8192;
 
@@ -914,7 +912,8 @@ impl CudaSession {
                     ],
                 )?;
                 let stride = fd.row_stride(ffn);
-                self.quantize(self.act, self.actq, ffn, stride, slots, fd)?;
+                self.dev
+                    .quantize_act(fd, self.act, self.actq, ffn, stride, slots)?;
                 dev.launch(
                     kd.down,
                     (blocks(h, 4), 1),
@@ -945,27 +944,24 @@ impl CudaSession {
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual
     /// or 0)` of the quantised input in `xq`.
     fn mv(&self, kernel: K, mats: &[(DMat, u64, u64)]) -> Result<(), CudaError> {
-        use Arg::{I, P};
-        let cols = mats[0].0.cols;
-        let rows: usize = mats.iter().map(|m| m.0.rows).sum();
-        let mut args = [I(0); 3 + 5 * MV_MATS];
-        args[0] = P(self.xq);
-        args[1] = I(cols as i32);
-        args[2] = I(mats.len() as i32);
-        for j in 0..MV_MATS {
-            let (ptr, rb, out, res, n) = match mats.get(j) {
-                Some(&(m, out, res)) => (m.ptr, m.row_bytes, out, res, m.rows),
-                None => (0, 0, 0, 0, 0),
+        let mut mv = [MvMat {
+            w: 0,
+            row_bytes: 0,
+            rows: 0,
+            out: 0,
+            res: 0,
+        }; MV_MATS];
+        for (d, &(m, out, res)) in mv.iter_mut().zip(mats) {
+            *d = MvMat {
+                w: m.ptr,
+                row_bytes: m.row_bytes,
+                rows: m.rows,
+                out,
+                res,
             };
-            args[3 + 5 * j..8 + 5 * j].copy_from_slice(&[
-                P(ptr),
-                P(rb),
-                P(out),
-                P(res),
-                I(n as i32),
-            ]);
         }
-        self.dev.launch(kernel, (blocks(rows, 4), 1), 128, &args)
+        let n = mats.len().min(MV_MATS);
+        self.dev.mv(kernel, self.xq, mats[0].0.cols, &mv[..n])
     }
 
     /// Quantises the one-token value `v` (at `ptr`, `cols` wide) into the `xq` scratch in
@@ -974,39 +970,10 @@ impl CudaSession {
         if self.xq_holds.get() == Some((v, fmt)) {
             return Ok(());
         }
-        self.quantize(ptr, self.xq, cols, fmt.row_stride(cols), 1, fmt)?;
+        self.dev
+            .quantize_act(fmt, ptr, self.xq, cols, fmt.row_stride(cols), 1)?;
         self.xq_holds.set(Some((v, fmt)));
         Ok(())
-    }
-
-    /// Quantises `rows` f32 rows of `cols` at `src` into rows `stride` bytes apart at `dst`.
-    fn quantize(
-        &self,
-        src: u64,
-        dst: u64,
-        cols: usize,
-        stride: usize,
-        rows: usize,
-        fmt: ActQ,
-    ) -> Result<(), CudaError> {
-        use Arg::{I, P};
-        let nb = rows * cols / fmt.block();
-        let (grid, block) = match fmt {
-            ActQ::Q8K => (blocks(nb, 4), 128),
-            ActQ::Q8_0 => (blocks(nb, 128), 128),
-        };
-        self.dev.launch(
-            fmt.kernel(),
-            (grid, 1),
-            block,
-            &[
-                P(src),
-                P(dst),
-                I(cols as i32),
-                P(stride as u64),
-                I(rows as i32),
-            ],
-        )
     }
 
     /// Launches every node of `graph` for `n` tokens (parameters already uploaded).

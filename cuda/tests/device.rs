@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::laguna::ModelWeights;
 use lagoon_core::weights::{Encoding, MatRef};
-use lagoon_cuda::device::{Arg, Device};
+use lagoon_cuda::device::{Arg, Device, MvMat};
 use lagoon_cuda::manifest::{ActQ, K};
 use lagoon_cuda::weights::wtype;
 use lagoon_cuda::{CudaSession, CudaSessionOptions};
@@ -534,31 +534,15 @@ fn decode_graph_replay_equals_eager_steps() {
     assert!(same, "graph replay differs from eager launches");
 }
 
-/// Launch helper for the quantiser kernels: `rows` rows of `cols` into rows `stride` apart.
+/// The quantiser kernels through the session's launch path: `rows` rows of `cols` into rows
+/// `stride` apart, read back.
 fn quantize_on_device(dev: &Device, fmt: ActQ, x: &[f32], cols: usize) -> (Vec<u8>, usize) {
     let rows = x.len() / cols;
     let stride = fmt.row_stride(cols);
     let (_xb, xp) = upload(dev, x);
     let ob = dev.stream.alloc_zeros::<u8>(rows * stride).unwrap();
     let op = ob.device_ptr(&dev.stream).0;
-    let nb = rows * cols / fmt.block();
-    let grid = match fmt {
-        ActQ::Q8K => nb.div_ceil(4),
-        ActQ::Q8_0 => nb.div_ceil(128),
-    };
-    dev.launch(
-        fmt.kernel(),
-        (grid as u32, 1),
-        128,
-        &[
-            Arg::P(xp),
-            Arg::P(op),
-            Arg::I(cols as i32),
-            Arg::P(stride as u64),
-            Arg::I(rows as i32),
-        ],
-    )
-    .unwrap();
+    dev.quantize_act(fmt, xp, op, cols, stride, rows).unwrap();
     let v = dev.stream.clone_dtoh(&ob).unwrap();
     dev.stream.synchronize().unwrap();
     (v, stride)
@@ -650,25 +634,15 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
             let (_wb, wp) = upload(&dev, &data);
             let ob = dev.stream.alloc_zeros::<f32>(rows).unwrap();
             let op = ob.device_ptr(&dev.stream).0;
-            dev.launch(
-                mv,
-                (rows.div_ceil(4) as u32, 1),
-                128,
-                &[
-                    Arg::P(qp),
-                    Arg::I(cols as i32),
-                    Arg::I(1),
-                    Arg::P(wp),
-                    Arg::P(ty.row_bytes(cols as u64).unwrap()),
-                    Arg::P(op),
-                    Arg::P(0),
-                    Arg::I(rows as i32),
-                ]
-                .into_iter()
-                .chain((0..3).flat_map(|_| [Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0)]))
-                .collect::<Vec<_>>(),
-            )
-            .unwrap();
+            // The session's launch path (`Device::mv`), one product.
+            let one = MvMat {
+                w: wp,
+                row_bytes: ty.row_bytes(cols as u64).unwrap(),
+                rows,
+                out: op,
+                res: 0,
+            };
+            dev.mv(mv, qp, cols, &[one]).unwrap();
             let got = download(&dev, &ob);
             let e = max_rel(&got, &want);
             println!("mv {ty} {rows}x{cols}: max rel err vs CPU scalar kernel {e:.2e}");
