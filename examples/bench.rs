@@ -2,7 +2,7 @@
 //! figure next to the machine's own memory-bandwidth floor.
 //!
 //! `bench --model PATH [-p N[,N..]] [-n N[,N..]] [-ub N] [-d N[,N..]] [-r N] [--threads N]
-//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--profile N]`
+//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--profile N] [--profile-prefill N]`
 //!
 //! Semantics follow llama-bench: `pp N` evaluates a prompt of N random tokens (in ubatches
 //! of `-ub`, default 512; `-b` is accepted as a synonym), `tg N` generates N tokens one at a
@@ -15,7 +15,7 @@
 //! replayed as a CUDA graph); its floor is the device's streaming-read bandwidth, measured
 //! at start by a read kernel over a 4 GiB buffer. `--profile N` (CUDA) then times every
 //! kernel of N decode steps (after the last test, at its depth) and prints where a token's
-//! time goes.
+//! time goes; `--profile-prefill N` does the same for one prefill step of N tokens.
 //!
 //! Every test also reports the weight bytes it streams per token, the GB/s that implies,
 //! and that as a fraction of the floor: the streaming-read bandwidth this program measures
@@ -115,6 +115,7 @@ fn main() -> anyhow::Result<()> {
     let as_json = a.flag("json");
     let device = a.device()?;
     let profile_steps: usize = a.num("profile", 0)?;
+    let profile_prefill: usize = a.num("profile-prefill", 0)?;
 
     // The CPU floor first, before the model's pages compete for memory (the CUDA floor is
     // measured once the session holds the device).
@@ -222,7 +223,18 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if profile_steps > 0 {
-        profile(&mut s, profile_steps, &mut tokens, &costs, c, floor.gb_s)?;
+        profile(&mut s, profile_steps, 1, &mut tokens, &costs, c, floor.gb_s)?;
+    }
+    if profile_prefill > 0 {
+        profile(
+            &mut s,
+            1,
+            profile_prefill,
+            &mut tokens,
+            &costs,
+            c,
+            floor.gb_s,
+        )?;
     }
     if !as_json {
         print_table(
@@ -238,48 +250,65 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Times every kernel of `steps` decode steps (CUDA) and prints each kernel's share of a
-/// token, the sum against the graph-replayed step, and the bandwidth floor.
+/// Times every kernel of `steps` steps of `n_tok` tokens each (CUDA: decode steps for 1,
+/// prefill ubatches otherwise) and prints each kernel's share per token, the sum, and for
+/// decode the bandwidth floor.
 fn profile(
     s: &mut Backend<'_>,
     steps: usize,
+    n_tok: usize,
     tokens: &mut TokenStream,
     costs: &Costs,
     c: &ModelConfig,
     floor_gb_s: f64,
 ) -> anyhow::Result<()> {
     let Backend::Cuda(cs) = s else {
-        anyhow::bail!("--profile needs --device cuda");
+        anyhow::bail!("--profile and --profile-prefill need --device cuda");
     };
-    if cs.n_past() + steps + 1 > cs.options().n_ctx {
+    anyhow::ensure!(
+        n_tok <= cs.options().ubatch,
+        "--profile-prefill {n_tok} is larger than the ubatch ({}); raise -ub",
+        cs.options().ubatch
+    );
+    if cs.n_past() + steps * n_tok + 1 > cs.options().n_ctx {
         cs.reset();
     }
-    cs.step(&[tokens.next()])?;
+    let batch = |t: &mut TokenStream| (0..n_tok).map(|_| t.next()).collect::<Vec<_>>();
+    cs.step(&batch(tokens))?;
     cs.set_profiling(true);
     for _ in 0..steps {
-        cs.step(&[tokens.next()])?;
+        cs.step(&batch(tokens))?;
     }
     let mut times = cs.set_profiling(false).unwrap_or_default();
     times.sort_by(|a, b| b.ms.total_cmp(&a.ms));
-    let total: f64 = times.iter().map(|k| k.ms).sum::<f64>() / steps as f64;
-    let bytes = costs.bytes_per_token(c, Test::Tg(1), 1);
-    eprintln!(
-        "\nkernel time per decode token ({steps} steps, kernels back to back, no graph): {:.1} µs; \
-         floor {:.1} µs ({:.0} MB at {:.0} GB/s)",
-        1e3 * total,
-        bytes / floor_gb_s * 1e-3,
-        bytes / 1e6,
-        floor_gb_s
-    );
+    let per = (steps * n_tok) as f64;
+    let total: f64 = times.iter().map(|k| k.ms).sum::<f64>() / per;
+    if n_tok == 1 {
+        let bytes = costs.bytes_per_token(c, Test::Tg(1), 1);
+        eprintln!(
+            "\nkernel time per decode token ({steps} steps, kernels back to back, no graph): {:.1} µs; \
+             floor {:.1} µs ({:.0} MB at {:.0} GB/s)",
+            1e3 * total,
+            bytes / floor_gb_s * 1e-3,
+            bytes / 1e6,
+            floor_gb_s
+        );
+    } else {
+        eprintln!(
+            "\nkernel time per token of a {n_tok}-token prefill step (kernels back to back): {:.2} µs ({:.0} t/s)",
+            1e3 * total,
+            1e3 / total
+        );
+    }
     eprintln!("| kernel | launches/token | µs/token | share |");
     eprintln!("|---|---|---|---|");
     for k in &times {
         eprintln!(
-            "| {} | {:.0} | {:.1} | {:.1}% |",
+            "| {} | {:.2} | {:.2} | {:.1}% |",
             k.kernel,
-            k.launches as f64 / steps as f64,
-            1e3 * k.ms / steps as f64,
-            100.0 * k.ms / steps as f64 / total
+            k.launches as f64 / per,
+            1e3 * k.ms / per,
+            100.0 * k.ms / per / total
         );
     }
     Ok(())

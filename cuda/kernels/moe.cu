@@ -192,7 +192,8 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const float
 // ---- Expert-grouped path for prefill (n > 1) ----
 //
 // moe_group sorts the step's (token, slot) pairs by expert (ascending pair index within an
-// expert) and cuts each expert's run into tiles of up to GROUP_PAIRS pairs; the grouped
+// expert) and cuts each expert's run into tiles of up to `group` pairs (GROUP_PAIRS for the
+// kernels below, GM_BN for the tensor-core ones of gemm.cu); the grouped
 // kernels then decode each expert row once per tile instead of once per pair. Each pair's
 // result is the same arithmetic as the per-pair kernels (same chunk order, same warp sum), so
 // the two paths agree bit for bit.
@@ -200,10 +201,10 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const float
 #define GROUP_PAIRS 8
 
 // One block of 1024 threads. tiles[3 i .. 3 i + 3) = (expert, first sorted index, count);
-// tiles past the last are written with count 0 (max_tiles = ceil(n_pairs / 8) + E).
+// tiles past the last are written with count 0 (max_tiles = ceil(n_pairs / group) + E).
 extern "C" __global__ void __launch_bounds__(1024)
 moe_group(const float* __restrict__ ids, u32* __restrict__ sorted, u32* __restrict__ tiles,
-          int n_pairs, int E, int max_tiles) {
+          int n_pairs, int E, int max_tiles, int group) {
     __shared__ u32 cnt[ROUTE_MAX_EXPERTS], off[ROUTE_MAX_EXPERTS + 1], toff[ROUTE_MAX_EXPERTS + 1];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
     const u32* id = (const u32*)ids;
@@ -221,7 +222,7 @@ moe_group(const float* __restrict__ ids, u32* __restrict__ sorted, u32* __restri
         toff[0] = 0;
         for (int e = 0; e < E; e++) {
             off[e + 1] = off[e] + cnt[e];
-            toff[e + 1] = toff[e] + (cnt[e] + GROUP_PAIRS - 1) / GROUP_PAIRS;
+            toff[e + 1] = toff[e] + (cnt[e] + group - 1) / group;
         }
     }
     __syncthreads();
@@ -234,12 +235,12 @@ moe_group(const float* __restrict__ ids, u32* __restrict__ sorted, u32* __restri
             if (hit) sorted[off[e] + seen + __popc(m & ((1u << lane) - 1))] = (u32)p;
             seen += __popc(m);
         }
-        u32 nt = (cnt[e] + GROUP_PAIRS - 1) / GROUP_PAIRS;
+        u32 nt = (cnt[e] + group - 1) / group;
         for (u32 i = lane; i < nt; i += 32) {
             u32* tl = tiles + 3 * (toff[e] + i);
             tl[0] = (u32)e;
-            tl[1] = off[e] + GROUP_PAIRS * i;
-            tl[2] = min((u32)GROUP_PAIRS, cnt[e] - GROUP_PAIRS * i);
+            tl[1] = off[e] + group * i;
+            tl[2] = min((u32)group, cnt[e] - group * i);
         }
     }
     for (int i = toff[E] + threadIdx.x; i < max_tiles; i += blockDim.x) tiles[3 * i + 2] = 0;

@@ -19,6 +19,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
+    ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),

@@ -93,6 +93,24 @@ manifest! {
     DownQQ8_0 => "mmvq.cu", "moe_down_q_q8_0";
     DownQQ4K => "mmvq.cu", "moe_down_q_q4_K";
     DownQQ6K => "mmvq.cu", "moe_down_q_q6_K";
+    GemmF32 => "gemm.cu", "gemm_f32";
+    GemmF16 => "gemm.cu", "gemm_f16";
+    GemmBf16 => "gemm.cu", "gemm_bf16";
+    GemmQ8_0 => "gemm.cu", "gemm_q8_0";
+    GemmQ4K => "gemm.cu", "gemm_q4_K";
+    GemmQ6K => "gemm.cu", "gemm_q6_K";
+    GemmGateUpF32 => "gemm.cu", "gemm_gate_up_f32";
+    GemmGateUpF16 => "gemm.cu", "gemm_gate_up_f16";
+    GemmGateUpBf16 => "gemm.cu", "gemm_gate_up_bf16";
+    GemmGateUpQ8_0 => "gemm.cu", "gemm_gate_up_q8_0";
+    GemmGateUpQ4K => "gemm.cu", "gemm_gate_up_q4_K";
+    GemmGateUpQ6K => "gemm.cu", "gemm_gate_up_q6_K";
+    GemmDownF32 => "gemm.cu", "gemm_down_f32";
+    GemmDownF16 => "gemm.cu", "gemm_down_f16";
+    GemmDownBf16 => "gemm.cu", "gemm_down_bf16";
+    GemmDownQ8_0 => "gemm.cu", "gemm_down_q8_0";
+    GemmDownQ4K => "gemm.cu", "gemm_down_q4_K";
+    GemmDownQ6K => "gemm.cu", "gemm_down_q6_K";
 }
 
 impl K {
@@ -190,6 +208,22 @@ impl WType {
             WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
         }
     }
+    /// Tensor-core prefill kernels (`gemm.cu`).
+    pub fn gemm(self) -> GemmKernels {
+        let k = |dense, gate_up, down| GemmKernels {
+            dense,
+            gate_up,
+            down,
+        };
+        match self {
+            WType::F32 => k(K::GemmF32, K::GemmGateUpF32, K::GemmDownF32),
+            WType::F16 => k(K::GemmF16, K::GemmGateUpF16, K::GemmDownF16),
+            WType::Bf16 => k(K::GemmBf16, K::GemmGateUpBf16, K::GemmDownBf16),
+            WType::Q8_0 => k(K::GemmQ8_0, K::GemmGateUpQ8_0, K::GemmDownQ8_0),
+            WType::Q4K => k(K::GemmQ4K, K::GemmGateUpQ4K, K::GemmDownQ4K),
+            WType::Q6K => k(K::GemmQ6K, K::GemmGateUpQ6K, K::GemmDownQ6K),
+        }
+    }
     pub fn down(self) -> K {
         [
             K::DownF32,
@@ -201,6 +235,25 @@ impl WType {
         ][self as usize]
     }
 }
+
+/// The tensor-core prefill kernels of one weight type (`gemm.cu`): weights decoded to f16 in
+/// shared memory, f16 activations, f32 accumulation.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmKernels {
+    /// `out = x W^T` over a tile of [`GEMM_TILE_ROWS`] rows × [`GEMM_TILE_TOKENS`] tokens.
+    pub dense: K,
+    /// Expert-grouped gate/up with SwiGLU (tiles of [`GEMM_TILE_TOKENS`] pairs, 64 rows).
+    pub gate_up: K,
+    /// Expert-grouped down.
+    pub down: K,
+}
+
+/// Weight rows per block of the `gemm.cu` kernels (`GM_BM`).
+pub const GEMM_TILE_ROWS: usize = 128;
+/// Tokens (or expert pairs) per block of the `gemm.cu` kernels (`GM_BN`).
+pub const GEMM_TILE_TOKENS: usize = 64;
+/// Threads per block of the `gemm.cu` kernels (`GM_THREADS`).
+pub const GEMM_THREADS: u32 = 256;
 
 /// The quantised-activation kernels of one weight type (`mmvq.cu`).
 #[derive(Clone, Copy, Debug)]

@@ -15,7 +15,7 @@ use lagoon_core::rope::RopeTable;
 
 use crate::device::{Arg, Device, KernelTime, MV_MATS, MvMat, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
-use crate::manifest::{ActQ, K, WType};
+use crate::manifest::{ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, K, WType};
 use crate::weights::{DFfn, DMat, DeviceWeights};
 
 /// Sizes fixed at session creation.
@@ -36,12 +36,20 @@ pub struct CudaSessionOptions {
     /// Keys per block of split-K (flash-decoding) attention in steps of at most
     /// [`SPLIT_MAX_TOKENS`] tokens; 0 = [`SPLIT_KEYS`].
     pub attn_split_keys: usize,
-    /// Decode steps quantise each matrix input once (Q8_K for K-quant weights, Q8_0 for
-    /// Q8_0 weights, ggml's values, as the CPU's fast path) and run integer mat-vec kernels.
-    /// Off: every product dots the exactly dequantised weights with f32 activations (the
-    /// reference numerics, matching transformers to ~1e-6).
+    /// The fast numerics. Decode steps quantise each matrix input once (Q8_K for K-quant
+    /// weights, Q8_0 for Q8_0 weights, ggml's values, as the CPU's fast path) and run integer
+    /// mat-vec kernels; prefill steps of at least [`GEMM_MIN_TOKENS`] tokens multiply on the
+    /// tensor cores (weights decoded exactly then rounded to f16, f16 activations, f32
+    /// accumulation: llama.cpp's dequantise + cuBLAS numerics). Off: every product dots the
+    /// exactly dequantised weights with f32 activations (the reference numerics, matching
+    /// transformers to ~1e-6).
     pub quantized_activations: bool,
 }
+
+/// Prefill products over at least this many token rows use the tensor-core kernels (with
+/// [`CudaSessionOptions::quantized_activations`]); smaller ones keep the f32 kernels, which
+/// read each weight row once per 8 tokens anyway.
+pub const GEMM_MIN_TOKENS: usize = 16;
 
 /// Default keys per split-K attention block (a decode step over a 4096-key full layer runs
 /// 16 blocks per head instead of one).
@@ -76,10 +84,13 @@ const MAX_EXPERTS: usize = 512;
 /// CUDA's limit on the second grid dimension (tokens, or token-slot pairs).
 const MAX_GRID_Y: usize = 65535;
 
-/// Tiles of the grouped expert kernels for `n_pairs` pairs over `n_experts` experts (each
-/// expert's run of pairs is cut into tiles of `GROUP_PAIRS` = 8).
-fn max_tiles(n_pairs: usize, n_experts: usize) -> usize {
-    n_pairs.div_ceil(8) + n_experts
+/// Pairs per tile of the f32 grouped expert kernels (`GROUP_PAIRS`).
+const GROUP_PAIRS: usize = 8;
+
+/// Tiles of the grouped expert kernels for `n_pairs` pairs over `n_experts` experts when each
+/// expert's run of pairs is cut into tiles of `group` pairs.
+fn max_tiles(n_pairs: usize, n_experts: usize, group: usize) -> usize {
+    n_pairs.div_ceil(group) + n_experts
 }
 
 /// One layer's KV ring: position `p` in row `p % cap`.
@@ -178,7 +189,7 @@ impl CudaSession {
             return unsupported(format!("{} experts (at most {MAX_EXPERTS})", cfg.n_experts));
         }
         if opts.ubatch > MAX_GRID_Y
-            || max_tiles(opts.ubatch * cfg.n_experts_used, cfg.n_experts) > MAX_GRID_Y
+            || max_tiles(opts.ubatch * cfg.n_experts_used, cfg.n_experts, GROUP_PAIRS) > MAX_GRID_Y
         {
             return unsupported(format!(
                 "ubatch {} with {} experts per token (grids are limited to {MAX_GRID_Y} tokens and {MAX_GRID_Y} expert tiles); use a smaller ubatch",
@@ -235,7 +246,9 @@ impl CudaSession {
             .collect();
         let max_pairs = opts.ubatch * cfg.n_experts_used;
         let groups_buf = s
-            .alloc_zeros::<u32>(max_pairs + 3 * max_tiles(max_pairs, cfg.n_experts) + 1)
+            .alloc_zeros::<u32>(
+                max_pairs + 3 * max_tiles(max_pairs, cfg.n_experts, GROUP_PAIRS) + 1,
+            )
             .during("allocating the expert grouping")?;
         let params_buf = s
             .alloc_zeros::<u32>(2 + opts.ubatch)
@@ -1036,6 +1049,26 @@ impl CudaSession {
                 Op::MatMul { x, w, out } => {
                     let m = self.w.mat(w);
                     let nt = rows(x);
+                    if self.opts.quantized_activations
+                        && nt >= GEMM_MIN_TOKENS
+                        && m.cols.is_multiple_of(32)
+                    {
+                        dev.launch(
+                            m.ty.gemm().dense,
+                            (blocks(m.rows, GEMM_TILE_ROWS), blocks(nt, GEMM_TILE_TOKENS)),
+                            GEMM_THREADS,
+                            &[
+                                P(m.ptr),
+                                P(m.row_bytes),
+                                P(at(x)),
+                                P(at(out)),
+                                I(m.rows as i32),
+                                I(m.cols as i32),
+                                I(nt as i32),
+                            ],
+                        )?;
+                        continue;
+                    }
                     dev.launch(
                         m.ty.matmul(),
                         (blocks(m.rows, 4), blocks(nt, 8)),
@@ -1218,8 +1251,13 @@ impl CudaSession {
                         )?;
                     } else {
                         // Prefill: pairs grouped by expert, each expert row decoded once per
-                        // tile of up to 8 pairs.
-                        let tiles = max_tiles(n * k, c.n_experts);
+                        // tile of pairs (GEMM_TILE_TOKENS on the tensor cores, else 8).
+                        let tc = self.opts.quantized_activations
+                            && n >= GEMM_MIN_TOKENS
+                            && h.is_multiple_of(32)
+                            && i.is_multiple_of(32);
+                        let group = if tc { GEMM_TILE_TOKENS } else { GROUP_PAIRS };
+                        let tiles = max_tiles(n * k, c.n_experts, group);
                         dev.launch(
                             K::MoeGroup,
                             (1, 1),
@@ -1231,42 +1269,81 @@ impl CudaSession {
                                 I((n * k) as i32),
                                 I(c.n_experts as i32),
                                 I(tiles as i32),
+                                I(group as i32),
                             ],
                         )?;
-                        dev.launch(
-                            gate.ty.gate_up_grouped(),
-                            (blocks(i, 4), tiles as u32),
-                            128,
-                            &[
-                                P(gate.ptr),
-                                P(up.ptr),
-                                P(gate.expert_bytes),
-                                P(gate.row_bytes),
-                                P(at(x)),
-                                P(self.sorted),
-                                P(self.tiles),
-                                P(self.act),
-                                I(i as i32),
-                                I(h as i32),
-                                I(k as i32),
-                            ],
-                        )?;
-                        dev.launch(
-                            down.ty.down_grouped(),
-                            (blocks(h, 4), tiles as u32),
-                            128,
-                            &[
-                                P(down.ptr),
-                                P(down.expert_bytes),
-                                P(down.row_bytes),
-                                P(self.act),
-                                P(self.sorted),
-                                P(self.tiles),
-                                P(self.ys),
-                                I(h as i32),
-                                I(i as i32),
-                            ],
-                        )?;
+                        if tc {
+                            let (gk, dk) = (gate.ty.gemm(), down.ty.gemm());
+                            dev.launch(
+                                gk.gate_up,
+                                (blocks(i, GEMM_TILE_ROWS / 2), tiles as u32),
+                                GEMM_THREADS,
+                                &[
+                                    P(gate.ptr),
+                                    P(up.ptr),
+                                    P(gate.expert_bytes),
+                                    P(gate.row_bytes),
+                                    P(at(x)),
+                                    P(self.sorted),
+                                    P(self.tiles),
+                                    P(self.act),
+                                    I(i as i32),
+                                    I(h as i32),
+                                    I(k as i32),
+                                ],
+                            )?;
+                            dev.launch(
+                                dk.down,
+                                (blocks(h, GEMM_TILE_ROWS), tiles as u32),
+                                GEMM_THREADS,
+                                &[
+                                    P(down.ptr),
+                                    P(down.expert_bytes),
+                                    P(down.row_bytes),
+                                    P(self.act),
+                                    P(self.sorted),
+                                    P(self.tiles),
+                                    P(self.ys),
+                                    I(h as i32),
+                                    I(i as i32),
+                                ],
+                            )?;
+                        } else {
+                            dev.launch(
+                                gate.ty.gate_up_grouped(),
+                                (blocks(i, 4), tiles as u32),
+                                128,
+                                &[
+                                    P(gate.ptr),
+                                    P(up.ptr),
+                                    P(gate.expert_bytes),
+                                    P(gate.row_bytes),
+                                    P(at(x)),
+                                    P(self.sorted),
+                                    P(self.tiles),
+                                    P(self.act),
+                                    I(i as i32),
+                                    I(h as i32),
+                                    I(k as i32),
+                                ],
+                            )?;
+                            dev.launch(
+                                down.ty.down_grouped(),
+                                (blocks(h, 4), tiles as u32),
+                                128,
+                                &[
+                                    P(down.ptr),
+                                    P(down.expert_bytes),
+                                    P(down.row_bytes),
+                                    P(self.act),
+                                    P(self.sorted),
+                                    P(self.tiles),
+                                    P(self.ys),
+                                    I(h as i32),
+                                    I(i as i32),
+                                ],
+                            )?;
+                        }
                     }
                     dev.launch(
                         K::MoeCombine,

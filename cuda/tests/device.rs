@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::DevicePtr;
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::laguna::ModelWeights;
 use lagoon_core::weights::{Encoding, MatRef};
@@ -15,82 +15,9 @@ use lagoon_cuda::weights::wtype;
 use lagoon_cuda::{CudaSession, CudaSessionOptions};
 use lagoon_gguf::Checkpoint;
 
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn byte(&mut self) -> u8 {
-        (self.next() >> 56) as u8
-    }
-}
+mod common;
 
-fn device() -> Device {
-    Device::new(0).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn upload<T: cudarc::driver::DeviceRepr>(dev: &Device, v: &[T]) -> (CudaSlice<T>, u64) {
-    let buf = dev.stream.clone_htod(v).unwrap();
-    let p = buf.device_ptr(&dev.stream).0;
-    (buf, p)
-}
-
-fn download(dev: &Device, b: &CudaSlice<f32>) -> Vec<f32> {
-    let v = dev.stream.clone_dtoh(b).unwrap();
-    dev.stream.synchronize().unwrap();
-    v
-}
-
-/// Random row bytes of `ty` with sane scales (every bit pattern of the quants is valid).
-fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let f16b = |v: f32| half::f16::from_f32(v).to_le_bytes();
-    let mut out = Vec::new();
-    for _ in 0..rows {
-        match ty {
-            GgmlType::F32 => (0..cols).for_each(|_| out.extend(rng.f().to_le_bytes())),
-            GgmlType::F16 => (0..cols).for_each(|_| out.extend(f16b(rng.f()))),
-            GgmlType::BF16 => {
-                (0..cols).for_each(|_| out.extend(half::bf16::from_f32(rng.f()).to_le_bytes()))
-            }
-            GgmlType::Q8_0 => {
-                let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
-                let mut b = vec![0u8; cols / 32 * 34];
-                lagoon_core::quant::quantize_row_q8_0(&x, &mut b);
-                out.extend(b);
-            }
-            GgmlType::Q4K => {
-                for _ in 0..cols / 256 {
-                    out.extend(f16b(0.01 + 0.02 * rng.f().abs()));
-                    out.extend(f16b(0.01 + 0.02 * rng.f().abs()));
-                    (0..140).for_each(|_| out.push(rng.byte()));
-                }
-            }
-            GgmlType::Q6K => {
-                for _ in 0..cols / 256 {
-                    (0..208).for_each(|_| out.push(rng.byte()));
-                    out.extend(f16b(0.001 + 0.002 * rng.f().abs()));
-                }
-            }
-            _ => unreachable!(),
-        }
-    }
-    out
-}
-
-fn max_rel(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs() / scale))
-}
+use common::{Rng, device, download, max_rel, random_rows, upload};
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -286,6 +213,9 @@ const MAX_REL_L2: f64 = 1e-4;
 /// (sqrt(1 + 1.25^2), independent rounding). A wrong kernel gives O(1).
 const FAST_VS_CPU_FACTOR: f64 = 1.0;
 const FAST_VS_TF_FACTOR: f64 = 1.6;
+/// Bound of the tensor-core prefill (f16 operands) vs transformers where the CPU fast path is
+/// closer than this (float-weight models).
+const TC_VS_TF: f64 = 3e-3;
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -441,6 +371,29 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
             assert!(
                 e_tf <= FAST_VS_TF_FACTOR * bound,
                 "fast decode vs transformers: {e_tf:.3e}"
+            );
+            // One-shot prefill on the fast path: the tensor-core products, whose f16
+            // operands carry ~5e-4 relative rounding each. Against transformers within the
+            // CPU fast path's distance or TC_VS_TF (f16 rounding through the tiny models,
+            // measured ~1e-3 at most); a wrong tile or fragment gives O(1).
+            let mut s = CudaSession::new(
+                cfg,
+                &w,
+                CudaSessionOptions {
+                    n_ctx: toks.len(),
+                    ubatch: toks.len(),
+                    all_logits: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let mut tc = Vec::new();
+            s.prefill(&toks, |l| tc.extend_from_slice(l)).unwrap();
+            let e_tc = rel_l2(&tc, &reference);
+            println!("  [prefill, tensor cores]: rel L2 vs transformers {e_tc:.3e}");
+            assert!(
+                e_tc <= (FAST_VS_TF_FACTOR * e_cpu_tf).max(TC_VS_TF),
+                "tensor-core prefill vs transformers: {e_tc:.3e}"
             );
         }
     }
@@ -693,15 +646,24 @@ fn quant_type_models_match_llama_cpp() {
         };
         let (exact, nd) = run(toks.len(), false);
         let (fast, _) = run(1, true);
-        let (e_exact, e_fast) = (rel_l2(&exact, &deq), rel_l2(&fast, &deq));
+        // One-shot prefill on the fast path: the tensor-core products (f16 operands).
+        let (tc, _) = run(toks.len(), true);
+        let (e_exact, e_fast, e_tc) =
+            (rel_l2(&exact, &deq), rel_l2(&fast, &deq), rel_l2(&tc, &deq));
         println!(
-            "{ty}: exact vs llama.cpp f32 {e_exact:.3e}; quantised decode vs llama.cpp f32 {e_fast:.3e} ({:.2} x llama.cpp's own {d_llama:.3e}); {nd} matrices decoded to f32 at upload",
-            e_fast / d_llama
+            "{ty}: exact vs llama.cpp f32 {e_exact:.3e}; quantised decode vs llama.cpp f32 {e_fast:.3e} ({:.2} x llama.cpp's own {d_llama:.3e}); tensor-core prefill {e_tc:.3e} ({:.2} x); {nd} matrices decoded to f32 at upload",
+            e_fast / d_llama,
+            e_tc / d_llama
         );
         assert!(e_exact <= MAX_REL_L2, "{ty}: exact {e_exact:.3e}");
         assert!(
             e_fast <= 1.25 * d_llama,
             "{ty}: quantised decode {e_fast:.3e}"
+        );
+        // f16 operands round more finely than llama.cpp's Q8 activations.
+        assert!(
+            e_tc <= 1.25 * d_llama,
+            "{ty}: tensor-core prefill {e_tc:.3e}"
         );
     }
 }

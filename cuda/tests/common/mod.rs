@@ -1,0 +1,84 @@
+//! Helpers shared by the device test binaries: a deterministic generator, uploads and
+//! downloads, random weight rows of every device type, and the error measure.
+#![allow(dead_code)]
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use lagoon_core::dtype::GgmlType;
+use lagoon_cuda::device::Device;
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    pub fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+}
+
+pub fn device() -> Device {
+    Device::new(0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub fn upload<T: cudarc::driver::DeviceRepr>(dev: &Device, v: &[T]) -> (CudaSlice<T>, u64) {
+    let buf = dev.stream.clone_htod(v).unwrap();
+    let p = buf.device_ptr(&dev.stream).0;
+    (buf, p)
+}
+
+pub fn download(dev: &Device, b: &CudaSlice<f32>) -> Vec<f32> {
+    let v = dev.stream.clone_dtoh(b).unwrap();
+    dev.stream.synchronize().unwrap();
+    v
+}
+
+/// Random row bytes of `ty` with sane scales (every bit pattern of the quants is valid).
+pub fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let f16b = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let mut out = Vec::new();
+    for _ in 0..rows {
+        match ty {
+            GgmlType::F32 => (0..cols).for_each(|_| out.extend(rng.f().to_le_bytes())),
+            GgmlType::F16 => (0..cols).for_each(|_| out.extend(f16b(rng.f()))),
+            GgmlType::BF16 => {
+                (0..cols).for_each(|_| out.extend(half::bf16::from_f32(rng.f()).to_le_bytes()))
+            }
+            GgmlType::Q8_0 => {
+                let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+                let mut b = vec![0u8; cols / 32 * 34];
+                lagoon_core::quant::quantize_row_q8_0(&x, &mut b);
+                out.extend(b);
+            }
+            GgmlType::Q4K => {
+                for _ in 0..cols / 256 {
+                    out.extend(f16b(0.01 + 0.02 * rng.f().abs()));
+                    out.extend(f16b(0.01 + 0.02 * rng.f().abs()));
+                    (0..140).for_each(|_| out.push(rng.byte()));
+                }
+            }
+            GgmlType::Q6K => {
+                for _ in 0..cols / 256 {
+                    (0..208).for_each(|_| out.push(rng.byte()));
+                    out.extend(f16b(0.001 + 0.002 * rng.f().abs()));
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+    out
+}
+
+pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs() / scale))
+}

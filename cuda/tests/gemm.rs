@@ -1,0 +1,258 @@
+//! The tensor-core prefill kernels (`gemm.cu`) against a CPU product of the same f16-rounded
+//! operands (`#[ignore = "needs a CUDA device"]`; run on the GPU machine with
+//! `.device/run-tests.sh`). The kernels decode each weight exactly, round weights and
+//! activations to f16 and accumulate in f32, so the reference does exactly that in f64: what
+//! remains is the f32 summation order (~1e-6 of the output scale). A wrong fragment layout,
+//! tile edge or expert grouping gives O(1).
+
+use cudarc::driver::DevicePtr;
+use lagoon_core::dtype::GgmlType;
+use lagoon_core::weights::{Encoding, MatRef};
+use lagoon_cuda::device::{Arg, Device};
+use lagoon_cuda::manifest::{GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, K};
+use lagoon_cuda::weights::wtype;
+
+mod common;
+
+use common::{Rng, device, download, max_rel, random_rows, upload};
+
+/// Relative to the largest output: f32 accumulation over ≤ 3072 terms.
+const BOUND: f32 = 2e-5;
+
+const TYPES: [GgmlType; 6] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+];
+
+fn f16r(v: f32) -> f64 {
+    f64::from(half::f16::from_f32(v).to_f32())
+}
+
+/// Row `r` of `m`, decoded exactly and rounded to f16.
+fn row_f16(m: &MatRef<'_>, r: usize) -> Vec<f64> {
+    let mut w = vec![0.0f32; m.cols];
+    m.dequant_row(r, &mut w);
+    w.into_iter().map(f16r).collect()
+}
+
+fn dot(w: &[f64], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(a, &b)| a * f16r(b)).sum()
+}
+
+/// Widths that are a multiple of 32 for `ty` (block types need whole blocks); the second is
+/// an odd number of 32-chunks where the type allows, so the last K stage is half empty.
+fn widths(ty: GgmlType) -> [usize; 2] {
+    match ty {
+        GgmlType::Q4K | GgmlType::Q6K => [256, 768],
+        _ => [256, 544],
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn dense_gemm_matches_f16_rounded_reference() {
+    let dev = device();
+    let mut rng = Rng(0x6e33_0001);
+    for ty in TYPES {
+        for cols in widths(ty) {
+            // Rows past one tile and not a multiple of it.
+            let rows = GEMM_TILE_ROWS + 45;
+            let data = random_rows(&mut rng, ty, rows, cols);
+            let m = MatRef {
+                rows,
+                cols,
+                enc: Encoding::Ggml { ty, data: &data },
+            };
+            let wr: Vec<Vec<f64>> = (0..rows).map(|r| row_f16(&m, r)).collect();
+            let (_wb, wp) = upload(&dev, &data);
+            for n in [16usize, 64, 133] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+                let want: Vec<f32> = (0..n)
+                    .flat_map(|t| {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        wr.iter().map(move |w| dot(w, xt) as f32)
+                    })
+                    .collect();
+                let (_xb, xp) = upload(&dev, &x);
+                let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+                dev.launch(
+                    wtype(ty).unwrap().gemm().dense,
+                    (
+                        rows.div_ceil(GEMM_TILE_ROWS) as u32,
+                        n.div_ceil(GEMM_TILE_TOKENS) as u32,
+                    ),
+                    GEMM_THREADS,
+                    &[
+                        Arg::P(wp),
+                        Arg::P(ty.row_bytes(cols as u64).unwrap()),
+                        Arg::P(xp),
+                        Arg::P(ob.device_ptr(&dev.stream).0),
+                        Arg::I(rows as i32),
+                        Arg::I(cols as i32),
+                        Arg::I(n as i32),
+                    ],
+                )
+                .unwrap();
+                let got = download(&dev, &ob);
+                let e = max_rel(&got, &want);
+                println!("gemm {ty} {rows}x{cols} n={n}: max rel err {e:.2e}");
+                assert!(e < BOUND, "gemm {ty} {rows}x{cols} n={n}: {e:.2e}");
+            }
+        }
+    }
+}
+
+/// Groups the pairs on the device (tiles of the tensor-core size) and returns the buffers.
+fn group(
+    dev: &Device,
+    ids: &[u32],
+    n_experts: usize,
+) -> (cudarc::driver::CudaSlice<u32>, u64, u64, usize) {
+    let pairs = ids.len();
+    let max_tiles = pairs.div_ceil(GEMM_TILE_TOKENS) + n_experts;
+    let idf: Vec<f32> = ids.iter().map(|&e| f32::from_bits(e)).collect();
+    let (idb, idp) = upload(dev, &idf);
+    let buf = dev
+        .stream
+        .alloc_zeros::<u32>(pairs + 3 * max_tiles + 1)
+        .unwrap();
+    let sorted = buf.device_ptr(&dev.stream).0;
+    let tiles = sorted + 4 * pairs as u64;
+    dev.launch(
+        K::MoeGroup,
+        (1, 1),
+        1024,
+        &[
+            Arg::P(idp),
+            Arg::P(sorted),
+            Arg::P(tiles),
+            Arg::I(pairs as i32),
+            Arg::I(n_experts as i32),
+            Arg::I(max_tiles as i32),
+            Arg::I(GEMM_TILE_TOKENS as i32),
+        ],
+    )
+    .unwrap();
+    dev.stream.synchronize().unwrap();
+    drop(idb);
+    (buf, sorted, tiles, max_tiles)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn grouped_expert_gemms_match_f16_rounded_reference() {
+    let dev = device();
+    let mut rng = Rng(0x6e33_0002);
+    let (n_experts, k, n) = (6usize, 3usize, 150usize);
+    // Expert 0 gets no pair, expert 1 more than two tiles (tiles of 64 pairs).
+    let ids: Vec<u32> = (0..n * k)
+        .map(|p| {
+            if p % k == 0 {
+                1
+            } else {
+                2 + (rng.next() % (n_experts as u64 - 2)) as u32
+            }
+        })
+        .collect();
+    let (_gb, sorted, tiles, max_tiles) = group(&dev, &ids, n_experts);
+    for ty in TYPES {
+        let (h, i) = match ty {
+            GgmlType::Q4K | GgmlType::Q6K => (512usize, 256usize),
+            _ => (288, 160),
+        };
+        let silu = |z: f64| z / (1.0 + (-z).exp());
+        let mats = |rng: &mut Rng, rows: usize, cols: usize| -> Vec<Vec<u8>> {
+            (0..n_experts)
+                .map(|_| random_rows(rng, ty, rows, cols))
+                .collect()
+        };
+        let (g, u, d) = (
+            mats(&mut rng, i, h),
+            mats(&mut rng, i, h),
+            mats(&mut rng, h, i),
+        );
+        let deq = |m: &[Vec<u8>], rows: usize, cols: usize| -> Vec<Vec<Vec<f64>>> {
+            m.iter()
+                .map(|data| {
+                    let mr = MatRef {
+                        rows,
+                        cols,
+                        enc: Encoding::Ggml { ty, data },
+                    };
+                    (0..rows).map(|r| row_f16(&mr, r)).collect()
+                })
+                .collect()
+        };
+        let (gr, ur, dr) = (deq(&g, i, h), deq(&u, i, h), deq(&d, h, i));
+        let x: Vec<f32> = (0..n * h).map(|_| rng.f()).collect();
+        let a_in: Vec<f32> = (0..n * k * i).map(|_| rng.f()).collect();
+        let cat = |m: &[Vec<u8>]| m.concat();
+        let (_g, gp) = upload(&dev, &cat(&g));
+        let (_u, up) = upload(&dev, &cat(&u));
+        let (_d, dp) = upload(&dev, &cat(&d));
+        let (_x, xp) = upload(&dev, &x);
+        let (_a, ap) = upload(&dev, &a_in);
+        let act = dev.stream.alloc_zeros::<f32>(n * k * i).unwrap();
+        let ys = dev.stream.alloc_zeros::<f32>(n * k * h).unwrap();
+        let row_g = ty.row_bytes(h as u64).unwrap();
+        let row_d = ty.row_bytes(i as u64).unwrap();
+        let kern = wtype(ty).unwrap().gemm();
+        dev.launch(
+            kern.gate_up,
+            (i.div_ceil(GEMM_TILE_ROWS / 2) as u32, max_tiles as u32),
+            GEMM_THREADS,
+            &[
+                Arg::P(gp),
+                Arg::P(up),
+                Arg::P(row_g * i as u64),
+                Arg::P(row_g),
+                Arg::P(xp),
+                Arg::P(sorted),
+                Arg::P(tiles),
+                Arg::P(act.device_ptr(&dev.stream).0),
+                Arg::I(i as i32),
+                Arg::I(h as i32),
+                Arg::I(k as i32),
+            ],
+        )
+        .unwrap();
+        dev.launch(
+            kern.down,
+            (h.div_ceil(GEMM_TILE_ROWS) as u32, max_tiles as u32),
+            GEMM_THREADS,
+            &[
+                Arg::P(dp),
+                Arg::P(row_d * h as u64),
+                Arg::P(row_d),
+                Arg::P(ap),
+                Arg::P(sorted),
+                Arg::P(tiles),
+                Arg::P(ys.device_ptr(&dev.stream).0),
+                Arg::I(h as i32),
+                Arg::I(i as i32),
+            ],
+        )
+        .unwrap();
+        let (got_act, got_ys) = (download(&dev, &act), download(&dev, &ys));
+        let mut want_act = vec![0.0f32; n * k * i];
+        let mut want_ys = vec![0.0f32; n * k * h];
+        for (p, &e) in ids.iter().enumerate() {
+            let (e, xt) = (e as usize, &x[(p / k) * h..(p / k + 1) * h]);
+            for r in 0..i {
+                want_act[p * i + r] = (silu(dot(&gr[e][r], xt)) * dot(&ur[e][r], xt)) as f32;
+            }
+            let at = &a_in[p * i..(p + 1) * i];
+            for r in 0..h {
+                want_ys[p * h + r] = dot(&dr[e][r], at) as f32;
+            }
+        }
+        let (ea, ed) = (max_rel(&got_act, &want_act), max_rel(&got_ys, &want_ys));
+        println!("grouped {ty}: gate/up+SwiGLU {ea:.2e}, down {ed:.2e} (max rel)");
+        assert!(ea < BOUND, "gemm_gate_up {ty}: {ea:.2e}");
+        assert!(ed < BOUND, "gemm_down {ty}: {ed:.2e}");
+    }
+}
