@@ -18,6 +18,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("act.cu", include_str!("../kernels/act.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("flash.cu", include_str!("../kernels/flash.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),

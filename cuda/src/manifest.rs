@@ -73,6 +73,7 @@ manifest! {
     Attention => "attention.cu", "attention";
     AttentionMerge => "attention.cu", "attention_merge";
     AttentionDecode => "attention.cu", "attention_decode";
+    AttentionPrefill => "flash.cu", "attention_prefill";
     Spin => "elementwise.cu", "spin";
     ReadStream => "elementwise.cu", "read_stream";
     QuantizeQ8K => "act.cu", "quantize_q8_K";

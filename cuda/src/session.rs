@@ -51,6 +51,11 @@ pub struct CudaSessionOptions {
 /// read each weight row once per 8 tokens anyway.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
+/// Queries per block of the tensor-core prefill attention (`FA_BQ`).
+const FLASH_TILE: usize = 64;
+/// The one head_dim the tensor-core prefill attention takes (`FA_D`).
+const FLASH_HEAD_DIM: usize = 128;
+
 /// Default keys per split-K attention block (a decode step over a 4096-key full layer runs
 /// 16 blocks per head instead of one).
 pub const SPLIT_KEYS: usize = 256;
@@ -521,6 +526,25 @@ impl CudaSession {
         } else {
             0
         };
+        if self.prefill_attention(n, split) {
+            return self.dev.launch(
+                K::AttentionPrefill,
+                (c.n_heads[layer] as u32, n.div_ceil(FLASH_TILE) as u32),
+                128,
+                &[
+                    P(q),
+                    P(kv.k),
+                    P(kv.v),
+                    P(out),
+                    I(kv.cap as i32),
+                    I(c.n_heads[layer] as i32),
+                    I(c.n_kv_heads as i32),
+                    I(window as i32),
+                    I(n as i32),
+                    P(self.params),
+                ],
+            );
+        }
         // One token on the quantised path: the key-per-lane decode kernel (same outputs).
         let decode = self.decode_attention(n);
         let args = [
@@ -550,6 +574,15 @@ impl CudaSession {
             128,
             &args[..n_args],
         )
+    }
+
+    /// Prefill steps on the fast path take the tensor-core attention (`flash.cu`, head_dim
+    /// 128 only; f16 operands, f32 softmax and accumulation).
+    fn prefill_attention(&self, n: usize, split: usize) -> bool {
+        n >= GEMM_MIN_TOKENS
+            && split == 1
+            && self.opts.quantized_activations
+            && self.cfg.head_dim == FLASH_HEAD_DIM
     }
 
     /// One token on the quantised path takes the key-per-lane decode attention kernel.

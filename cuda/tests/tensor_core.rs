@@ -1,9 +1,14 @@
-//! The tensor-core prefill kernels (`gemm.cu`) against a CPU product of the same f16-rounded
-//! operands (`#[ignore = "needs a CUDA device"]`; run on the GPU machine with
-//! `.device/run-tests.sh`). The kernels decode each weight exactly, round weights and
-//! activations to f16 and accumulate in f32, so the reference does exactly that in f64: what
-//! remains is the f32 summation order (~1e-6 of the output scale). A wrong fragment layout,
-//! tile edge or expert grouping gives O(1).
+//! The tensor-core prefill kernels (`#[ignore = "needs a CUDA device"]`; run on the GPU
+//! machine with `.device/run-tests.sh`).
+//!
+//! - `gemm.cu` against a CPU product of the same f16-rounded operands: the kernels decode
+//!   each weight exactly, round weights and activations to f16 and accumulate in f32, so the
+//!   reference does exactly that in f64; what remains is the f32 summation order (~1e-6 of
+//!   the output scale).
+//! - `flash.cu` against the f32 attention kernel (itself tested against the CPU reference
+//!   through whole models) on the same KV rings, within f16 rounding.
+//!
+//! A wrong fragment layout, tile edge, mask or expert grouping gives O(1).
 
 use cudarc::driver::DevicePtr;
 use lagoon_core::dtype::GgmlType;
@@ -254,5 +259,104 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
         println!("grouped {ty}: gate/up+SwiGLU {ea:.2e}, down {ed:.2e} (max rel)");
         assert!(ea < BOUND, "gemm_gate_up {ty}: {ea:.2e}");
         assert!(ed < BOUND, "gemm_down {ty}: {ed:.2e}");
+    }
+}
+
+/// The f32 attention kernel's output for `n` queries at positions `pos0..` (grid (hq, n)).
+#[allow(clippy::too_many_arguments)]
+fn attention_f32(
+    dev: &Device,
+    q: u64,
+    kc: u64,
+    vc: u64,
+    cap: usize,
+    hq: usize,
+    n_kv: usize,
+    window: usize,
+    n: usize,
+    params: u64,
+) -> Vec<f32> {
+    let d = 128;
+    let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
+    dev.launch(
+        K::Attention,
+        (hq as u32, n as u32),
+        128,
+        &[
+            Arg::P(q),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(ob.device_ptr(&dev.stream).0),
+            Arg::P(0),
+            Arg::I(cap as i32),
+            Arg::I(hq as i32),
+            Arg::I(n_kv as i32),
+            Arg::I(d as i32),
+            Arg::I(window as i32),
+            Arg::P(params),
+        ],
+    )
+    .unwrap();
+    download(dev, &ob)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prefill_attention_matches_the_f32_kernel() {
+    let dev = device();
+    let mut rng = Rng(0x6e33_0003);
+    let (hq, n_kv, d) = (6usize, 2usize, 128usize);
+    // (window, cap, pos0, n): full attention from 0 and at depth; sliding windows smaller
+    // and larger than a tile, with the ring wrapped (cap = window - 1 + ubatch).
+    for (window, pos0, n) in [
+        (0usize, 0usize, 150usize),
+        (0, 77, 64),
+        (40, 0, 150),
+        (40, 300, 133),
+        (200, 500, 70),
+    ] {
+        let cap = if window == 0 {
+            pos0 + n
+        } else {
+            window - 1 + n
+        };
+        let row = n_kv * d;
+        // Ring contents: any value at rows the step cannot see (they must not matter).
+        let kc: Vec<f32> = (0..cap * row).map(|_| rng.f()).collect();
+        let vc: Vec<f32> = (0..cap * row).map(|_| rng.f()).collect();
+        let q: Vec<f32> = (0..n * hq * d).map(|_| 2.0 * rng.f()).collect();
+        let params: Vec<u32> = [pos0 as u32, n as u32]
+            .into_iter()
+            .chain((0..n).map(|_| 0))
+            .collect();
+        let (_k, kp) = upload(&dev, &kc);
+        let (_v, vp) = upload(&dev, &vc);
+        let (_q, qp) = upload(&dev, &q);
+        let (_p, pp) = upload(&dev, &params);
+        let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, window, n, pp);
+        let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
+        dev.launch(
+            K::AttentionPrefill,
+            (hq as u32, n.div_ceil(64) as u32),
+            128,
+            &[
+                Arg::P(qp),
+                Arg::P(kp),
+                Arg::P(vp),
+                Arg::P(ob.device_ptr(&dev.stream).0),
+                Arg::I(cap as i32),
+                Arg::I(hq as i32),
+                Arg::I(n_kv as i32),
+                Arg::I(window as i32),
+                Arg::I(n as i32),
+                Arg::P(pp),
+            ],
+        )
+        .unwrap();
+        let got = download(&dev, &ob);
+        let e = max_rel(&got, &want);
+        println!("attention_prefill window {window} pos0 {pos0} n {n}: max rel err {e:.2e}");
+        // f16 queries, keys, values and probabilities: ~1e-3 of the output scale.
+        assert!(e < 4e-3, "window {window} pos0 {pos0} n {n}: {e:.2e}");
     }
 }
