@@ -14,16 +14,25 @@ use common::{eval, modes, open, read_f32, read_tokens, rel_l2, row_errors};
 /// variant is held to the f32 bound of issue #2.
 const MAX_REL_L2: f64 = 1e-4;
 
-/// On the default (fast) path a GGUF may be further from transformers than the reference
-/// path (activations are quantised as llama.cpp does), but the typical position may be no
-/// further than llama.cpp's own CPU path on the same file, times this margin...
-const LLAMA_MEDIAN_MARGIN: f64 = 1.25;
-/// ...and the whole sequence no further than this multiple. Quantised activations move
-/// near-tied router scores, so either engine may pick a different expert for a token and
-/// carry a 0.3 error at that position; which tokens flip differs between the two, so the
-/// whole-sequence figure gets the wider margin (measured: xs2_style q8_0, ours 5.2e-2 with
-/// one flip at position 7, llama.cpp 1.8e-2 with none).
-const LLAMA_TOTAL_MARGIN: f64 = 3.0;
+/// On the default (fast) path activations are quantised as llama.cpp does (Q8_0 / Q8_K), so a
+/// GGUF lands about as far from transformers as llama.cpp's CPU path on the same file (~1.6e-2
+/// per position on q8_0), and a near-tied router decision may go the other way. The bounds
+/// below are per position, in the regimes that [`default_path_within_llama_cpp_distance`]
+/// describes with its measurements. A position further from transformers than this multiple
+/// of llama.cpp's median position (and than [`MAX_REL_L2`]) counts as a router flip: flips
+/// measured 10x..34x, positions without one up to 5.7x (right after a flip). One smaller flip
+/// (4.9x) was seen; it stays among the unflipped positions, under [`TOTAL_MARGIN`].
+const FLIP_FACTOR: f64 = 7.0;
+/// At most one position in this many may flip (measured: at most 3 of 40 and of 48).
+const FLIP_EVERY: usize = 8;
+/// Before the first flip of either engine, the median position error is within this multiple
+/// of llama.cpp's over the same positions (measured 0.91..1.05)...
+const CLEAN_MARGIN: f64 = 1.25;
+/// ...over at least this many positions.
+const MIN_CLEAN: usize = 4;
+/// The relative L2 over every position that did not flip is within this multiple of
+/// llama.cpp's over its own (measured 0.98..1.63).
+const TOTAL_MARGIN: f64 = 2.0;
 
 /// The committed fixture cases.
 fn committed_fixtures() -> Vec<PathBuf> {
@@ -69,11 +78,28 @@ fn llama_is_reference(case: &Path) -> bool {
     meta["llamacpp"]["status"] == "ok"
 }
 
-/// Median over positions of the per-position relative L2 error.
-fn median_row_err(a: &[f32], b: &[f32], vocab: usize) -> f64 {
-    let mut e = row_errors(a, b, vocab);
-    e.sort_by(f64::total_cmp);
-    e[e.len() / 2]
+/// The median of `v` (the upper one for an even length); `v` is not empty.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// [`rel_l2`] over the positions (rows of `vocab`) that `keep` selects.
+fn rel_l2_at(a: &[f32], b: &[f32], vocab: usize, keep: impl Fn(usize) -> bool) -> f64 {
+    let pick = |x: &[f32]| -> Vec<f32> {
+        x.chunks_exact(vocab)
+            .enumerate()
+            .filter(|&(t, _)| keep(t))
+            .flat_map(|(_, r)| r.iter().copied())
+            .collect()
+    };
+    rel_l2(&pick(a), &pick(b))
+}
+
+/// Positions whose error in `err` is above `at`.
+fn flipped(err: &[f64], at: f64) -> Vec<usize> {
+    (0..err.len()).filter(|&t| err[t] > at).collect()
 }
 
 /// Argmax agreement wherever the reference's top two are not a near tie.
@@ -151,7 +177,41 @@ fn every_fixture_matches_transformers_in_every_mode() {
 }
 
 /// The default path on every GGUF, bounded by llama.cpp's own distance to transformers on
-/// the same file (its logits were recorded by `tools/reference/ref_llamacpp.py`).
+/// the same file (its logits were recorded by `tools/reference/ref_llamacpp.py`), position by
+/// position:
+///
+/// * Flipped ([`FLIP_FACTOR`], [`FLIP_EVERY`]): a near-tied router decision went the other
+///   way and the position computed another expert: 0.16..0.55 from transformers here.
+/// * Clean ([`CLEAN_MARGIN`]): before the first flip of either engine both carry activation
+///   quantisation noise only, so ours is held close to llama.cpp's there.
+/// * Downstream ([`TOTAL_MARGIN`]): after a flip, later positions attend to the flipped
+///   position's K/V and carry part of its change, the more the nearer they are.
+///
+/// Why per position. Which decisions flip is down to rounding, and rounding is chaotic here:
+/// the forced scalar kernels (`LAGOON_FORCE_SCALAR=1`) and the AVX-512 ones quantise
+/// activations identically and each of their dots is within 1.2 units of f32 roundoff (of
+/// the sum of |products|) of the exact product of the quantised operands (checked in float64
+/// on xs2_style q8_0), but they sum in another order. On xs2_style q8_0 the two agree to 1e-7
+/// up to position 7; at position 8, element 59 of layer 0's FFN-down input is 73.49998 Q8_0
+/// steps on AVX-512 and 73.5 on scalar (its SwiGLU inputs differ by one ulp), so it rounds to
+/// 73 on one and 74 on the other, and from there every later matrix re-rounds a slightly
+/// different input: the two paths differ by ~1.5e-2 per position, as far as either is from
+/// llama.cpp. Both flip layer 2's decision at position 7; scalar also flips layer 4's at
+/// position 23 (the fixture's smallest transformers margin, 1.47e-3), which AVX-512 keeps.
+/// The single whole-sequence bound this test had (3 x llama.cpp's distance) so passed or
+/// failed by which path drew the near-tie: AVX-512 2.9x, scalar 3.4x, and 5.1x (three flips)
+/// with activations rounded half to even, as ggml's own SIMD quantiser does. llama.cpp itself
+/// flips one decision on hybrid_perhead (position 16), one that half-to-even flips too.
+///
+/// Measured on the committed q8_0 files over AVX-512, AVX2, scalar, and scalar with
+/// half-to-even, x/d instead of x·(1/d), f64 or reassociated block sums: at most 3 flips,
+/// clean median 0.91..1.05x, unflipped total 0.98..1.63x. Resolution, measured in a copy of
+/// the workspace on the scalar path: the Q8_0 activation scale off by 2^-7 fails on every
+/// case (clean median 1.59x and 1.85x; on xs2_style flips from position 2 on); one weight
+/// per row with its sign flipped fails at every position; one weight per 32-block off by one
+/// step (of 127) passes (clean median 1.14..1.21x: about half the activation quantisation
+/// noise), as does one weight per row off by one step: kernel exactness is
+/// `cpu-experts/tests/kernels.rs`'s job.
 ///
 /// Only the committed cases are asserted: their token sequences were chosen for clear router
 /// margins. On arbitrary random configs (`LAGOON_EXTRA_FIXTURES`) quantised activations flip
@@ -171,6 +231,8 @@ fn default_path_within_llama_cpp_distance() {
         }
         let toks = read_tokens(&case.join("tokens.txt"));
         let tf = read_f32(&case.join("logits.transformers.f32"));
+        let n = toks.len();
+        let vocab = tf.len() / n;
         for ty in ["f32", "f16", "q8_0"] {
             let (model, lc) = (
                 case.join(format!("model-{ty}.gguf")),
@@ -180,28 +242,51 @@ fn default_path_within_llama_cpp_distance() {
                 continue;
             }
             let lcl = read_f32(&lc);
-            let llama = rel_l2(&lcl, &tf);
-            let vocab = tf.len() / toks.len();
-            let llama_med = median_row_err(&lcl, &tf, vocab);
+            let l_err = row_errors(&lcl, &tf, vocab);
+            let flip_at = (FLIP_FACTOR * median(&l_err)).max(MAX_REL_L2);
+            let l_flips = flipped(&l_err, flip_at);
+            let l_total = rel_l2_at(&lcl, &tf, vocab, |t| !l_flips.contains(&t));
             let ckpt = open(&model);
-            for (_, ubatch) in modes(toks.len()) {
+            for (mode, ubatch) in modes(n) {
+                let what = format!("{} [{mode}]", model.display());
                 let ours = eval(&ckpt, &toks, ubatch, false);
-                let (e, med) = (rel_l2(&ours, &tf), median_row_err(&ours, &tf, vocab));
+                let err = row_errors(&ours, &tf, vocab);
+                let flips = flipped(&err, flip_at);
+                let clean = flips.iter().chain(&l_flips).copied().min().unwrap_or(n);
+                let total = rel_l2_at(&ours, &tf, vocab, |t| !flips.contains(&t));
                 println!(
-                    "{} ubatch {ubatch}: ours {e:.3e} (median position {med:.3e}), llama.cpp {llama:.3e} (median {llama_med:.3e})",
-                    model.display()
+                    "{what}: flipped positions {flips:?} (llama.cpp {l_flips:?}, above \
+                     {flip_at:.2e}); median position over 0..{clean} {:.3e} (llama.cpp {:.3e}); \
+                     unflipped positions {total:.3e} (llama.cpp {l_total:.3e}); all {:.3e} \
+                     (llama.cpp {:.3e})",
+                    median(&err[..clean.max(1)]),
+                    median(&l_err[..clean.max(1)]),
+                    rel_l2(&ours, &tf),
+                    rel_l2(&lcl, &tf)
                 );
-                let bound = (llama * LLAMA_TOTAL_MARGIN).max(MAX_REL_L2);
                 assert!(
-                    e <= bound,
-                    "{}: rel L2 {e:.3e} > {bound:.3e} (llama.cpp: {llama:.3e})",
-                    model.display()
+                    flips.len() <= n / FLIP_EVERY,
+                    "{what}: {} positions {flips:?} are over {flip_at:.2e} from transformers \
+                     (a router flip each?), more than 1 in {FLIP_EVERY}",
+                    flips.len()
                 );
-                let bound = (llama_med * LLAMA_MEDIAN_MARGIN).max(MAX_REL_L2);
                 assert!(
-                    med <= bound,
-                    "{}: median position error {med:.3e} > {bound:.3e}",
-                    model.display()
+                    clean >= MIN_CLEAN,
+                    "{what}: position {clean} is already over {flip_at:.2e} from transformers \
+                     ({FLIP_FACTOR} x llama.cpp's median position)"
+                );
+                let (m, m_llama) = (median(&err[..clean]), median(&l_err[..clean]));
+                let bound = (CLEAN_MARGIN * m_llama).max(MAX_REL_L2);
+                assert!(
+                    m <= bound,
+                    "{what}: median position error over 0..{clean} {m:.3e} > {bound:.3e} \
+                     ({CLEAN_MARGIN} x llama.cpp's {m_llama:.3e})"
+                );
+                let bound = (TOTAL_MARGIN * l_total).max(MAX_REL_L2);
+                assert!(
+                    total <= bound,
+                    "{what}: rel L2 over the unflipped positions {total:.3e} > {bound:.3e} \
+                     ({TOTAL_MARGIN} x llama.cpp's {l_total:.3e})"
                 );
                 n_checked += 1;
             }
