@@ -9,19 +9,20 @@
 // llama.cpp's dequantise-to-f16 + cuBLAS prefill path; the quantised-activation
 // (MMQ-like) alternative is future work.
 //
-// Tiling: a block of 8 warps computes GM_BM weight rows x GM_BN tokens, stepping K by GM_BK.
+// Tiling: a block of 8 warps computes GM_BM weight rows x BN tokens (64, or 32 for small
+// grids and sparsely used experts), stepping K by GM_BK.
 // Per stage every thread decodes one 32-element weight chunk (row t / 2, half t % 2) into
-// shared memory as f16 and converts 16 activations (token t / 4, quarter t % 4); warp w then
-// multiplies rows 32 (w % 4) .. + 32 by tokens 32 (w / 4) .. + 32 (2 x 4 mma tiles per k16).
-// Shared rows are padded to GM_LDS halves so the fragment loads hit 32 distinct banks.
+// shared memory as f16 and converts 64 / (256 / BN) activations of token t / (256 / BN); warp w then
+// multiplies rows 32 (w % 4) .. + 32 by tokens (BN / 2) (w / 4) .. + BN / 2 (2 x BN / 16 mma
+// tiles per k16).
+// Shared rows are padded to GM_LDS halves (144 B) so the eight 16-byte rows of each
+// ldmatrix phase hit 32 distinct banks.
 // (Fragment layouts: PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point type".)
 #include "quant.cuh"
 
 #define GM_BM 128
-#define GM_BN 64
 #define GM_BK 64
 #define GM_LDS (GM_BK + 8)
-#define GM_LDW (GM_LDS / 2)
 #define GM_THREADS 256
 
 __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
@@ -44,35 +45,54 @@ __device__ __forceinline__ void mma_16816(float d[4], const u32 a[4], const u32 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The accumulators of one thread: acc[mt][nt] is the m16n8 tile (rows 32 (w % 4) + 16 mt,
-// tokens 32 (w / 4) + 8 nt); element e holds row + g + 8 (e / 2), token + 2 q + e % 2 with
-// g = lane / 4, q = lane % 4.
+// Four 8x8 f16 matrices from shared memory (ldmatrix.x4): lane l gives the address of row
+// l % 8 of matrix l / 8 and receives, of each matrix i, row l / 4, columns 2 (l % 4) .. + 2 in
+// r[i] -- the mma fragment layout.
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const unsigned short* p) {
+    u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// The accumulators of one thread for a BN-token tile: v[mt][nt] is the m16n8 tile (rows
+// 32 (w % 4) + 16 mt, tokens (BN / 2) (w / 4) + 8 nt); element e holds row + g + 8 (e / 2),
+// token + 2 q + e % 2 with g = lane / 4, q = lane % 4.
+template <int BN>
 struct GemmAcc {
-    float v[2][4][4];
+    float v[2][BN / 16][4];
 };
 
-// Runs the K loop over `cols` (a multiple of 32). `arow`: this thread's weight row (shared
-// row threadIdx.x / 2), null for a row past the matrix; `xrow`: this thread's activation row
-// (token threadIdx.x / 4), null past the tile's tokens.
-template <int T>
+// Runs the K loop over `cols` (a multiple of 32) for a tile of BN (64 or 32) tokens. `arow`:
+// this thread's weight row (shared row threadIdx.x / 2), null for a row past the matrix;
+// `xrow`: this thread's activation row (token threadIdx.x / (GM_THREADS / BN)), null past
+// the tile's tokens.
+template <int T, int BN>
 __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const float* __restrict__ xrow,
-                                              int cols, GemmAcc& acc) {
+                                              int cols, GemmAcc<BN>& acc) {
+    constexpr int NT = BN / 16;              // n8 tiles per warp
+    constexpr int XT = GM_THREADS / BN;      // threads per token row
+    constexpr int XK = GM_BK / XT;           // activations each converts per stage (16 or 8)
     __shared__ __align__(16) unsigned short sa[GM_BM * GM_LDS];
-    __shared__ __align__(16) unsigned short sb[GM_BN * GM_LDS];
+    __shared__ __align__(16) unsigned short sb[BN * GM_LDS];
     int t = threadIdx.x, lane = t & 31, w = t >> 5;
-    int g = lane >> 2, q = lane & 3, wm = w & 3, wn = w >> 2;
+    int wm = w & 3, wn = w >> 2;
     #pragma unroll
     for (int mt = 0; mt < 2; mt++)
         #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < NT; nt++)
             #pragma unroll
             for (int e = 0; e < 4; e++) acc.v[mt][nt][e] = 0.0f;
     uint4* adst = (uint4*)(sa + (t >> 1) * GM_LDS + 32 * (t & 1));
-    uint4* bdst = (uint4*)(sb + (t >> 2) * GM_LDS + 16 * (t & 3));
-    const u32* A = (const u32*)sa;
-    const u32* B = (const u32*)sb;
+    uint4* bdst = (uint4*)(sb + (t / XT) * GM_LDS + XK * (t % XT));
+    // ldmatrix row addresses (halves) of this lane: A tiles (rows +0..15, k +0..15) as
+    // matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = a0..a3; B tiles of
+    // two n8 tiles (tokens +0..15) as (tok 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15,
+    // 8-15) = b[nt][0], b[nt][1], b[nt + 1][0], b[nt + 1][1].
+    const unsigned short* la = sa + (32 * wm + (lane & 7) + 8 * ((lane >> 3) & 1)) * GM_LDS + 8 * (lane >> 4);
+    const unsigned short* lb = sb + ((BN / 2) * wn + (lane & 7) + 8 * (lane >> 4)) * GM_LDS + 8 * ((lane >> 3) & 1);
     for (int k0 = 0; k0 < cols; k0 += GM_BK) {
-        // Stage: one weight chunk, 16 activations.
+        // Stage: one weight chunk, XK activations.
         int c = k0 / 32 + (t & 1);
         if (arow != nullptr && 32 * c < cols) {
             float wv[32];
@@ -85,44 +105,35 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
             #pragma unroll
             for (int j = 0; j < 4; j++) adst[j] = make_uint4(0, 0, 0, 0);
         }
-        int kx = k0 + 16 * (t & 3);
-        if (xrow != nullptr && kx < cols) {
-            const float4* xs = (const float4*)(xrow + kx);
-            float4 v[4];
-            #pragma unroll
-            for (int j = 0; j < 4; j++) v[j] = xs[j];
-            #pragma unroll
-            for (int j = 0; j < 2; j++)
-                bdst[j] = make_uint4(pack_f16x2(f16_range(v[2 * j].x), f16_range(v[2 * j].y)),
-                                     pack_f16x2(f16_range(v[2 * j].z), f16_range(v[2 * j].w)),
-                                     pack_f16x2(f16_range(v[2 * j + 1].x), f16_range(v[2 * j + 1].y)),
-                                     pack_f16x2(f16_range(v[2 * j + 1].z), f16_range(v[2 * j + 1].w)));
-        } else {
-            bdst[0] = make_uint4(0, 0, 0, 0);
-            bdst[1] = make_uint4(0, 0, 0, 0);
+        int kx = k0 + XK * (t % XT);
+        #pragma unroll
+        for (int j = 0; j < XK / 8; j++) {
+            uint4 v8 = make_uint4(0, 0, 0, 0);
+            if (xrow != nullptr && kx < cols) {
+                float4 v0 = *(const float4*)(xrow + kx + 8 * j), v1 = *(const float4*)(xrow + kx + 8 * j + 4);
+                v8 = make_uint4(pack_f16x2(f16_range(v0.x), f16_range(v0.y)), pack_f16x2(f16_range(v0.z), f16_range(v0.w)),
+                                pack_f16x2(f16_range(v1.x), f16_range(v1.y)), pack_f16x2(f16_range(v1.z), f16_range(v1.w)));
+            }
+            bdst[j] = v8;
         }
         __syncthreads();
         #pragma unroll
-        for (int kk = 0; kk < GM_BK / 2; kk += 8) {
-            u32 a[2][4], b[4][2];
+        for (int kk = 0; kk < GM_BK; kk += 16) {
+            u32 a[2][4], b[NT][2], t4[4];
             #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                int r = (32 * wm + 16 * mt + g) * GM_LDW + kk + q;
-                a[mt][0] = A[r];
-                a[mt][1] = A[r + 8 * GM_LDW];
-                a[mt][2] = A[r + 4];
-                a[mt][3] = A[r + 8 * GM_LDW + 4];
-            }
+            for (int mt = 0; mt < 2; mt++) ldmatrix_x4(a[mt], la + 16 * mt * GM_LDS + kk);
             #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                int r = (32 * wn + 8 * nt + g) * GM_LDW + kk + q;
-                b[nt][0] = B[r];
-                b[nt][1] = B[r + 4];
+            for (int np = 0; np < NT / 2; np++) {
+                ldmatrix_x4(t4, lb + 16 * np * GM_LDS + kk);
+                b[2 * np][0] = t4[0];
+                b[2 * np][1] = t4[1];
+                b[2 * np + 1][0] = t4[2];
+                b[2 * np + 1][1] = t4[3];
             }
             #pragma unroll
             for (int mt = 0; mt < 2; mt++)
                 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma_16816(acc.v[mt][nt], a[mt], b[nt]);
+                for (int nt = 0; nt < NT; nt++) mma_16816(acc.v[mt][nt], a[mt], b[nt]);
         }
         __syncthreads();
     }
@@ -133,38 +144,39 @@ __device__ __forceinline__ int acc_row(int mt, int e) {
     int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     return 32 * (w & 3) + 16 * mt + g + 8 * (e >> 1);
 }
+template <int BN>
 __device__ __forceinline__ int acc_tok(int nt, int e) {
     int w = threadIdx.x >> 5, q = threadIdx.x & 3;
-    return 32 * (w >> 2) + 8 * nt + 2 * q + (e & 1);
+    return (BN / 2) * (w >> 2) + 8 * nt + 2 * q + (e & 1);
 }
 
-// out[t, r] = x[t] . W[r]. Grid (ceil(rows / GM_BM), ceil(n / GM_BN)), block GM_THREADS.
-template <int T>
+// out[t, r] = x[t] . W[r]. Grid (ceil(rows / GM_BM), ceil(n / BN)), block GM_THREADS.
+template <int T, int BN>
 __device__ void gemm(const u8* __restrict__ W, u64 row_bytes, const float* __restrict__ x,
                      float* __restrict__ out, int rows, int cols, int n) {
-    int r0 = blockIdx.x * GM_BM, t0 = blockIdx.y * GM_BN;
-    int ar = r0 + (threadIdx.x >> 1), xt = t0 + (threadIdx.x >> 2);
+    int r0 = blockIdx.x * GM_BM, t0 = blockIdx.y * BN;
+    int ar = r0 + (threadIdx.x >> 1), xt = t0 + threadIdx.x / (GM_THREADS / BN);
     const u8* arow = ar < rows ? W + (size_t)ar * row_bytes : nullptr;
     const float* xrow = xt < n ? x + (size_t)xt * cols : nullptr;
-    GemmAcc acc;
-    gemm_mainloop<T>(arow, xrow, cols, acc);
+    GemmAcc<BN> acc;
+    gemm_mainloop<T, BN>(arow, xrow, cols, acc);
     #pragma unroll
     for (int mt = 0; mt < 2; mt++)
         #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < BN / 16; nt++)
             #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int r = r0 + acc_row(mt, e), tk = t0 + acc_tok(nt, e);
+                int r = r0 + acc_row(mt, e), tk = t0 + acc_tok<BN>(nt, e);
                 if (r < rows && tk < n) out[(size_t)tk * rows + r] = acc.v[mt][nt][e];
             }
 }
 
-// Grouped gate/up with SwiGLU: tiles from moe_group (group GM_BN). A block takes 64 rows of
-// the expert's gate and the same 64 rows of its up: shared row s holds gate (s % 32 < 16) or
-// up row r0 + 16 (s / 32) + s % 16, so a warp's tile mt = 0 is gate and mt = 1 is up at the
+// Grouped gate/up with SwiGLU: tiles of up to BN pairs from moe_group. A block takes 64 rows
+// of the expert's gate and the same 64 rows of its up: shared row s holds gate (s % 32 < 16)
+// or up row r0 + 16 (s / 32) + s % 16, so a warp's tile mt = 0 is gate and mt = 1 is up at the
 // same (row, pair) positions. act[p, r] = silu(gate) * up for sorted pair p (token p / K).
 // Grid (ceil(I / 64), max_tiles).
-template <int T>
+template <int T, int BN>
 __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                              u64 row_bytes, const float* __restrict__ x, const u32* __restrict__ sorted,
                              const u32* __restrict__ tiles, float* __restrict__ act, int I, int H, int K) {
@@ -177,16 +189,16 @@ __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ W
     int ar = r0 + 16 * (s >> 5) + (s & 15);
     const u8* mat = (s & 16) ? Wu : Wg;
     const u8* arow = ar < I ? mat + (size_t)e * expert_bytes + (size_t)ar * row_bytes : nullptr;
-    int xt = threadIdx.x >> 2;
+    int xt = threadIdx.x / (GM_THREADS / BN);
     const float* xrow = xt < cnt ? x + (size_t)(sorted[first + xt] / K) * H : nullptr;
-    GemmAcc acc;
-    gemm_mainloop<T>(arow, xrow, H, acc);
+    GemmAcc<BN> acc;
+    gemm_mainloop<T, BN>(arow, xrow, H, acc);
     int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int nt = 0; nt < BN / 16; nt++)
         #pragma unroll
         for (int e2 = 0; e2 < 4; e2++) {
-            int r = r0 + 16 * (w & 3) + g + 8 * (e2 >> 1), tk = acc_tok(nt, e2);
+            int r = r0 + 16 * (w & 3) + g + 8 * (e2 >> 1), tk = acc_tok<BN>(nt, e2);
             if (r < I && tk < cnt)
                 act[(size_t)sorted[first + tk] * I + r] = silu_f(acc.v[0][nt][e2]) * acc.v[1][nt][e2];
         }
@@ -194,7 +206,7 @@ __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ W
 
 // Grouped down: ys[p, r] = act[p] . Wd_e[r] for the tile's sorted pairs p. Grid
 // (ceil(H / GM_BM), max_tiles).
-template <int T>
+template <int T, int BN>
 __device__ void gemm_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                           const float* __restrict__ act, const u32* __restrict__ sorted,
                           const u32* __restrict__ tiles, float* __restrict__ ys, int H, int I) {
@@ -203,37 +215,42 @@ __device__ void gemm_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_b
     if (cnt == 0) return;
     u32 e = tl[0], first = tl[1];
     int r0 = blockIdx.x * GM_BM;
-    int ar = r0 + (threadIdx.x >> 1), xt = threadIdx.x >> 2;
+    int ar = r0 + (threadIdx.x >> 1), xt = threadIdx.x / (GM_THREADS / BN);
     const u8* arow = ar < H ? Wd + (size_t)e * expert_bytes + (size_t)ar * row_bytes : nullptr;
     const float* xrow = xt < cnt ? act + (size_t)sorted[first + xt] * I : nullptr;
-    GemmAcc acc;
-    gemm_mainloop<T>(arow, xrow, I, acc);
+    GemmAcc<BN> acc;
+    gemm_mainloop<T, BN>(arow, xrow, I, acc);
     #pragma unroll
     for (int mt = 0; mt < 2; mt++)
         #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < BN / 16; nt++)
             #pragma unroll
             for (int e2 = 0; e2 < 4; e2++) {
-                int r = r0 + acc_row(mt, e2), tk = acc_tok(nt, e2);
+                int r = r0 + acc_row(mt, e2), tk = acc_tok<BN>(nt, e2);
                 if (r < H && tk < cnt) ys[(size_t)sorted[first + tk] * H + r] = acc.v[mt][nt][e2];
             }
 }
 
-#define GEMM_TYPES(X) X(f32, WT_F32) X(f16, WT_F16) X(bf16, WT_BF16) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K)
+// (name, type, blocks per SM the register budget is set for: 4 where 64 registers hold the
+// loop without spilling, else 3)
+#define GEMM_TYPES(X) X(f32, WT_F32, 3) X(f16, WT_F16, 3) X(bf16, WT_BF16, 3) X(q8_0, WT_Q8_0, 4) X(q4_K, WT_Q4_K, 4) X(q6_K, WT_Q6_K, 3)
 
-#define DEFINE_GEMM(name, T)                                                                       \
-    extern "C" __global__ void __launch_bounds__(GM_THREADS) gemm_##name(                          \
+#define DEFINE_GEMM_BN(name, T, MINB, BN, sfx)                                                     \
+    extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm##sfx##_##name(             \
         const u8* W, u64 row_bytes, const float* x, float* out, int rows, int cols, int n) {       \
-        gemm<T>(W, row_bytes, x, out, rows, cols, n);                                              \
+        gemm<T, BN>(W, row_bytes, x, out, rows, cols, n);                                          \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GM_THREADS) gemm_gate_up_##name(                  \
+    extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm_gate_up##sfx##_##name(     \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const float* x,               \
         const u32* sorted, const u32* tiles, float* act, int I, int H, int K) {                    \
-        gemm_gate_up<T>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);          \
+        gemm_gate_up<T, BN>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);      \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GM_THREADS) gemm_down_##name(                     \
+    extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm_down##sfx##_##name(        \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const float* act, const u32* sorted,        \
         const u32* tiles, float* ys, int H, int I) {                                               \
-        gemm_down<T>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);                   \
+        gemm_down<T, BN>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);               \
     }
+// Tiles of 64 tokens (gemm_*) and of 32 (gemm32_*, gemm_gate_up32_*, gemm_down32_*: small
+// grids and experts with few pairs each).
+#define DEFINE_GEMM(name, T, MINB) DEFINE_GEMM_BN(name, T, MINB, 64, ) DEFINE_GEMM_BN(name, T, MINB, 32, 32)
 GEMM_TYPES(DEFINE_GEMM)

@@ -193,7 +193,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ ys, const float
 //
 // moe_group sorts the step's (token, slot) pairs by expert (ascending pair index within an
 // expert) and cuts each expert's run into tiles of up to `group` pairs (GROUP_PAIRS for the
-// kernels below, GM_BN for the tensor-core ones of gemm.cu); the grouped
+// kernels below, 64 or 32 for the tensor-core ones of gemm.cu); the grouped
 // kernels then decode each expert row once per tile instead of once per pair. Each pair's
 // result is the same arithmetic as the per-pair kernels (same chunk order, same warp sum), so
 // the two paths agree bit for bit.

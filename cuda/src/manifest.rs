@@ -112,6 +112,24 @@ manifest! {
     GemmDownQ8_0 => "gemm.cu", "gemm_down_q8_0";
     GemmDownQ4K => "gemm.cu", "gemm_down_q4_K";
     GemmDownQ6K => "gemm.cu", "gemm_down_q6_K";
+    Gemm32F32 => "gemm.cu", "gemm32_f32";
+    Gemm32F16 => "gemm.cu", "gemm32_f16";
+    Gemm32Bf16 => "gemm.cu", "gemm32_bf16";
+    Gemm32Q8_0 => "gemm.cu", "gemm32_q8_0";
+    Gemm32Q4K => "gemm.cu", "gemm32_q4_K";
+    Gemm32Q6K => "gemm.cu", "gemm32_q6_K";
+    GemmGateUp32F32 => "gemm.cu", "gemm_gate_up32_f32";
+    GemmGateUp32F16 => "gemm.cu", "gemm_gate_up32_f16";
+    GemmGateUp32Bf16 => "gemm.cu", "gemm_gate_up32_bf16";
+    GemmGateUp32Q8_0 => "gemm.cu", "gemm_gate_up32_q8_0";
+    GemmGateUp32Q4K => "gemm.cu", "gemm_gate_up32_q4_K";
+    GemmGateUp32Q6K => "gemm.cu", "gemm_gate_up32_q6_K";
+    GemmDown32F32 => "gemm.cu", "gemm_down32_f32";
+    GemmDown32F16 => "gemm.cu", "gemm_down32_f16";
+    GemmDown32Bf16 => "gemm.cu", "gemm_down32_bf16";
+    GemmDown32Q8_0 => "gemm.cu", "gemm_down32_q8_0";
+    GemmDown32Q4K => "gemm.cu", "gemm_down32_q4_K";
+    GemmDown32Q6K => "gemm.cu", "gemm_down32_q6_K";
 }
 
 impl K {
@@ -209,20 +227,27 @@ impl WType {
             WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
         }
     }
-    /// Tensor-core prefill kernels (`gemm.cu`).
-    pub fn gemm(self) -> GemmKernels {
+    /// Tensor-core prefill kernels (`gemm.cu`) for token tiles of `tile` (64 or 32).
+    pub fn gemm(self, tile: usize) -> GemmKernels {
         let k = |dense, gate_up, down| GemmKernels {
             dense,
             gate_up,
             down,
         };
-        match self {
-            WType::F32 => k(K::GemmF32, K::GemmGateUpF32, K::GemmDownF32),
-            WType::F16 => k(K::GemmF16, K::GemmGateUpF16, K::GemmDownF16),
-            WType::Bf16 => k(K::GemmBf16, K::GemmGateUpBf16, K::GemmDownBf16),
-            WType::Q8_0 => k(K::GemmQ8_0, K::GemmGateUpQ8_0, K::GemmDownQ8_0),
-            WType::Q4K => k(K::GemmQ4K, K::GemmGateUpQ4K, K::GemmDownQ4K),
-            WType::Q6K => k(K::GemmQ6K, K::GemmGateUpQ6K, K::GemmDownQ6K),
+        use K::*;
+        match (self, tile == 32) {
+            (WType::F32, false) => k(GemmF32, GemmGateUpF32, GemmDownF32),
+            (WType::F16, false) => k(GemmF16, GemmGateUpF16, GemmDownF16),
+            (WType::Bf16, false) => k(GemmBf16, GemmGateUpBf16, GemmDownBf16),
+            (WType::Q8_0, false) => k(GemmQ8_0, GemmGateUpQ8_0, GemmDownQ8_0),
+            (WType::Q4K, false) => k(GemmQ4K, GemmGateUpQ4K, GemmDownQ4K),
+            (WType::Q6K, false) => k(GemmQ6K, GemmGateUpQ6K, GemmDownQ6K),
+            (WType::F32, true) => k(Gemm32F32, GemmGateUp32F32, GemmDown32F32),
+            (WType::F16, true) => k(Gemm32F16, GemmGateUp32F16, GemmDown32F16),
+            (WType::Bf16, true) => k(Gemm32Bf16, GemmGateUp32Bf16, GemmDown32Bf16),
+            (WType::Q8_0, true) => k(Gemm32Q8_0, GemmGateUp32Q8_0, GemmDown32Q8_0),
+            (WType::Q4K, true) => k(Gemm32Q4K, GemmGateUp32Q4K, GemmDown32Q4K),
+            (WType::Q6K, true) => k(Gemm32Q6K, GemmGateUp32Q6K, GemmDown32Q6K),
         }
     }
     pub fn down(self) -> K {
@@ -237,13 +262,13 @@ impl WType {
     }
 }
 
-/// The tensor-core prefill kernels of one weight type (`gemm.cu`): weights decoded to f16 in
-/// shared memory, f16 activations, f32 accumulation.
+/// The tensor-core prefill kernels of one weight type and token tile (`gemm.cu`): weights
+/// decoded to f16 in shared memory, f16 activations, f32 accumulation.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmKernels {
-    /// `out = x W^T` over a tile of [`GEMM_TILE_ROWS`] rows × [`GEMM_TILE_TOKENS`] tokens.
+    /// `out = x W^T` over a tile of [`GEMM_TILE_ROWS`] rows × the tile's tokens.
     pub dense: K,
-    /// Expert-grouped gate/up with SwiGLU (tiles of [`GEMM_TILE_TOKENS`] pairs, 64 rows).
+    /// Expert-grouped gate/up with SwiGLU (tiles of the tile's pairs, 64 rows).
     pub gate_up: K,
     /// Expert-grouped down.
     pub down: K,
@@ -251,7 +276,8 @@ pub struct GemmKernels {
 
 /// Weight rows per block of the `gemm.cu` kernels (`GM_BM`).
 pub const GEMM_TILE_ROWS: usize = 128;
-/// Tokens (or expert pairs) per block of the `gemm.cu` kernels (`GM_BN`).
+/// Tokens (or expert pairs) per block of the `gemm.cu` kernels; the `*32` kernels take
+/// tiles of half this.
 pub const GEMM_TILE_TOKENS: usize = 64;
 /// Threads per block of the `gemm.cu` kernels (`GM_THREADS`).
 pub const GEMM_THREADS: u32 = 256;

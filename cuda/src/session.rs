@@ -137,6 +137,8 @@ pub struct CudaSession {
     part: u64,
     /// Split count per layer for small steps.
     splits: Vec<usize>,
+    /// Streaming multiprocessors of the device (tile-size choices).
+    sm_count: usize,
     /// Prefill expert grouping: pair indices sorted by expert, then the tiles.
     _groups: CudaSlice<u32>,
     sorted: u64,
@@ -239,6 +241,7 @@ impl CudaSession {
         } else {
             opts.attn_split_keys
         };
+        let sm_count = dev.sm_count()? as usize;
         let splits = (0..cfg.n_layers)
             .map(|l| {
                 let keys = if cfg.is_sliding(l) {
@@ -340,6 +343,7 @@ impl CudaSession {
             _part: part_buf,
             part,
             splits,
+            sm_count,
             _groups: groups_buf,
             sorted,
             tiles,
@@ -1086,9 +1090,17 @@ impl CudaSession {
                         && nt >= GEMM_MIN_TOKENS
                         && m.cols.is_multiple_of(32)
                     {
+                        // Half-width token tiles where 64-token ones would not fill two
+                        // blocks per SM (K/V projections, the shared expert at pp512).
+                        let full = m.rows.div_ceil(GEMM_TILE_ROWS) * nt.div_ceil(GEMM_TILE_TOKENS);
+                        let tile = if full < 2 * self.sm_count {
+                            GEMM_TILE_TOKENS / 2
+                        } else {
+                            GEMM_TILE_TOKENS
+                        };
                         dev.launch(
-                            m.ty.gemm().dense,
-                            (blocks(m.rows, GEMM_TILE_ROWS), blocks(nt, GEMM_TILE_TOKENS)),
+                            m.ty.gemm(tile).dense,
+                            (blocks(m.rows, GEMM_TILE_ROWS), blocks(nt, tile)),
                             GEMM_THREADS,
                             &[
                                 P(m.ptr),
@@ -1289,7 +1301,15 @@ impl CudaSession {
                             && n >= GEMM_MIN_TOKENS
                             && h.is_multiple_of(32)
                             && i.is_multiple_of(32);
-                        let group = if tc { GEMM_TILE_TOKENS } else { GROUP_PAIRS };
+                        // Tiles of 32 pairs while experts average at most 32 pairs (a
+                        // 64-pair tile would be mostly padding), else 64.
+                        let group = match tc {
+                            false => GROUP_PAIRS,
+                            true if n * k <= (GEMM_TILE_TOKENS / 2) * c.n_experts => {
+                                GEMM_TILE_TOKENS / 2
+                            }
+                            true => GEMM_TILE_TOKENS,
+                        };
                         let tiles = max_tiles(n * k, c.n_experts, group);
                         dev.launch(
                             K::MoeGroup,
@@ -1306,7 +1326,7 @@ impl CudaSession {
                             ],
                         )?;
                         if tc {
-                            let (gk, dk) = (gate.ty.gemm(), down.ty.gemm());
+                            let (gk, dk) = (gate.ty.gemm(group), down.ty.gemm(group));
                             dev.launch(
                                 gk.gate_up,
                                 (blocks(i, GEMM_TILE_ROWS / 2), tiles as u32),

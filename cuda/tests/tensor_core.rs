@@ -74,7 +74,7 @@ fn dense_gemm_matches_f16_rounded_reference() {
             };
             let wr: Vec<Vec<f64>> = (0..rows).map(|r| row_f16(&m, r)).collect();
             let (_wb, wp) = upload(&dev, &data);
-            for n in [16usize, 64, 133] {
+            for (n, tile) in [(16usize, 64usize), (64, 64), (133, 64), (16, 32), (77, 32)] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
                 let want: Vec<f32> = (0..n)
                     .flat_map(|t| {
@@ -85,10 +85,10 @@ fn dense_gemm_matches_f16_rounded_reference() {
                 let (_xb, xp) = upload(&dev, &x);
                 let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
                 dev.launch(
-                    wtype(ty).unwrap().gemm().dense,
+                    wtype(ty).unwrap().gemm(tile).dense,
                     (
                         rows.div_ceil(GEMM_TILE_ROWS) as u32,
-                        n.div_ceil(GEMM_TILE_TOKENS) as u32,
+                        n.div_ceil(tile) as u32,
                     ),
                     GEMM_THREADS,
                     &[
@@ -104,21 +104,25 @@ fn dense_gemm_matches_f16_rounded_reference() {
                 .unwrap();
                 let got = download(&dev, &ob);
                 let e = max_rel(&got, &want);
-                println!("gemm {ty} {rows}x{cols} n={n}: max rel err {e:.2e}");
-                assert!(e < BOUND, "gemm {ty} {rows}x{cols} n={n}: {e:.2e}");
+                println!("gemm {ty} {rows}x{cols} n={n} tile {tile}: max rel err {e:.2e}");
+                assert!(
+                    e < BOUND,
+                    "gemm {ty} {rows}x{cols} n={n} tile {tile}: {e:.2e}"
+                );
             }
         }
     }
 }
 
-/// Groups the pairs on the device (tiles of the tensor-core size) and returns the buffers.
+/// Groups the pairs on the device into tiles of `tile` pairs and returns the buffers.
 fn group(
     dev: &Device,
     ids: &[u32],
     n_experts: usize,
+    tile: usize,
 ) -> (cudarc::driver::CudaSlice<u32>, u64, u64, usize) {
     let pairs = ids.len();
-    let max_tiles = pairs.div_ceil(GEMM_TILE_TOKENS) + n_experts;
+    let max_tiles = pairs.div_ceil(tile) + n_experts;
     let idf: Vec<f32> = ids.iter().map(|&e| f32::from_bits(e)).collect();
     let (idb, idp) = upload(dev, &idf);
     let buf = dev
@@ -138,7 +142,7 @@ fn group(
             Arg::I(pairs as i32),
             Arg::I(n_experts as i32),
             Arg::I(max_tiles as i32),
-            Arg::I(GEMM_TILE_TOKENS as i32),
+            Arg::I(tile as i32),
         ],
     )
     .unwrap();
@@ -153,7 +157,7 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
     let dev = device();
     let mut rng = Rng(0x6e33_0002);
     let (n_experts, k, n) = (6usize, 3usize, 150usize);
-    // Expert 0 gets no pair, expert 1 more than two tiles (tiles of 64 pairs).
+    // Expert 0 gets no pair, expert 1 more than two tiles (of 64 pairs; four of 32).
     let ids: Vec<u32> = (0..n * k)
         .map(|p| {
             if p % k == 0 {
@@ -163,8 +167,11 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
             }
         })
         .collect();
-    let (_gb, sorted, tiles, max_tiles) = group(&dev, &ids, n_experts);
-    for ty in TYPES {
+    for (ty, tile) in TYPES
+        .iter()
+        .flat_map(|&ty| [(ty, GEMM_TILE_TOKENS), (ty, GEMM_TILE_TOKENS / 2)])
+    {
+        let (_gb, sorted, tiles, max_tiles) = group(&dev, &ids, n_experts, tile);
         let (h, i) = match ty {
             GgmlType::Q4K | GgmlType::Q6K => (512usize, 256usize),
             _ => (288, 160),
@@ -205,7 +212,7 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
         let ys = dev.stream.alloc_zeros::<f32>(n * k * h).unwrap();
         let row_g = ty.row_bytes(h as u64).unwrap();
         let row_d = ty.row_bytes(i as u64).unwrap();
-        let kern = wtype(ty).unwrap().gemm();
+        let kern = wtype(ty).unwrap().gemm(tile);
         dev.launch(
             kern.gate_up,
             (i.div_ceil(GEMM_TILE_ROWS / 2) as u32, max_tiles as u32),
@@ -256,9 +263,9 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
             }
         }
         let (ea, ed) = (max_rel(&got_act, &want_act), max_rel(&got_ys, &want_ys));
-        println!("grouped {ty}: gate/up+SwiGLU {ea:.2e}, down {ed:.2e} (max rel)");
-        assert!(ea < BOUND, "gemm_gate_up {ty}: {ea:.2e}");
-        assert!(ed < BOUND, "gemm_down {ty}: {ed:.2e}");
+        println!("grouped {ty} tile {tile}: gate/up+SwiGLU {ea:.2e}, down {ed:.2e} (max rel)");
+        assert!(ea < BOUND, "gemm_gate_up {ty} tile {tile}: {ea:.2e}");
+        assert!(ed < BOUND, "gemm_down {ty} tile {tile}: {ed:.2e}");
     }
 }
 
