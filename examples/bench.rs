@@ -270,11 +270,21 @@ fn profile(
         "--profile-prefill {n_tok} is larger than the ubatch ({}); raise -ub",
         cs.options().ubatch
     );
-    if cs.n_past() + steps * n_tok + 1 > cs.options().n_ctx {
+    let n_ctx = cs.options().n_ctx;
+    anyhow::ensure!(
+        steps * n_tok < n_ctx,
+        "profiling {steps} steps of {n_tok} tokens needs a context above {}; the session has {n_ctx}",
+        steps * n_tok
+    );
+    // A warm-up step first where the context has room for it.
+    let warm = (steps + 1) * n_tok < n_ctx;
+    if cs.n_past() + (steps + usize::from(warm)) * n_tok + 1 > n_ctx {
         cs.reset();
     }
     let batch = |t: &mut TokenStream| (0..n_tok).map(|_| t.next()).collect::<Vec<_>>();
-    cs.step(&batch(tokens))?;
+    if warm {
+        cs.step(&batch(tokens))?;
+    }
     cs.set_profiling(true);
     for _ in 0..steps {
         cs.step(&batch(tokens))?;

@@ -91,12 +91,26 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
     // 8-15) = b[nt][0], b[nt][1], b[nt + 1][0], b[nt + 1][1].
     const unsigned short* la = sa + (32 * wm + (lane & 7) + 8 * ((lane >> 3) & 1)) * GM_LDS + 8 * (lane >> 4);
     const unsigned short* lb = sb + ((BN / 2) * wn + (lane & 7) + 8 * (lane >> 4)) * GM_LDS + 8 * ((lane >> 3) & 1);
+    // Software pipeline: the loads of stage k + 1 (one weight chunk, XK activations) are
+    // issued into registers before the tensor-core work of stage k, and decoded into shared
+    // memory after it, so their latency hides behind the mma loop.
+    ChunkRaw<T> raw;
+    float4 xr[XK / 4];
+    auto fetch = [&](int k0) {
+        int c = k0 / 32 + (t & 1);
+        if (arow != nullptr && 32 * c < cols) chunk_fetch<T>(arow, c, raw);
+        int kx = k0 + XK * (t % XT);
+        if (xrow != nullptr && kx < cols) {
+            #pragma unroll
+            for (int j = 0; j < XK / 4; j++) xr[j] = *(const float4*)(xrow + kx + 4 * j);
+        }
+    };
+    fetch(0);
     for (int k0 = 0; k0 < cols; k0 += GM_BK) {
-        // Stage: one weight chunk, XK activations.
         int c = k0 / 32 + (t & 1);
         if (arow != nullptr && 32 * c < cols) {
             float wv[32];
-            decode_chunk<T>(arow, c, cols, wv);
+            chunk_unpack<T>(raw, wv);
             #pragma unroll
             for (int j = 0; j < 4; j++)
                 adst[j] = make_uint4(pack_f16x2(wv[8 * j], wv[8 * j + 1]), pack_f16x2(wv[8 * j + 2], wv[8 * j + 3]),
@@ -106,17 +120,18 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
             for (int j = 0; j < 4; j++) adst[j] = make_uint4(0, 0, 0, 0);
         }
         int kx = k0 + XK * (t % XT);
+        bool xon = xrow != nullptr && kx < cols;
         #pragma unroll
         for (int j = 0; j < XK / 8; j++) {
-            uint4 v8 = make_uint4(0, 0, 0, 0);
-            if (xrow != nullptr && kx < cols) {
-                float4 v0 = *(const float4*)(xrow + kx + 8 * j), v1 = *(const float4*)(xrow + kx + 8 * j + 4);
-                v8 = make_uint4(pack_f16x2(f16_range(v0.x), f16_range(v0.y)), pack_f16x2(f16_range(v0.z), f16_range(v0.w)),
-                                pack_f16x2(f16_range(v1.x), f16_range(v1.y)), pack_f16x2(f16_range(v1.z), f16_range(v1.w)));
-            }
-            bdst[j] = v8;
+            float4 v0 = xr[2 * j], v1 = xr[2 * j + 1];
+            bdst[j] = xon ? make_uint4(pack_f16x2(f16_range(v0.x), f16_range(v0.y)),
+                                       pack_f16x2(f16_range(v0.z), f16_range(v0.w)),
+                                       pack_f16x2(f16_range(v1.x), f16_range(v1.y)),
+                                       pack_f16x2(f16_range(v1.z), f16_range(v1.w)))
+                          : make_uint4(0, 0, 0, 0);
         }
         __syncthreads();
+        if (k0 + GM_BK < cols) fetch(k0 + GM_BK);
         #pragma unroll
         for (int kk = 0; kk < GM_BK; kk += 16) {
             u32 a[2][4], b[NT][2], t4[4];
@@ -231,9 +246,9 @@ __device__ void gemm_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_b
             }
 }
 
-// (name, type, blocks per SM the register budget is set for: 4 where 64 registers hold the
-// loop without spilling, else 3)
-#define GEMM_TYPES(X) X(f32, WT_F32, 3) X(f16, WT_F16, 3) X(bf16, WT_BF16, 3) X(q8_0, WT_Q8_0, 4) X(q4_K, WT_Q4_K, 4) X(q6_K, WT_Q6_K, 3)
+// (name, type, blocks per SM the register budget is set for: 2, so the pipelined loop (a
+// stage's raw chunk and activations in registers on top of the accumulators) never spills)
+#define GEMM_TYPES(X) X(f32, WT_F32, 2) X(f16, WT_F16, 2) X(bf16, WT_BF16, 2) X(q8_0, WT_Q8_0, 2) X(q4_K, WT_Q4_K, 2) X(q6_K, WT_Q6_K, 2)
 
 #define DEFINE_GEMM_BN(name, T, MINB, BN, sfx)                                                     \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm##sfx##_##name(             \

@@ -179,22 +179,46 @@ __device__ __forceinline__ float2 warp_dot2_kq(const u8* __restrict__ r0, const 
 }
 
 // Warp dot of Q8_0 row `row` (cols = 32 nb) with the Q8_0 activation row `a`: lane l takes
-// blocks l, l + 32, ...; per block acc += sumi · (d_w · d_a), as the CPU's legacy_dot.
+// blocks l, l + 32, ...; per block acc += sumi · (d_w · d_a), as the CPU's legacy_dot. Each
+// lane fetches Q8_BATCH blocks' bytes (d and the aligned words covering the quants) before
+// computing them, as warp_dot_kq does.
+#define Q8_BATCH 4
 __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     int nb = cols / QK;
     const float* ad = q8_0_d(a, cols);
     float acc = 0.0f;
-    #pragma unroll 4
-    for (int b = lane; b < nb; b += 32) {
-        const u8* blk = row + (size_t)b * 34;
-        float d = f16_to_f32(__ldg((const unsigned short*)blk));
-        u32 w0[4], w1[4];
-        load16_a2(blk + 2, w0);
-        load16_a2(blk + 18, w1);
-        const int4* aq = (const int4*)(a + (size_t)b * QK);
-        int s = dp4a4(w1, aq[1], dp4a4(w0, aq[0], 0));
-        acc = __fadd_rn(acc, __fmul_rn((float)s, __fmul_rn(d, ad[b])));
+    for (int b0 = lane; b0 < nb; b0 += 32 * Q8_BATCH) {
+        u32 win[Q8_BATCH][9];
+        unsigned short dw[Q8_BATCH];
+        u32 sh[Q8_BATCH];
+        #pragma unroll
+        for (int i = 0; i < Q8_BATCH; i++) {
+            int b = b0 + 32 * i;
+            if (b < nb) {
+                const u8* blk = row + (size_t)b * 34;
+                dw[i] = __ldg((const unsigned short*)blk);
+                const u32* w = (const u32*)((size_t)(blk + 2) & ~(size_t)3);
+                sh[i] = 8u * (u32)((size_t)(blk + 2) & 3);
+                #pragma unroll
+                for (int k = 0; k < 9; k++) win[i][k] = __ldg(w + k);
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < Q8_BATCH; i++) {
+            int b = b0 + 32 * i;
+            if (b < nb) {
+                u32 w0[4], w1[4];
+                #pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    w0[k] = __funnelshift_r(win[i][k], win[i][k + 1], sh[i]);
+                    w1[k] = __funnelshift_r(win[i][k + 4], win[i][k + 5], sh[i]);
+                }
+                const int4* aq = (const int4*)(a + (size_t)b * QK);
+                int s = dp4a4(w1, aq[1], dp4a4(w0, aq[0], 0));
+                acc = __fadd_rn(acc, __fmul_rn((float)s, __fmul_rn(f16_to_f32(dw[i]), ad[b])));
+            }
+        }
     }
     return warp_sum(acc);
 }

@@ -16,21 +16,143 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* s, int* sc, int* m
     }
 }
 
-// 32 bytes at a 2-byte-aligned address, as 8 little-endian words: the covering window of
-// nine aligned words is read and shifted (a shift of 0 returns the low word). Reads up to 4
-// bytes past p + 32 (inside the block for every caller but Q8_0, whose last block is
-// followed by the weight buffer's slack).
-__device__ __forceinline__ void load32_a2(const u8* p, u32 out[8]) {
+__device__ __forceinline__ u32 byte_of(const u32 v[8], int i) { return (v[i >> 2] >> (8 * (i & 3))) & 0xFF; }
+
+// ---- Two-phase chunk decoding ----
+//
+// chunk_fetch<T> issues the loads chunk c of a row needs into registers and chunk_unpack<T>
+// computes from them the 32 dequantised values, so a pipelined loop (gemm.cu) can have one
+// chunk's loads in flight while it works on the previous one. For the block types
+// decode_chunk is exactly fetch + unpack. Float types here take whole, 16-byte-aligned
+// chunks only (rows of a multiple of 32 elements: every matrix the tensor-core kernels see).
+template <int T> struct ChunkRaw;
+template <> struct ChunkRaw<WT_F32> { uint4 v[8]; };
+template <> struct ChunkRaw<WT_F16> { uint4 v[4]; };
+template <> struct ChunkRaw<WT_BF16> { uint4 v[4]; };
+// Q8_0: d and the nine aligned words covering the 32 quants.
+template <> struct ChunkRaw<WT_Q8_0> { u32 win[9]; u32 sh; unsigned short d; };
+// Q4_K: the 16-byte header (d, dmin, scales[12]) and the 32 bytes of packed nibbles.
+template <> struct ChunkRaw<WT_Q4_K> { uint4 hd, lo, hi; int j; };
+// Q6_K: the windows of ql and qh, the two 8-bit scales and d.
+template <> struct ChunkRaw<WT_Q6_K> { u32 ql[9], qh[9]; u32 shl, shh; int s0, s1; unsigned short d; int j; };
+
+// The nine aligned words covering 32 bytes at 2-byte-aligned p and the shift that takes the
+// 8 little-endian words out of them (__funnelshift_r(win[k], win[k + 1], sh); a shift of 0
+// gives the low word). Reads up to 4 bytes past p + 32: inside the block for every caller
+// but Q8_0, whose last block is followed by the weight buffer's slack.
+__device__ __forceinline__ void window32(const u8* p, u32 win[9], u32* sh) {
     const u32* w = (const u32*)((size_t)p & ~(size_t)3);
-    u32 sh = 8u * (u32)((size_t)p & 3);
-    u32 win[9];
+    *sh = 8u * (u32)((size_t)p & 3);
     #pragma unroll
     for (int k = 0; k < 9; k++) win[k] = w[k];
-    #pragma unroll
-    for (int k = 0; k < 8; k++) out[k] = __funnelshift_r(win[k], win[k + 1], sh);
 }
 
-__device__ __forceinline__ u32 byte_of(const u32 v[8], int i) { return (v[i >> 2] >> (8 * (i & 3))) & 0xFF; }
+// Byte i (0..11) of a Q4_K block's scales, from the header words hd.y, hd.z, hd.w.
+__device__ __forceinline__ int q4k_scale_byte(uint4 hd, int i) {
+    u32 w = i < 4 ? hd.y : i < 8 ? hd.z : hd.w;
+    return (int)((w >> (8 * (i & 3))) & 0xFF);
+}
+
+template <int T>
+__device__ __forceinline__ void chunk_fetch(const u8* __restrict__ row, int c, ChunkRaw<T>& r) {
+    if constexpr (T == WT_F32) {
+        const uint4* p = (const uint4*)(row + 128 * (size_t)c);
+        #pragma unroll
+        for (int i = 0; i < 8; i++) r.v[i] = p[i];
+    } else if constexpr (T == WT_F16 || T == WT_BF16) {
+        const uint4* p = (const uint4*)(row + 64 * (size_t)c);
+        #pragma unroll
+        for (int i = 0; i < 4; i++) r.v[i] = p[i];
+    } else if constexpr (T == WT_Q8_0) {
+        const u8* b = row + 34 * (size_t)c;
+        r.d = *(const unsigned short*)b;
+        window32(b + 2, r.win, &r.sh);
+    } else if constexpr (T == WT_Q4_K) {
+        const u8* b = row + 144 * (size_t)(c / 8);
+        r.j = c % 8;
+        r.hd = *(const uint4*)b;
+        const uint4* q4 = (const uint4*)(b + 16 + 32 * (r.j / 2));
+        r.lo = q4[0];
+        r.hi = q4[1];
+    } else {
+        const u8* b = row + 210 * (size_t)(c / 8);
+        int j = c % 8, n = j / 4, g = j % 4;
+        r.j = j;
+        window32(b + 64 * n + 32 * (g & 1), r.ql, &r.shl);
+        window32(b + 128 + 32 * n, r.qh, &r.shh);
+        r.s0 = (int)(signed char)b[192 + 2 * j];
+        r.s1 = (int)(signed char)b[192 + 2 * j + 1];
+        r.d = *(const unsigned short*)(b + 208);
+    }
+}
+
+// The reference decoder's arithmetic (see decode_chunk's comments), from registers.
+template <int T>
+__device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) {
+    if constexpr (T == WT_F32) {
+        #pragma unroll
+        for (int i = 0; i < 8; i++) {
+            w[4 * i] = __uint_as_float(r.v[i].x);
+            w[4 * i + 1] = __uint_as_float(r.v[i].y);
+            w[4 * i + 2] = __uint_as_float(r.v[i].z);
+            w[4 * i + 3] = __uint_as_float(r.v[i].w);
+        }
+    } else if constexpr (T == WT_F16 || T == WT_BF16) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 q[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
+            #pragma unroll
+            for (int k = 0; k < 4; k++) {
+                unsigned short lo = q[k] & 0xFFFF, hi = q[k] >> 16;
+                w[8 * i + 2 * k] = T == WT_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+                w[8 * i + 2 * k + 1] = T == WT_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+            }
+        }
+    } else if constexpr (T == WT_Q8_0) {
+        float d = f16_to_f32(r.d);
+        u32 q[8];
+        #pragma unroll
+        for (int k = 0; k < 8; k++) q[k] = __funnelshift_r(r.win[k], r.win[k + 1], r.sh);
+        #pragma unroll
+        for (int j = 0; j < 32; j++) w[j] = __fmul_rn(d, (float)(signed char)byte_of(q, j));
+    } else if constexpr (T == WT_Q4_K) {
+        int j = r.j, sc, m;
+        // scale_min_k4 on the header's scale bytes.
+        if (j < 4) {
+            sc = q4k_scale_byte(r.hd, j) & 63;
+            m = q4k_scale_byte(r.hd, j + 4) & 63;
+        } else {
+            sc = (q4k_scale_byte(r.hd, j + 4) & 0xF) | ((q4k_scale_byte(r.hd, j - 4) >> 6) << 4);
+            m = (q4k_scale_byte(r.hd, j + 4) >> 4) | ((q4k_scale_byte(r.hd, j) >> 6) << 4);
+        }
+        float d1 = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x & 0xFFFF)), (float)sc);
+        float m1 = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x >> 16)), (float)m);
+        u32 q[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+        int shift = 4 * (j & 1);
+        #pragma unroll
+        for (int l = 0; l < 32; l++)
+            w[l] = __fsub_rn(__fmul_rn(d1, (float)((byte_of(q, l) >> shift) & 0xF)), m1);
+    } else {
+        int g = r.j % 4;
+        float d = f16_to_f32(r.d);
+        u32 ql[8], qh[8];
+        #pragma unroll
+        for (int k = 0; k < 8; k++) {
+            ql[k] = __funnelshift_r(r.ql[k], r.ql[k + 1], r.shl);
+            qh[k] = __funnelshift_r(r.qh[k], r.qh[k + 1], r.shh);
+        }
+        float ds0 = __fmul_rn(d, (float)r.s0);
+        float ds1 = __fmul_rn(d, (float)r.s1);
+        #pragma unroll
+        for (int l = 0; l < 32; l++) {
+            u32 lb = byte_of(ql, l);
+            int low4 = g < 2 ? (lb & 0xF) : (lb >> 4);
+            int high2 = (byte_of(qh, l) >> (2 * g)) & 3;
+            int q = (low4 | (high2 << 4)) - 32;
+            w[l] = __fmul_rn(l < 16 ? ds0 : ds1, (float)q);
+        }
+    }
+}
 
 // Decodes chunk c of `row` (a row of `cols` elements of type T) into w[0..32). Float types
 // zero-fill past `cols`; block types always have whole chunks. Loads are as wide as the
@@ -68,49 +190,15 @@ __device__ __forceinline__ void decode_chunk(const u8* __restrict__ row, int c, 
             for (int j = 0; j < 32; j++)
                 w[j] = 32 * c + j < cols ? (T == WT_F16 ? f16_to_f32(r[j]) : bf16_to_f32(r[j])) : 0.0f;
         }
-    } else if (T == WT_Q8_0) {
-        // y[j] = d * qs[j]
-        const block_q8_0* b = (const block_q8_0*)row + c;
-        float d = f16_to_f32(b->d);
-        u32 q[8];
-        load32_a2((const u8*)b->qs, q);
-        #pragma unroll
-        for (int j = 0; j < 32; j++) w[j] = __fmul_rn(d, (float)(signed char)byte_of(q, j));
-    } else if (T == WT_Q4_K) {
-        // Sub-block j = c % 8 of super-block c / 8: nibble (j & 1) of qs[32 (j / 2) + l],
-        // y = (d * sc) * q - dmin * m. Blocks are 144 B, so qs (at +16) is 16-byte aligned.
-        const block_q4_K* b = (const block_q4_K*)row + c / 8;
-        int j = c % 8, sc, m;
-        scale_min_k4(j, b->scales, &sc, &m);
-        float d1 = __fmul_rn(f16_to_f32(b->d), (float)sc);
-        float m1 = __fmul_rn(f16_to_f32(b->dmin), (float)m);
-        const uint4* q4 = (const uint4*)(b->qs + 32 * (j / 2));
-        uint4 lo = q4[0], hi = q4[1];
-        u32 q[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        int shift = 4 * (j & 1);
-        #pragma unroll
-        for (int l = 0; l < 32; l++)
-            w[l] = __fsub_rn(__fmul_rn(d1, (float)((byte_of(q, l) >> shift) & 0xF)), m1);
-    } else if (T == WT_Q6_K) {
-        // Elements i = 32 j + l of super-block c / 8 (j = c % 8): half n = j / 4, group
-        // g = j % 4; low 4 bits from ql[64 n + l + 32 (g & 1)] (high nibble for g >= 2),
-        // high 2 bits (qh[32 n + l] >> 2 g) & 3; y = d * scales[i / 16] * (q - 32).
-        const block_q6_K* b = (const block_q6_K*)row + c / 8;
-        int j = c % 8, n = j / 4, g = j % 4;
-        float d = f16_to_f32(b->d);
-        u32 ql[8], qh[8];
-        load32_a2(b->ql + 64 * n + 32 * (g & 1), ql);
-        load32_a2(b->qh + 32 * n, qh);
-        float ds0 = __fmul_rn(d, (float)b->scales[2 * j]);
-        float ds1 = __fmul_rn(d, (float)b->scales[2 * j + 1]);
-        #pragma unroll
-        for (int l = 0; l < 32; l++) {
-            u32 lb = byte_of(ql, l);
-            int low4 = g < 2 ? (lb & 0xF) : (lb >> 4);
-            int high2 = (byte_of(qh, l) >> (2 * g)) & 3;
-            int q = (low4 | (high2 << 4)) - 32;
-            w[l] = __fmul_rn(l < 16 ? ds0 : ds1, (float)q);
-        }
+    } else {
+        // Block types: y[j] = d * qs[j] (Q8_0); sub-block j = c % 8 of super-block c / 8,
+        // nibble (j & 1) of qs[32 (j / 2) + l], y = (d * sc) * q - dmin * m (Q4_K); half
+        // n = j / 4, group g = j % 4, low 4 bits from ql[64 n + l + 32 (g & 1)] (high nibble
+        // for g >= 2), high 2 bits (qh[32 n + l] >> 2 g) & 3, y = d * scales[i / 16] * (q - 32)
+        // (Q6_K). Blocks: Q4_K 144 B (qs 16-byte aligned), Q6_K 210 B and Q8_0 34 B (2-byte).
+        ChunkRaw<T> r;
+        chunk_fetch<T>(row, c, r);
+        chunk_unpack<T>(r, w);
     }
 }
 
