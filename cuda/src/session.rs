@@ -86,6 +86,8 @@ const NORM_QUANT_MAX: usize = 8192;
 const MAX_HEAD_DIM: usize = 256;
 /// Most experts the router kernel handles (`ROUTE_MAX_EXPERTS`).
 const MAX_EXPERTS: usize = 512;
+/// Most experts per token: `moe_down_q` ranks the slots one per lane (`COMBINE_MAX_K` is 64).
+const MAX_EXPERTS_USED: usize = 32;
 /// CUDA's limit on the second grid dimension (tokens, or token-slot pairs).
 const MAX_GRID_Y: usize = 65535;
 
@@ -194,6 +196,12 @@ impl CudaSession {
         }
         if cfg.n_experts > MAX_EXPERTS {
             return unsupported(format!("{} experts (at most {MAX_EXPERTS})", cfg.n_experts));
+        }
+        if cfg.n_experts_used > MAX_EXPERTS_USED {
+            return unsupported(format!(
+                "{} experts per token (at most {MAX_EXPERTS_USED})",
+                cfg.n_experts_used
+            ));
         }
         if opts.ubatch > MAX_GRID_Y
             || max_tiles(opts.ubatch * cfg.n_experts_used, cfg.n_experts, GROUP_PAIRS) > MAX_GRID_Y
@@ -1400,7 +1408,7 @@ impl CudaSession {
                     }
                     dev.launch(
                         K::MoeCombine,
-                        (blocks(n * h, 256), 1),
+                        (n as u32, 1),
                         256,
                         &[
                             P(self.ys),
