@@ -3,8 +3,9 @@
 //
 // Scalar pseudo-code: as matmul.cu and moe.cu. The numerics differ from those kernels: each
 // weight is decoded exactly (quant.cuh, bit-identical to the CPU's dequantised value) and
-// then rounded to f16; each activation is rounded to f16 (finite values beyond f16's range
-// saturate to +-65504, so an outlier gives a clipped product, never an inf); products
+// then rounded to f16; each activation is rounded to f16 once per product by to_f16 (finite
+// values beyond f16's range saturate to +-65504, so an outlier gives a clipped product, never
+// an inf; the kernels take the f16 rows); products
 // accumulate in f32 on the tensor cores (mma.sync m16n8k16). This is the numerics of
 // llama.cpp's dequantise-to-f16 + cuBLAS prefill path; the quantised-activation
 // (MMQ-like) alternative is future work.
@@ -12,7 +13,7 @@
 // Tiling: a block of 8 warps computes GM_BM weight rows x BN tokens (64, or 32 for small
 // grids and sparsely used experts), stepping K by GM_BK.
 // Per stage every thread decodes one 32-element weight chunk (row t / 2, half t % 2) into
-// shared memory as f16 and converts 64 / (256 / BN) activations of token t / (256 / BN); warp w then
+// shared memory as f16 and copies 64 / (256 / BN) f16 activations of token t / (256 / BN); warp w then
 // multiplies rows 32 (w % 4) .. + 32 by tokens (BN / 2) (w / 4) .. + BN / 2 (2 x BN / 16 mma
 // tiles per k16).
 // Shared rows are padded to GM_LDS halves (144 B) so the eight 16-byte rows of each
@@ -65,14 +66,14 @@ struct GemmAcc {
 
 // Runs the K loop over `cols` (a multiple of 32) for a tile of BN (64 or 32) tokens. `arow`:
 // this thread's weight row (shared row threadIdx.x / 2), null for a row past the matrix;
-// `xrow`: this thread's activation row (token threadIdx.x / (GM_THREADS / BN)), null past
-// the tile's tokens.
+// `xrow`: this thread's f16 activation row (token threadIdx.x / (GM_THREADS / BN)), null
+// past the tile's tokens.
 template <int T, int BN>
-__device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const float* __restrict__ xrow,
+__device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const unsigned short* __restrict__ xrow,
                                               int cols, GemmAcc<BN>& acc) {
     constexpr int NT = BN / 16;              // n8 tiles per warp
     constexpr int XT = GM_THREADS / BN;      // threads per token row
-    constexpr int XK = GM_BK / XT;           // activations each converts per stage (16 or 8)
+    constexpr int XK = GM_BK / XT;           // activations each stages per stage (16 or 8)
     __shared__ __align__(16) unsigned short sa[GM_BM * GM_LDS];
     __shared__ __align__(16) unsigned short sb[BN * GM_LDS];
     int t = threadIdx.x, lane = t & 31, w = t >> 5;
@@ -95,14 +96,14 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
     // issued into registers before the tensor-core work of stage k, and decoded into shared
     // memory after it, so their latency hides behind the mma loop.
     ChunkRaw<T> raw;
-    float4 xr[XK / 4];
+    uint4 xr[XK / 8];
     auto fetch = [&](int k0) {
         int c = k0 / 32 + (t & 1);
         if (arow != nullptr && 32 * c < cols) chunk_fetch<T>(arow, c, raw);
         int kx = k0 + XK * (t % XT);
         if (xrow != nullptr && kx < cols) {
             #pragma unroll
-            for (int j = 0; j < XK / 4; j++) xr[j] = *(const float4*)(xrow + kx + 4 * j);
+            for (int j = 0; j < XK / 8; j++) xr[j] = *(const uint4*)(xrow + kx + 8 * j);
         }
     };
     fetch(0);
@@ -122,14 +123,7 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
         int kx = k0 + XK * (t % XT);
         bool xon = xrow != nullptr && kx < cols;
         #pragma unroll
-        for (int j = 0; j < XK / 8; j++) {
-            float4 v0 = xr[2 * j], v1 = xr[2 * j + 1];
-            bdst[j] = xon ? make_uint4(pack_f16x2(f16_range(v0.x), f16_range(v0.y)),
-                                       pack_f16x2(f16_range(v0.z), f16_range(v0.w)),
-                                       pack_f16x2(f16_range(v1.x), f16_range(v1.y)),
-                                       pack_f16x2(f16_range(v1.z), f16_range(v1.w)))
-                          : make_uint4(0, 0, 0, 0);
-        }
+        for (int j = 0; j < XK / 8; j++) bdst[j] = xon ? xr[j] : make_uint4(0, 0, 0, 0);
         __syncthreads();
         if (k0 + GM_BK < cols) fetch(k0 + GM_BK);
         #pragma unroll
@@ -167,12 +161,12 @@ __device__ __forceinline__ int acc_tok(int nt, int e) {
 
 // out[t, r] = x[t] . W[r]. Grid (ceil(rows / GM_BM), ceil(n / BN)), block GM_THREADS.
 template <int T, int BN>
-__device__ void gemm(const u8* __restrict__ W, u64 row_bytes, const float* __restrict__ x,
+__device__ void gemm(const u8* __restrict__ W, u64 row_bytes, const unsigned short* __restrict__ x,
                      float* __restrict__ out, int rows, int cols, int n) {
     int r0 = blockIdx.x * GM_BM, t0 = blockIdx.y * BN;
     int ar = r0 + (threadIdx.x >> 1), xt = t0 + threadIdx.x / (GM_THREADS / BN);
     const u8* arow = ar < rows ? W + (size_t)ar * row_bytes : nullptr;
-    const float* xrow = xt < n ? x + (size_t)xt * cols : nullptr;
+    const unsigned short* xrow = xt < n ? x + (size_t)xt * cols : nullptr;
     GemmAcc<BN> acc;
     gemm_mainloop<T, BN>(arow, xrow, cols, acc);
     #pragma unroll
@@ -189,12 +183,13 @@ __device__ void gemm(const u8* __restrict__ W, u64 row_bytes, const float* __res
 // Grouped gate/up with SwiGLU: tiles of up to BN pairs from moe_group. A block takes 64 rows
 // of the expert's gate and the same 64 rows of its up: shared row s holds gate (s % 32 < 16)
 // or up row r0 + 16 (s / 32) + s % 16, so a warp's tile mt = 0 is gate and mt = 1 is up at the
-// same (row, pair) positions. act[p, r] = silu(gate) * up for sorted pair p (token p / K).
+// same (row, pair) positions. act[p, r] = silu(gate) * up for sorted pair p (token p / K),
+// stored rounded to f16 (as to_f16 would) for gemm_down.
 // Grid (ceil(I / 64), max_tiles).
 template <int T, int BN>
 __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
-                             u64 row_bytes, const float* __restrict__ x, const u32* __restrict__ sorted,
-                             const u32* __restrict__ tiles, float* __restrict__ act, int I, int H, int K) {
+                             u64 row_bytes, const unsigned short* __restrict__ x, const u32* __restrict__ sorted,
+                             const u32* __restrict__ tiles, unsigned short* __restrict__ act, int I, int H, int K) {
     const u32* tl = tiles + 3 * blockIdx.y;
     int cnt = (int)tl[2];
     if (cnt == 0) return;
@@ -205,7 +200,7 @@ __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ W
     const u8* mat = (s & 16) ? Wu : Wg;
     const u8* arow = ar < I ? mat + (size_t)e * expert_bytes + (size_t)ar * row_bytes : nullptr;
     int xt = threadIdx.x / (GM_THREADS / BN);
-    const float* xrow = xt < cnt ? x + (size_t)(sorted[first + xt] / K) * H : nullptr;
+    const unsigned short* xrow = xt < cnt ? x + (size_t)(sorted[first + xt] / K) * H : nullptr;
     GemmAcc<BN> acc;
     gemm_mainloop<T, BN>(arow, xrow, H, acc);
     int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
@@ -215,7 +210,8 @@ __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ W
         for (int e2 = 0; e2 < 4; e2++) {
             int r = r0 + 16 * (w & 3) + g + 8 * (e2 >> 1), tk = acc_tok<BN>(nt, e2);
             if (r < I && tk < cnt)
-                act[(size_t)sorted[first + tk] * I + r] = silu_f(acc.v[0][nt][e2]) * acc.v[1][nt][e2];
+                act[(size_t)sorted[first + tk] * I + r] =
+                    __half_as_ushort(__float2half_rn(f16_range(silu_f(acc.v[0][nt][e2]) * acc.v[1][nt][e2])));
         }
 }
 
@@ -223,7 +219,7 @@ __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ W
 // (ceil(H / GM_BM), max_tiles).
 template <int T, int BN>
 __device__ void gemm_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
-                          const float* __restrict__ act, const u32* __restrict__ sorted,
+                          const unsigned short* __restrict__ act, const u32* __restrict__ sorted,
                           const u32* __restrict__ tiles, float* __restrict__ ys, int H, int I) {
     const u32* tl = tiles + 3 * blockIdx.y;
     int cnt = (int)tl[2];
@@ -232,7 +228,7 @@ __device__ void gemm_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_b
     int r0 = blockIdx.x * GM_BM;
     int ar = r0 + (threadIdx.x >> 1), xt = threadIdx.x / (GM_THREADS / BN);
     const u8* arow = ar < H ? Wd + (size_t)e * expert_bytes + (size_t)ar * row_bytes : nullptr;
-    const float* xrow = xt < cnt ? act + (size_t)sorted[first + xt] * I : nullptr;
+    const unsigned short* xrow = xt < cnt ? act + (size_t)sorted[first + xt] * I : nullptr;
     GemmAcc<BN> acc;
     gemm_mainloop<T, BN>(arow, xrow, I, acc);
     #pragma unroll
@@ -248,20 +244,31 @@ __device__ void gemm_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_b
 
 // (name, type, blocks per SM the register budget is set for: 2, so the pipelined loop (a
 // stage's raw chunk and activations in registers on top of the accumulators) never spills)
+// y[i] = x[i] rounded to f16, finite values beyond f16's range saturating (f16_range): the
+// activations of the tensor-core products, converted once per product instead of once per
+// row-block (ncu: the f32 activation tiles were most of the blocks' L1 traffic). Four
+// elements per thread; len % 4 == 0.
+extern "C" __global__ void to_f16(const float4* __restrict__ x, uint2* __restrict__ y, u64 len4) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len4) return;
+    float4 v = x[i];
+    y[i] = make_uint2(pack_f16x2(f16_range(v.x), f16_range(v.y)), pack_f16x2(f16_range(v.z), f16_range(v.w)));
+}
+
 #define GEMM_TYPES(X) X(f32, WT_F32, 2) X(f16, WT_F16, 2) X(bf16, WT_BF16, 2) X(q8_0, WT_Q8_0, 2) X(q4_K, WT_Q4_K, 2) X(q6_K, WT_Q6_K, 2)
 
 #define DEFINE_GEMM_BN(name, T, MINB, BN, sfx)                                                     \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm##sfx##_##name(             \
-        const u8* W, u64 row_bytes, const float* x, float* out, int rows, int cols, int n) {       \
+        const u8* W, u64 row_bytes, const unsigned short* x, float* out, int rows, int cols, int n) {\
         gemm<T, BN>(W, row_bytes, x, out, rows, cols, n);                                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm_gate_up##sfx##_##name(     \
-        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const float* x,               \
-        const u32* sorted, const u32* tiles, float* act, int I, int H, int K) {                    \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const unsigned short* x,      \
+        const u32* sorted, const u32* tiles, unsigned short* act, int I, int H, int K) {           \
         gemm_gate_up<T, BN>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);      \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm_down##sfx##_##name(        \
-        const u8* Wd, u64 expert_bytes, u64 row_bytes, const float* act, const u32* sorted,        \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const unsigned short* act, const u32* sorted,\
         const u32* tiles, float* ys, int H, int I) {                                               \
         gemm_down<T, BN>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);               \
     }

@@ -112,6 +112,7 @@ manifest! {
     GemmDownQ8_0 => "gemm.cu", "gemm_down_q8_0";
     GemmDownQ4K => "gemm.cu", "gemm_down_q4_K";
     GemmDownQ6K => "gemm.cu", "gemm_down_q6_K";
+    ToF16 => "gemm.cu", "to_f16";
     Gemm32F32 => "gemm.cu", "gemm32_f32";
     Gemm32F16 => "gemm.cu", "gemm32_f16";
     Gemm32Bf16 => "gemm.cu", "gemm32_bf16";

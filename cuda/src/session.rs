@@ -131,6 +131,9 @@ pub struct CudaSession {
     kv: Vec<LayerKv>,
     _act: CudaSlice<f32>,
     act: u64,
+    /// The f16 activations of a tensor-core product (`to_f16`), `[ubatch, widest input]`.
+    _xh: CudaSlice<u16>,
+    xh: u64,
     /// Per (token, slot) pair, the expert's down-projection output `[ubatch·K, H]`.
     _ys: CudaSlice<f32>,
     ys: u64,
@@ -236,6 +239,20 @@ impl CudaSession {
         let act_buf = s
             .alloc_zeros::<f32>((opts.ubatch.max(2) * cfg.n_experts_used * cfg.expert_ffn).max(1))
             .during("allocating the expert scratch")?;
+        // The widest input of a tensor-core product: the matrices' inputs and the experts'.
+        let widest = prefill
+            .nodes
+            .iter()
+            .filter_map(|op| match *op {
+                Op::MatMul { x, .. } => Some(prefill.values[x].cols),
+                _ => None,
+            })
+            .chain([cfg.hidden_size])
+            .max()
+            .unwrap_or(0);
+        let xh_buf = s
+            .alloc_zeros::<u16>((opts.ubatch * widest).max(1))
+            .during("allocating the f16 activation scratch")?;
         let ys_buf = s
             .alloc_zeros::<f32>((opts.ubatch * cfg.n_experts_used * cfg.hidden_size).max(1))
             .during("allocating the expert outputs")?;
@@ -287,6 +304,7 @@ impl CudaSession {
         let arena = arena_buf.device_ptr(s).0;
         let kv_base = kv_buf.device_ptr(s).0;
         let act = act_buf.device_ptr(s).0;
+        let xh = xh_buf.device_ptr(s).0;
         let ys = ys_buf.device_ptr(s).0;
         let sorted = groups_buf.device_ptr(s).0;
         let part = part_buf.device_ptr(s).0;
@@ -346,6 +364,8 @@ impl CudaSession {
             kv,
             _act: act_buf,
             act,
+            _xh: xh_buf,
+            xh,
             _ys: ys_buf,
             ys,
             _part: part_buf,
@@ -585,6 +605,18 @@ impl CudaSession {
             (c.n_heads[layer] as u32, n as u32, split as u32),
             128,
             &args[..n_args],
+        )
+    }
+
+    /// Rounds `len` f32 values at `x` to f16 into the activation scratch (`to_f16`; `len` is a
+    /// multiple of 4, as every tensor-core product's input is).
+    fn to_f16(&self, x: u64, len: usize) -> Result<(), CudaError> {
+        let len4 = len / 4;
+        self.dev.launch(
+            K::ToF16,
+            (blocks(len4, 256), 1),
+            256,
+            &[Arg::P(x), Arg::P(self.xh), Arg::P(len4 as u64)],
         )
     }
 
@@ -1106,6 +1138,7 @@ impl CudaSession {
                         } else {
                             GEMM_TILE_TOKENS
                         };
+                        self.to_f16(at(x), nt * m.cols)?;
                         dev.launch(
                             m.ty.gemm(tile).dense,
                             (blocks(m.rows, GEMM_TILE_ROWS), blocks(nt, tile)),
@@ -1113,7 +1146,7 @@ impl CudaSession {
                             &[
                                 P(m.ptr),
                                 P(m.row_bytes),
-                                P(at(x)),
+                                P(self.xh),
                                 P(at(out)),
                                 I(m.rows as i32),
                                 I(m.cols as i32),
@@ -1335,6 +1368,9 @@ impl CudaSession {
                         )?;
                         if tc {
                             let (gk, dk) = (gate.ty.gemm(group), down.ty.gemm(group));
+                            // x in f16 for gate/up, which writes the SwiGLU activations in
+                            // f16 (into the expert scratch) for down.
+                            self.to_f16(at(x), n * h)?;
                             dev.launch(
                                 gk.gate_up,
                                 (blocks(i, GEMM_TILE_ROWS / 2), tiles as u32),
@@ -1344,7 +1380,7 @@ impl CudaSession {
                                     P(up.ptr),
                                     P(gate.expert_bytes),
                                     P(gate.row_bytes),
-                                    P(at(x)),
+                                    P(self.xh),
                                     P(self.sorted),
                                     P(self.tiles),
                                     P(self.act),
