@@ -620,6 +620,142 @@ impl CudaSession {
         )
     }
 
+    /// The routed experts of `layer` for `n` tokens on the unfused paths: gate/up (+SwiGLU)
+    /// and down per (token, slot) pair into `ys`, then the weighted sum into `out`.
+    fn experts(
+        &self,
+        layer: usize,
+        x: u64,
+        ids: u64,
+        weights: u64,
+        out: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        use Arg::{F, I, P};
+        let c = &self.cfg;
+        let DFfn::Moe { gate, down, .. } = &self.w.layers[layer].ffn else {
+            unreachable!("experts on a dense layer")
+        };
+        let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
+        if n == 1 {
+            // Decode: one warp per (row, pair); the K experts run in parallel.
+            let grids = ((blocks(i, 4), k as u32), (blocks(h, 4), k as u32));
+            self.expert_products(
+                layer,
+                (gate.ty.gate_up(), down.ty.down()),
+                grids,
+                128,
+                x,
+                &[P(ids)],
+            )?;
+        } else {
+            // Prefill: pairs grouped by expert, each expert row decoded once per tile of pairs:
+            // on the tensor cores tiles of 32 pairs while experts average at most 32 (a
+            // 64-pair tile would be mostly padding), else 64; the f32 kernels take 8.
+            let tc = self.opts.quantized_activations
+                && n >= GEMM_MIN_TOKENS
+                && h.is_multiple_of(32)
+                && i.is_multiple_of(32);
+            let group = match tc {
+                false => GROUP_PAIRS,
+                true if n * k <= (GEMM_TILE_TOKENS / 2) * c.n_experts => GEMM_TILE_TOKENS / 2,
+                true => GEMM_TILE_TOKENS,
+            };
+            let tiles = max_tiles(n * k, c.n_experts, group);
+            self.dev.launch(
+                K::MoeGroup,
+                (1, 1),
+                1024,
+                &[
+                    P(ids),
+                    P(self.sorted),
+                    P(self.tiles),
+                    I((n * k) as i32),
+                    I(c.n_experts as i32),
+                    I(tiles as i32),
+                    I(group as i32),
+                ],
+            )?;
+            let route = [P(self.sorted), P(self.tiles)];
+            if tc {
+                // x in f16 for gate/up, which writes the SwiGLU activations in f16 (into the
+                // expert scratch) for down.
+                self.to_f16(x, n * h)?;
+                let kernels = (gate.ty.gemm(group).gate_up, down.ty.gemm(group).down);
+                let grids = (
+                    (blocks(i, GEMM_TILE_ROWS / 2), tiles as u32),
+                    (blocks(h, GEMM_TILE_ROWS), tiles as u32),
+                );
+                self.expert_products(layer, kernels, grids, GEMM_THREADS, self.xh, &route)?;
+            } else {
+                let kernels = (gate.ty.gate_up_grouped(), down.ty.down_grouped());
+                let grids = ((blocks(i, 4), tiles as u32), (blocks(h, 4), tiles as u32));
+                self.expert_products(layer, kernels, grids, 128, x, &route)?;
+            }
+        }
+        self.dev.launch(
+            K::MoeCombine,
+            (n as u32, 1),
+            256,
+            &[
+                P(self.ys),
+                P(ids),
+                P(weights),
+                P(out),
+                I(h as i32),
+                I(k as i32),
+                I(n as i32),
+                F(c.routed_scaling),
+            ],
+        )
+    }
+
+    /// One gate/up (+SwiGLU) kernel into the expert scratch and its down kernel into `ys`,
+    /// with the argument lists every variant shares: `route` (the pairs' expert ids, or the
+    /// grouping's sorted pairs and tiles) follows each kernel's input.
+    fn expert_products(
+        &self,
+        layer: usize,
+        (gate_up, down_k): (K, K),
+        (grid_gu, grid_d): ((u32, u32), (u32, u32)),
+        block: u32,
+        x: u64,
+        route: &[Arg],
+    ) -> Result<(), CudaError> {
+        use Arg::{I, P};
+        let c = &self.cfg;
+        let DFfn::Moe { gate, up, down, .. } = &self.w.layers[layer].ffn else {
+            unreachable!("experts on a dense layer")
+        };
+        let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
+        let mut a = [P(0); 12];
+        let head = [
+            P(gate.ptr),
+            P(up.ptr),
+            P(gate.expert_bytes),
+            P(gate.row_bytes),
+            P(x),
+        ];
+        let tail = [P(self.act), I(i as i32), I(h as i32), I(k as i32)];
+        let n = head.len() + route.len() + tail.len();
+        for (d, s) in a.iter_mut().zip(head.iter().chain(route).chain(&tail)) {
+            *d = *s;
+        }
+        self.dev.launch(gate_up, grid_gu, block, &a[..n])?;
+        let head = [
+            P(down.ptr),
+            P(down.expert_bytes),
+            P(down.row_bytes),
+            P(self.act),
+        ];
+        let tail = [P(self.ys), I(h as i32), I(i as i32)];
+        let n = head.len() + route.len() + tail.len();
+        for (d, s) in a.iter_mut().zip(head.iter().chain(route).chain(&tail)) {
+            *d = *s;
+        }
+        self.dev.launch(down_k, grid_d, block, &a[..n])
+    }
+
     /// Prefill steps on the fast path take the tensor-core attention (`flash.cu`, head_dim
     /// 128 only; f16 operands, f32 softmax and accumulation).
     fn prefill_attention(&self, n: usize, split: usize) -> bool {
@@ -1296,168 +1432,7 @@ impl CudaSession {
                     ids,
                     weights,
                     out,
-                } => {
-                    let DFfn::Moe { gate, up, down, .. } = &self.w.layers[layer].ffn else {
-                        unreachable!("experts on a dense layer")
-                    };
-                    let (h, i, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
-                    if n == 1 {
-                        // Decode: one warp per (row, pair); the K experts run in parallel.
-                        dev.launch(
-                            gate.ty.gate_up(),
-                            (blocks(i, 4), k as u32),
-                            128,
-                            &[
-                                P(gate.ptr),
-                                P(up.ptr),
-                                P(gate.expert_bytes),
-                                P(gate.row_bytes),
-                                P(at(x)),
-                                P(at(ids)),
-                                P(self.act),
-                                I(i as i32),
-                                I(h as i32),
-                                I(k as i32),
-                            ],
-                        )?;
-                        dev.launch(
-                            down.ty.down(),
-                            (blocks(h, 4), k as u32),
-                            128,
-                            &[
-                                P(down.ptr),
-                                P(down.expert_bytes),
-                                P(down.row_bytes),
-                                P(self.act),
-                                P(at(ids)),
-                                P(self.ys),
-                                I(h as i32),
-                                I(i as i32),
-                            ],
-                        )?;
-                    } else {
-                        // Prefill: pairs grouped by expert, each expert row decoded once per
-                        // tile of pairs (GEMM_TILE_TOKENS on the tensor cores, else 8).
-                        let tc = self.opts.quantized_activations
-                            && n >= GEMM_MIN_TOKENS
-                            && h.is_multiple_of(32)
-                            && i.is_multiple_of(32);
-                        // Tiles of 32 pairs while experts average at most 32 pairs (a
-                        // 64-pair tile would be mostly padding), else 64.
-                        let group = match tc {
-                            false => GROUP_PAIRS,
-                            true if n * k <= (GEMM_TILE_TOKENS / 2) * c.n_experts => {
-                                GEMM_TILE_TOKENS / 2
-                            }
-                            true => GEMM_TILE_TOKENS,
-                        };
-                        let tiles = max_tiles(n * k, c.n_experts, group);
-                        dev.launch(
-                            K::MoeGroup,
-                            (1, 1),
-                            1024,
-                            &[
-                                P(at(ids)),
-                                P(self.sorted),
-                                P(self.tiles),
-                                I((n * k) as i32),
-                                I(c.n_experts as i32),
-                                I(tiles as i32),
-                                I(group as i32),
-                            ],
-                        )?;
-                        if tc {
-                            let (gk, dk) = (gate.ty.gemm(group), down.ty.gemm(group));
-                            // x in f16 for gate/up, which writes the SwiGLU activations in
-                            // f16 (into the expert scratch) for down.
-                            self.to_f16(at(x), n * h)?;
-                            dev.launch(
-                                gk.gate_up,
-                                (blocks(i, GEMM_TILE_ROWS / 2), tiles as u32),
-                                GEMM_THREADS,
-                                &[
-                                    P(gate.ptr),
-                                    P(up.ptr),
-                                    P(gate.expert_bytes),
-                                    P(gate.row_bytes),
-                                    P(self.xh),
-                                    P(self.sorted),
-                                    P(self.tiles),
-                                    P(self.act),
-                                    I(i as i32),
-                                    I(h as i32),
-                                    I(k as i32),
-                                ],
-                            )?;
-                            dev.launch(
-                                dk.down,
-                                (blocks(h, GEMM_TILE_ROWS), tiles as u32),
-                                GEMM_THREADS,
-                                &[
-                                    P(down.ptr),
-                                    P(down.expert_bytes),
-                                    P(down.row_bytes),
-                                    P(self.act),
-                                    P(self.sorted),
-                                    P(self.tiles),
-                                    P(self.ys),
-                                    I(h as i32),
-                                    I(i as i32),
-                                ],
-                            )?;
-                        } else {
-                            dev.launch(
-                                gate.ty.gate_up_grouped(),
-                                (blocks(i, 4), tiles as u32),
-                                128,
-                                &[
-                                    P(gate.ptr),
-                                    P(up.ptr),
-                                    P(gate.expert_bytes),
-                                    P(gate.row_bytes),
-                                    P(at(x)),
-                                    P(self.sorted),
-                                    P(self.tiles),
-                                    P(self.act),
-                                    I(i as i32),
-                                    I(h as i32),
-                                    I(k as i32),
-                                ],
-                            )?;
-                            dev.launch(
-                                down.ty.down_grouped(),
-                                (blocks(h, 4), tiles as u32),
-                                128,
-                                &[
-                                    P(down.ptr),
-                                    P(down.expert_bytes),
-                                    P(down.row_bytes),
-                                    P(self.act),
-                                    P(self.sorted),
-                                    P(self.tiles),
-                                    P(self.ys),
-                                    I(h as i32),
-                                    I(i as i32),
-                                ],
-                            )?;
-                        }
-                    }
-                    dev.launch(
-                        K::MoeCombine,
-                        (n as u32, 1),
-                        256,
-                        &[
-                            P(self.ys),
-                            P(at(ids)),
-                            P(at(weights)),
-                            P(at(out)),
-                            I(h as i32),
-                            I(k as i32),
-                            I(n as i32),
-                            F(c.routed_scaling),
-                        ],
-                    )?;
-                }
+                } => self.experts(layer, at(x), at(ids), at(weights), at(out), n)?,
                 Op::LastRow { x, out } => {
                     let cols = vals[x].cols;
                     dev.launch(
