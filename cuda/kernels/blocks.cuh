@@ -30,9 +30,21 @@ struct block_q6_K {
     unsigned short d;
 };
 
+// The device form of a 4-bit compressed-tensors (W4A16) matrix, repacked at upload
+// (lagoon_cuda::weights::CT4_BLOCK_BYTES): 32 elements sharing one scale and zero point,
+// y = rnd(rnd((q - 8) - z) * s) with rnd the scale dtype's rounding (compressed-tensors'
+// dequantize in the scale dtype). No Rust struct mirrors it: the upload writes the bytes.
+struct block_ct4 {
+    unsigned short s;     // scale bits in the scale dtype
+    signed char z;        // zero point (0 when symmetric)
+    unsigned char dtype;  // WT_F16 or WT_BF16
+    unsigned char q[16];  // codes 0..15, element 2i in the low nibble of q[i]
+};
+
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+static_assert(sizeof(block_ct4) == 20, "block_ct4 size");
 
 // Weight encodings the kernels decode; the numbering is `lagoon_cuda::WType`'s.
 #define WT_F32 0
@@ -41,3 +53,4 @@ static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 #define WT_Q8_0 3
 #define WT_Q4_K 4
 #define WT_Q6_K 5
+#define WT_CT4 6

@@ -12,16 +12,22 @@
 //
 // Tiling: a block of 8 warps computes GM_BM weight rows x BN tokens (64, or 32 for small
 // grids and sparsely used experts), stepping K by GM_BK.
-// Per stage every thread decodes one 32-element weight chunk (row t / 2, half t % 2) into
-// shared memory as f16 and copies 64 / (256 / BN) f16 activations of token t / (256 / BN); warp w then
-// multiplies rows 32 (w % 4) .. + 32 by tokens (BN / 2) (w / 4) .. + BN / 2 (2 x BN / 16 mma
-// tiles per k16).
+// Per stage every thread decodes GM_CPT 32-element weight chunks of one row (gm_srow) into
+// shared memory as f16 and copies 64 / (256 / BN) f16 activations of token t / (256 / BN);
+// warp w then multiplies rows GM_MW (w % 4) .. + GM_MW by tokens (BN / 2) (w / 4) .. + BN / 2
+// (GM_MT x BN / 16 mma tiles per k16). Warps of 64 rows (rather than 32) halve the shared
+// memory each mma reads for its B fragments and each block's activation traffic per weight.
 // Shared rows are padded to GM_LDS halves (144 B) so the eight 16-byte rows of each
 // ldmatrix phase hit 32 distinct banks.
 // (Fragment layouts: PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point type".)
 #include "quant.cuh"
 
-#define GM_BM 128
+// Weight rows per warp (GM_MW), per block (4 warps along the rows), and 16-row mma tiles per
+// warp; each thread stages GM_CPT 32-element chunks of one weight row per stage.
+#define GM_MW 64
+#define GM_BM (4 * GM_MW)
+#define GM_MT (GM_MW / 16)
+#define GM_CPT (GM_BM / 128)
 #define GM_BK 64
 #define GM_LDS (GM_BK + 8)
 #define GM_THREADS 256
@@ -57,15 +63,19 @@ __device__ __forceinline__ void ldmatrix_x4(u32 r[4], const unsigned short* p) {
 }
 
 // The accumulators of one thread for a BN-token tile: v[mt][nt] is the m16n8 tile (rows
-// 32 (w % 4) + 16 mt, tokens (BN / 2) (w / 4) + 8 nt); element e holds row + g + 8 (e / 2),
+// GM_MW (w % 4) + 16 mt, tokens (BN / 2) (w / 4) + 8 nt); element e holds row + g + 8 (e / 2),
 // token + 2 q + e % 2 with g = lane / 4, q = lane % 4.
 template <int BN>
 struct GemmAcc {
-    float v[2][BN / 16][4];
+    float v[GM_MT][BN / 16][4];
 };
 
+// The shared (tile) row whose weights thread t stages: chunks GM_CPT t % 2 .. + GM_CPT of the
+// stage's two.
+__device__ __forceinline__ int gm_srow() { return (threadIdx.x * GM_CPT) / 2; }
+
 // Runs the K loop over `cols` (a multiple of 32) for a tile of BN (64 or 32) tokens. `arow`:
-// this thread's weight row (shared row threadIdx.x / 2), null for a row past the matrix;
+// this thread's weight row (shared row gm_srow()), null for a row past the matrix;
 // `xrow`: this thread's f16 activation row (token threadIdx.x / (GM_THREADS / BN)), null
 // past the tile's tokens.
 template <int T, int BN>
@@ -79,27 +89,34 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
     int t = threadIdx.x, lane = t & 31, w = t >> 5;
     int wm = w & 3, wn = w >> 2;
     #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < GM_MT; mt++)
         #pragma unroll
         for (int nt = 0; nt < NT; nt++)
             #pragma unroll
             for (int e = 0; e < 4; e++) acc.v[mt][nt][e] = 0.0f;
-    uint4* adst = (uint4*)(sa + (t >> 1) * GM_LDS + 32 * (t & 1));
+    int c_first = (t * GM_CPT) % 2;  // the first of this thread's chunks within a stage
+    uint4* adst = (uint4*)(sa + gm_srow() * GM_LDS + 32 * c_first);
     uint4* bdst = (uint4*)(sb + (t / XT) * GM_LDS + XK * (t % XT));
     // ldmatrix row addresses (halves) of this lane: A tiles (rows +0..15, k +0..15) as
     // matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = a0..a3; B tiles of
     // two n8 tiles (tokens +0..15) as (tok 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15,
     // 8-15) = b[nt][0], b[nt][1], b[nt + 1][0], b[nt + 1][1].
-    const unsigned short* la = sa + (32 * wm + (lane & 7) + 8 * ((lane >> 3) & 1)) * GM_LDS + 8 * (lane >> 4);
+    const unsigned short* la = sa + (GM_MW * wm + (lane & 7) + 8 * ((lane >> 3) & 1)) * GM_LDS + 8 * (lane >> 4);
     const unsigned short* lb = sb + ((BN / 2) * wn + (lane & 7) + 8 * (lane >> 4)) * GM_LDS + 8 * ((lane >> 3) & 1);
     // Software pipeline: the loads of stage k + 1 (one weight chunk, XK activations) are
     // issued into registers before the tensor-core work of stage k, and decoded into shared
     // memory after it, so their latency hides behind the mma loop.
-    ChunkRaw<T> raw;
+    // With two chunks per thread (GM_MW 64) the weights' raw bytes would not fit in the
+    // register budget next to the larger accumulator tile: those are fetched at the stage.
+    constexpr bool A_PIPE = GM_CPT == 1;
+    ChunkRaw<T> raw[GM_CPT];
     uint4 xr[XK / 8];
     auto fetch = [&](int k0) {
-        int c = k0 / 32 + (t & 1);
-        if (arow != nullptr && 32 * c < cols) chunk_fetch<T>(arow, c, raw);
+        #pragma unroll
+        for (int cc = 0; cc < GM_CPT; cc++) {
+            int c = k0 / 32 + c_first + cc;
+            if (A_PIPE && arow != nullptr && 32 * c < cols) chunk_fetch<T>(arow, c, raw[cc]);
+        }
         int kx = k0 + XK * (t % XT);
         if (xrow != nullptr && kx < cols) {
             #pragma unroll
@@ -108,17 +125,22 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
     };
     fetch(0);
     for (int k0 = 0; k0 < cols; k0 += GM_BK) {
-        int c = k0 / 32 + (t & 1);
-        if (arow != nullptr && 32 * c < cols) {
-            float wv[32];
-            chunk_unpack<T>(raw, wv);
-            #pragma unroll
-            for (int j = 0; j < 4; j++)
-                adst[j] = make_uint4(pack_f16x2(wv[8 * j], wv[8 * j + 1]), pack_f16x2(wv[8 * j + 2], wv[8 * j + 3]),
-                                     pack_f16x2(wv[8 * j + 4], wv[8 * j + 5]), pack_f16x2(wv[8 * j + 6], wv[8 * j + 7]));
-        } else {
-            #pragma unroll
-            for (int j = 0; j < 4; j++) adst[j] = make_uint4(0, 0, 0, 0);
+        #pragma unroll
+        for (int cc = 0; cc < GM_CPT; cc++) {
+            int c = k0 / 32 + c_first + cc;
+            uint4* dst = adst + 4 * cc;
+            if (arow != nullptr && 32 * c < cols) {
+                float wv[32];
+                if (!A_PIPE) chunk_fetch<T>(arow, c, raw[cc]);
+                chunk_unpack<T>(raw[cc], wv);
+                #pragma unroll
+                for (int j = 0; j < 4; j++)
+                    dst[j] = make_uint4(pack_f16x2(wv[8 * j], wv[8 * j + 1]), pack_f16x2(wv[8 * j + 2], wv[8 * j + 3]),
+                                        pack_f16x2(wv[8 * j + 4], wv[8 * j + 5]), pack_f16x2(wv[8 * j + 6], wv[8 * j + 7]));
+            } else {
+                #pragma unroll
+                for (int j = 0; j < 4; j++) dst[j] = make_uint4(0, 0, 0, 0);
+            }
         }
         int kx = k0 + XK * (t % XT);
         bool xon = xrow != nullptr && kx < cols;
@@ -128,9 +150,9 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
         if (k0 + GM_BK < cols) fetch(k0 + GM_BK);
         #pragma unroll
         for (int kk = 0; kk < GM_BK; kk += 16) {
-            u32 a[2][4], b[NT][2], t4[4];
+            u32 a[GM_MT][4], b[NT][2], t4[4];
             #pragma unroll
-            for (int mt = 0; mt < 2; mt++) ldmatrix_x4(a[mt], la + 16 * mt * GM_LDS + kk);
+            for (int mt = 0; mt < GM_MT; mt++) ldmatrix_x4(a[mt], la + 16 * mt * GM_LDS + kk);
             #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 ldmatrix_x4(t4, lb + 16 * np * GM_LDS + kk);
@@ -140,7 +162,7 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
                 b[2 * np + 1][1] = t4[3];
             }
             #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < GM_MT; mt++)
                 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) mma_16816(acc.v[mt][nt], a[mt], b[nt]);
         }
@@ -151,7 +173,7 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
 // Position of accumulator element (mt, nt, e) relative to the block's first row and token.
 __device__ __forceinline__ int acc_row(int mt, int e) {
     int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
-    return 32 * (w & 3) + 16 * mt + g + 8 * (e >> 1);
+    return GM_MW * (w & 3) + 16 * mt + g + 8 * (e >> 1);
 }
 template <int BN>
 __device__ __forceinline__ int acc_tok(int nt, int e) {
@@ -164,13 +186,13 @@ template <int T, int BN>
 __device__ void gemm(const u8* __restrict__ W, u64 row_bytes, const unsigned short* __restrict__ x,
                      float* __restrict__ out, int rows, int cols, int n) {
     int r0 = blockIdx.x * GM_BM, t0 = blockIdx.y * BN;
-    int ar = r0 + (threadIdx.x >> 1), xt = t0 + threadIdx.x / (GM_THREADS / BN);
+    int ar = r0 + gm_srow(), xt = t0 + threadIdx.x / (GM_THREADS / BN);
     const u8* arow = ar < rows ? W + (size_t)ar * row_bytes : nullptr;
     const unsigned short* xrow = xt < n ? x + (size_t)xt * cols : nullptr;
     GemmAcc<BN> acc;
     gemm_mainloop<T, BN>(arow, xrow, cols, acc);
     #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < GM_MT; mt++)
         #pragma unroll
         for (int nt = 0; nt < BN / 16; nt++)
             #pragma unroll
@@ -180,24 +202,28 @@ __device__ void gemm(const u8* __restrict__ W, u64 row_bytes, const unsigned sho
             }
 }
 
-// Grouped gate/up with SwiGLU: tiles of up to BN pairs from moe_group. A block takes 64 rows
-// of the expert's gate and the same 64 rows of its up: shared row s holds gate (s % 32 < 16)
-// or up row r0 + 16 (s / 32) + s % 16, so a warp's tile mt = 0 is gate and mt = 1 is up at the
-// same (row, pair) positions. act[p, r] = silu(gate) * up for sorted pair p (token p / K),
-// stored rounded to f16 (as to_f16 would) for gemm_down.
-// Grid (ceil(I / 64), max_tiles).
+// Grouped gate/up with SwiGLU: tiles of up to BN pairs from moe_group. A block takes GM_BM / 2
+// rows of the expert's gate and the same rows of its up: within warp wm's GM_MW shared rows,
+// the first GM_MT / 2 mma tiles hold gate rows and the last GM_MT / 2 the same up rows, so
+// tile mt and mt + GM_MT / 2 of a thread are gate and up at the same (row, pair) positions.
+// Shared row s is row r0 + (GM_MW / 2) (s / GM_MW) + 16 (mt % (GM_MT / 2)) + s % 16 of gate
+// (mt = (s % GM_MW) / 16 < GM_MT / 2) or up. act[p, r] = silu(gate) * up for sorted pair p
+// (token p / K), stored rounded to f16 (as to_f16 would) for gemm_down. Grid
+// (ceil(I / (GM_BM / 2)), max_tiles).
 template <int T, int BN>
 __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                              u64 row_bytes, const unsigned short* __restrict__ x, const u32* __restrict__ sorted,
                              const u32* __restrict__ tiles, unsigned short* __restrict__ act, int I, int H, int K) {
+    constexpr int HALF = GM_MT / 2;
     const u32* tl = tiles + 3 * blockIdx.y;
     int cnt = (int)tl[2];
     if (cnt == 0) return;
     u32 e = tl[0], first = tl[1];
     int r0 = blockIdx.x * (GM_BM / 2);
-    int s = threadIdx.x >> 1;
-    int ar = r0 + 16 * (s >> 5) + (s & 15);
-    const u8* mat = (s & 16) ? Wu : Wg;
+    int s = gm_srow();
+    int mt_s = (s % GM_MW) / 16;
+    int ar = r0 + (GM_MW / 2) * (s / GM_MW) + 16 * (mt_s % HALF) + (s & 15);
+    const u8* mat = mt_s >= HALF ? Wu : Wg;
     const u8* arow = ar < I ? mat + (size_t)e * expert_bytes + (size_t)ar * row_bytes : nullptr;
     int xt = threadIdx.x / (GM_THREADS / BN);
     const unsigned short* xrow = xt < cnt ? x + (size_t)(sorted[first + xt] / K) * H : nullptr;
@@ -205,14 +231,16 @@ __device__ void gemm_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ W
     gemm_mainloop<T, BN>(arow, xrow, H, acc);
     int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     #pragma unroll
-    for (int nt = 0; nt < BN / 16; nt++)
+    for (int mt = 0; mt < HALF; mt++)
         #pragma unroll
-        for (int e2 = 0; e2 < 4; e2++) {
-            int r = r0 + 16 * (w & 3) + g + 8 * (e2 >> 1), tk = acc_tok<BN>(nt, e2);
-            if (r < I && tk < cnt)
-                act[(size_t)sorted[first + tk] * I + r] =
-                    __half_as_ushort(__float2half_rn(f16_range(silu_f(acc.v[0][nt][e2]) * acc.v[1][nt][e2])));
-        }
+        for (int nt = 0; nt < BN / 16; nt++)
+            #pragma unroll
+            for (int e2 = 0; e2 < 4; e2++) {
+                int r = r0 + (GM_MW / 2) * (w & 3) + 16 * mt + g + 8 * (e2 >> 1), tk = acc_tok<BN>(nt, e2);
+                if (r < I && tk < cnt)
+                    act[(size_t)sorted[first + tk] * I + r] = __half_as_ushort(
+                        __float2half_rn(f16_range(silu_f(acc.v[mt][nt][e2]) * acc.v[mt + HALF][nt][e2])));
+            }
 }
 
 // Grouped down: ys[p, r] = act[p] . Wd_e[r] for the tile's sorted pairs p. Grid
@@ -226,13 +254,13 @@ __device__ void gemm_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_b
     if (cnt == 0) return;
     u32 e = tl[0], first = tl[1];
     int r0 = blockIdx.x * GM_BM;
-    int ar = r0 + (threadIdx.x >> 1), xt = threadIdx.x / (GM_THREADS / BN);
+    int ar = r0 + gm_srow(), xt = threadIdx.x / (GM_THREADS / BN);
     const u8* arow = ar < H ? Wd + (size_t)e * expert_bytes + (size_t)ar * row_bytes : nullptr;
     const unsigned short* xrow = xt < cnt ? act + (size_t)sorted[first + xt] * I : nullptr;
     GemmAcc<BN> acc;
     gemm_mainloop<T, BN>(arow, xrow, I, acc);
     #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < GM_MT; mt++)
         #pragma unroll
         for (int nt = 0; nt < BN / 16; nt++)
             #pragma unroll
@@ -255,7 +283,7 @@ extern "C" __global__ void to_f16(const float4* __restrict__ x, uint2* __restric
     y[i] = make_uint2(pack_f16x2(f16_range(v.x), f16_range(v.y)), pack_f16x2(f16_range(v.z), f16_range(v.w)));
 }
 
-#define GEMM_TYPES(X) X(f32, WT_F32, 2) X(f16, WT_F16, 2) X(bf16, WT_BF16, 2) X(q8_0, WT_Q8_0, 2) X(q4_K, WT_Q4_K, 2) X(q6_K, WT_Q6_K, 2)
+#define GEMM_TYPES(X) X(f32, WT_F32, 2) X(f16, WT_F16, 2) X(bf16, WT_BF16, 2) X(q8_0, WT_Q8_0, 2) X(q4_K, WT_Q4_K, 2) X(q6_K, WT_Q6_K, 2) X(ct4, WT_CT4, 2)
 
 #define DEFINE_GEMM_BN(name, T, MINB, BN, sfx)                                                     \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm##sfx##_##name(             \

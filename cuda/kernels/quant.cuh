@@ -35,6 +35,20 @@ template <> struct ChunkRaw<WT_Q8_0> { u32 win[9]; u32 sh; unsigned short d; };
 template <> struct ChunkRaw<WT_Q4_K> { uint4 hd, lo, hi; int j; };
 // Q6_K: the windows of ql and qh, the two 8-bit scales and d.
 template <> struct ChunkRaw<WT_Q6_K> { u32 ql[9], qh[9]; u32 shl, shh; int s0, s1; unsigned short d; int j; };
+// CT4: the block's five words (header, then the 16 code bytes).
+template <> struct ChunkRaw<WT_CT4> { u32 w[5]; };
+
+// x rounded to bf16 (round to nearest even, as half::bf16::from_f32 for finite values) and
+// back.
+__device__ __forceinline__ float round_bf16(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+
+// x rounded to f16 and back.
+__device__ __forceinline__ float round_f16(float x) { return __half2float(__float2half_rn(x)); }
 
 // The nine aligned words covering 32 bytes at 2-byte-aligned p and the shift that takes the
 // 8 little-endian words out of them (__funnelshift_r(win[k], win[k + 1], sh); a shift of 0
@@ -67,6 +81,10 @@ __device__ __forceinline__ void chunk_fetch(const u8* __restrict__ row, int c, C
         const u8* b = row + 34 * (size_t)c;
         r.d = *(const unsigned short*)b;
         window32(b + 2, r.win, &r.sh);
+    } else if constexpr (T == WT_CT4) {
+        const u32* b = (const u32*)(row + 20 * (size_t)c);
+        #pragma unroll
+        for (int i = 0; i < 5; i++) r.w[i] = b[i];
     } else if constexpr (T == WT_Q4_K) {
         const u8* b = row + 144 * (size_t)(c / 8);
         r.j = c % 8;
@@ -115,6 +133,21 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
         for (int k = 0; k < 8; k++) q[k] = __funnelshift_r(r.win[k], r.win[k + 1], r.sh);
         #pragma unroll
         for (int j = 0; j < 32; j++) w[j] = __fmul_rn(d, (float)(signed char)byte_of(q, j));
+    } else if constexpr (T == WT_CT4) {
+        // compressed-tensors' dequantize in the scale dtype: rnd(rnd((q - 8) - z) * s).
+        u32 h = r.w[0];
+        bool bf = (h >> 24) == WT_BF16;
+        unsigned short sb = (unsigned short)(h & 0xFFFF);
+        float s = bf ? bf16_to_f32(sb) : f16_to_f32(sb);
+        float z = (float)(signed char)((h >> 16) & 0xFF);
+        #pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int q = (int)((r.w[1 + i / 8] >> (4 * (i % 8))) & 0xF) - 8;
+            float t = __fsub_rn((float)q, z);
+            t = bf ? round_bf16(t) : round_f16(t);
+            float y = __fmul_rn(t, s);
+            w[i] = bf ? round_bf16(y) : round_f16(y);
+        }
     } else if constexpr (T == WT_Q4_K) {
         int j = r.j, sc, m;
         // scale_min_k4 on the header's scale bytes.
@@ -195,7 +228,8 @@ __device__ __forceinline__ void decode_chunk(const u8* __restrict__ row, int c, 
         // nibble (j & 1) of qs[32 (j / 2) + l], y = (d * sc) * q - dmin * m (Q4_K); half
         // n = j / 4, group g = j % 4, low 4 bits from ql[64 n + l + 32 (g & 1)] (high nibble
         // for g >= 2), high 2 bits (qh[32 n + l] >> 2 g) & 3, y = d * scales[i / 16] * (q - 32)
-        // (Q6_K). Blocks: Q4_K 144 B (qs 16-byte aligned), Q6_K 210 B and Q8_0 34 B (2-byte).
+        // (Q6_K); rnd(rnd((q - 8) - z) * s) (CT4). Blocks: Q4_K 144 B (qs 16-byte aligned),
+        // Q6_K 210 B and Q8_0 34 B (2-byte), CT4 20 B (4-byte).
         ChunkRaw<T> r;
         chunk_fetch<T>(row, c, r);
         chunk_unpack<T>(r, w);

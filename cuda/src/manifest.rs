@@ -28,36 +28,42 @@ manifest! {
     MatmulQ8_0 => "matmul.cu", "matmul_q8_0";
     MatmulQ4K => "matmul.cu", "matmul_q4_K";
     MatmulQ6K => "matmul.cu", "matmul_q6_K";
+    MatmulCt4 => "matmul.cu", "matmul_ct4";
     EmbedF32 => "matmul.cu", "embed_f32";
     EmbedF16 => "matmul.cu", "embed_f16";
     EmbedBf16 => "matmul.cu", "embed_bf16";
     EmbedQ8_0 => "matmul.cu", "embed_q8_0";
     EmbedQ4K => "matmul.cu", "embed_q4_K";
     EmbedQ6K => "matmul.cu", "embed_q6_K";
+    EmbedCt4 => "matmul.cu", "embed_ct4";
     GateUpF32 => "moe.cu", "moe_gate_up_f32";
     GateUpF16 => "moe.cu", "moe_gate_up_f16";
     GateUpBf16 => "moe.cu", "moe_gate_up_bf16";
     GateUpQ8_0 => "moe.cu", "moe_gate_up_q8_0";
     GateUpQ4K => "moe.cu", "moe_gate_up_q4_K";
     GateUpQ6K => "moe.cu", "moe_gate_up_q6_K";
+    GateUpCt4 => "moe.cu", "moe_gate_up_ct4";
     DownF32 => "moe.cu", "moe_down_f32";
     DownF16 => "moe.cu", "moe_down_f16";
     DownBf16 => "moe.cu", "moe_down_bf16";
     DownQ8_0 => "moe.cu", "moe_down_q8_0";
     DownQ4K => "moe.cu", "moe_down_q4_K";
     DownQ6K => "moe.cu", "moe_down_q6_K";
+    DownCt4 => "moe.cu", "moe_down_ct4";
     GateUpGroupedF32 => "moe.cu", "moe_gate_up_grouped_f32";
     GateUpGroupedF16 => "moe.cu", "moe_gate_up_grouped_f16";
     GateUpGroupedBf16 => "moe.cu", "moe_gate_up_grouped_bf16";
     GateUpGroupedQ8_0 => "moe.cu", "moe_gate_up_grouped_q8_0";
     GateUpGroupedQ4K => "moe.cu", "moe_gate_up_grouped_q4_K";
     GateUpGroupedQ6K => "moe.cu", "moe_gate_up_grouped_q6_K";
+    GateUpGroupedCt4 => "moe.cu", "moe_gate_up_grouped_ct4";
     DownGroupedF32 => "moe.cu", "moe_down_grouped_f32";
     DownGroupedF16 => "moe.cu", "moe_down_grouped_f16";
     DownGroupedBf16 => "moe.cu", "moe_down_grouped_bf16";
     DownGroupedQ8_0 => "moe.cu", "moe_down_grouped_q8_0";
     DownGroupedQ4K => "moe.cu", "moe_down_grouped_q4_K";
     DownGroupedQ6K => "moe.cu", "moe_down_grouped_q6_K";
+    DownGroupedCt4 => "moe.cu", "moe_down_grouped_ct4";
     MoeGroup => "moe.cu", "moe_group";
     Route => "moe.cu", "route";
     RouteBlock => "moe.cu", "route_block";
@@ -100,18 +106,21 @@ manifest! {
     GemmQ8_0 => "gemm.cu", "gemm_q8_0";
     GemmQ4K => "gemm.cu", "gemm_q4_K";
     GemmQ6K => "gemm.cu", "gemm_q6_K";
+    GemmCt4 => "gemm.cu", "gemm_ct4";
     GemmGateUpF32 => "gemm.cu", "gemm_gate_up_f32";
     GemmGateUpF16 => "gemm.cu", "gemm_gate_up_f16";
     GemmGateUpBf16 => "gemm.cu", "gemm_gate_up_bf16";
     GemmGateUpQ8_0 => "gemm.cu", "gemm_gate_up_q8_0";
     GemmGateUpQ4K => "gemm.cu", "gemm_gate_up_q4_K";
     GemmGateUpQ6K => "gemm.cu", "gemm_gate_up_q6_K";
+    GemmGateUpCt4 => "gemm.cu", "gemm_gate_up_ct4";
     GemmDownF32 => "gemm.cu", "gemm_down_f32";
     GemmDownF16 => "gemm.cu", "gemm_down_f16";
     GemmDownBf16 => "gemm.cu", "gemm_down_bf16";
     GemmDownQ8_0 => "gemm.cu", "gemm_down_q8_0";
     GemmDownQ4K => "gemm.cu", "gemm_down_q4_K";
     GemmDownQ6K => "gemm.cu", "gemm_down_q6_K";
+    GemmDownCt4 => "gemm.cu", "gemm_down_ct4";
     ToF16 => "gemm.cu", "to_f16";
     Gemm32F32 => "gemm.cu", "gemm32_f32";
     Gemm32F16 => "gemm.cu", "gemm32_f16";
@@ -119,18 +128,21 @@ manifest! {
     Gemm32Q8_0 => "gemm.cu", "gemm32_q8_0";
     Gemm32Q4K => "gemm.cu", "gemm32_q4_K";
     Gemm32Q6K => "gemm.cu", "gemm32_q6_K";
+    Gemm32Ct4 => "gemm.cu", "gemm32_ct4";
     GemmGateUp32F32 => "gemm.cu", "gemm_gate_up32_f32";
     GemmGateUp32F16 => "gemm.cu", "gemm_gate_up32_f16";
     GemmGateUp32Bf16 => "gemm.cu", "gemm_gate_up32_bf16";
     GemmGateUp32Q8_0 => "gemm.cu", "gemm_gate_up32_q8_0";
     GemmGateUp32Q4K => "gemm.cu", "gemm_gate_up32_q4_K";
     GemmGateUp32Q6K => "gemm.cu", "gemm_gate_up32_q6_K";
+    GemmGateUp32Ct4 => "gemm.cu", "gemm_gate_up32_ct4";
     GemmDown32F32 => "gemm.cu", "gemm_down32_f32";
     GemmDown32F16 => "gemm.cu", "gemm_down32_f16";
     GemmDown32Bf16 => "gemm.cu", "gemm_down32_bf16";
     GemmDown32Q8_0 => "gemm.cu", "gemm_down32_q8_0";
     GemmDown32Q4K => "gemm.cu", "gemm_down32_q4_K";
     GemmDown32Q6K => "gemm.cu", "gemm_down32_q6_K";
+    GemmDown32Ct4 => "gemm.cu", "gemm_down32_ct4";
 }
 
 impl K {
@@ -151,6 +163,8 @@ pub enum WType {
     Q8_0,
     Q4K,
     Q6K,
+    /// A 4-bit compressed-tensors matrix in 32-element blocks (`block_ct4`).
+    Ct4,
 }
 
 impl WType {
@@ -162,6 +176,7 @@ impl WType {
             K::MatmulQ8_0,
             K::MatmulQ4K,
             K::MatmulQ6K,
+            K::MatmulCt4,
         ][self as usize]
     }
     pub fn embed(self) -> K {
@@ -172,6 +187,7 @@ impl WType {
             K::EmbedQ8_0,
             K::EmbedQ4K,
             K::EmbedQ6K,
+            K::EmbedCt4,
         ][self as usize]
     }
     pub fn gate_up(self) -> K {
@@ -182,6 +198,7 @@ impl WType {
             K::GateUpQ8_0,
             K::GateUpQ4K,
             K::GateUpQ6K,
+            K::GateUpCt4,
         ][self as usize]
     }
     pub fn gate_up_grouped(self) -> K {
@@ -192,6 +209,7 @@ impl WType {
             K::GateUpGroupedQ8_0,
             K::GateUpGroupedQ4K,
             K::GateUpGroupedQ6K,
+            K::GateUpGroupedCt4,
         ][self as usize]
     }
     pub fn down_grouped(self) -> K {
@@ -202,13 +220,14 @@ impl WType {
             K::DownGroupedQ8_0,
             K::DownGroupedQ4K,
             K::DownGroupedQ6K,
+            K::DownGroupedCt4,
         ][self as usize]
     }
-    /// The activation format of the quantised mat-vec path, `None` for float weights (which
-    /// keep the f32 kernels).
+    /// The activation format of the quantised mat-vec path, `None` for float and CT4 weights
+    /// (which keep the f32 kernels at decode).
     pub fn act(self) -> Option<ActQ> {
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 => None,
+            WType::F32 | WType::F16 | WType::Bf16 | WType::Ct4 => None,
             WType::Q8_0 => Some(ActQ::Q8_0),
             WType::Q4K | WType::Q6K => Some(ActQ::Q8K),
         }
@@ -222,7 +241,7 @@ impl WType {
             down,
         };
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 => None,
+            WType::F32 | WType::F16 | WType::Bf16 | WType::Ct4 => None,
             WType::Q8_0 => Some(k(K::MvQ8_0, K::MvSwigluQ8_0, K::GateUpQQ8_0, K::DownQQ8_0)),
             WType::Q4K => Some(k(K::MvQ4K, K::MvSwigluQ4K, K::GateUpQQ4K, K::DownQQ4K)),
             WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
@@ -243,12 +262,14 @@ impl WType {
             (WType::Q8_0, false) => k(GemmQ8_0, GemmGateUpQ8_0, GemmDownQ8_0),
             (WType::Q4K, false) => k(GemmQ4K, GemmGateUpQ4K, GemmDownQ4K),
             (WType::Q6K, false) => k(GemmQ6K, GemmGateUpQ6K, GemmDownQ6K),
+            (WType::Ct4, false) => k(GemmCt4, GemmGateUpCt4, GemmDownCt4),
             (WType::F32, true) => k(Gemm32F32, GemmGateUp32F32, GemmDown32F32),
             (WType::F16, true) => k(Gemm32F16, GemmGateUp32F16, GemmDown32F16),
             (WType::Bf16, true) => k(Gemm32Bf16, GemmGateUp32Bf16, GemmDown32Bf16),
             (WType::Q8_0, true) => k(Gemm32Q8_0, GemmGateUp32Q8_0, GemmDown32Q8_0),
             (WType::Q4K, true) => k(Gemm32Q4K, GemmGateUp32Q4K, GemmDown32Q4K),
             (WType::Q6K, true) => k(Gemm32Q6K, GemmGateUp32Q6K, GemmDown32Q6K),
+            (WType::Ct4, true) => k(Gemm32Ct4, GemmGateUp32Ct4, GemmDown32Ct4),
         }
     }
     pub fn down(self) -> K {
@@ -259,6 +280,7 @@ impl WType {
             K::DownQ8_0,
             K::DownQ4K,
             K::DownQ6K,
+            K::DownCt4,
         ][self as usize]
     }
 }
@@ -276,7 +298,7 @@ pub struct GemmKernels {
 }
 
 /// Weight rows per block of the `gemm.cu` kernels (`GM_BM`).
-pub const GEMM_TILE_ROWS: usize = 128;
+pub const GEMM_TILE_ROWS: usize = 256;
 /// Tokens (or expert pairs) per block of the `gemm.cu` kernels; the `*32` kernels take
 /// tiles of half this.
 pub const GEMM_TILE_TOKENS: usize = 64;

@@ -1,6 +1,8 @@
 //! Model weights on the device: one allocation holding every matrix in its stored encoding
-//! (quantised blocks are copied as they are) where a kernel decodes it, and decoded to f32
-//! where none does yet (compressed-tensors, the IQ and other K types). Experts of a layer
+//! (quantised blocks are copied as they are) where a kernel decodes it, 4-bit
+//! compressed-tensors matrices repacked into 32-element blocks (`WType::Ct4`), and decoded to
+//! f32 where no kernel reads the encoding yet (other compressed-tensors kinds, the IQ and
+//! other K types). Experts of a layer
 //! are stacked: expert `e` starts `e · expert_bytes` after the first.
 
 use std::borrow::Cow;
@@ -92,6 +94,41 @@ pub fn wtype(ty: GgmlType) -> Option<WType> {
     })
 }
 
+/// Bytes of one 32-element block of [`WType::Ct4`] (`block_ct4` in `blocks.cuh`): the scale's
+/// 16-bit pattern, the zero point as `i8`, the scale dtype (`WT_F16` / `WT_BF16`), then the
+/// 32 unsigned codes, two per byte, low nibble first.
+pub const CT4_BLOCK_BYTES: usize = 20;
+
+/// A 4-bit compressed-tensors matrix repacked into [`WType::Ct4`] blocks, or `None` where
+/// its layout has no such form (other widths, 3-D blocks, f32 scales, scale runs that are
+/// not whole 32-column chunks, or a zero point outside `i8`).
+pub fn ct4_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
+    let Encoding::Ct(ct) = m.enc else {
+        return None;
+    };
+    let sd = ct.int4_chunked()?;
+    let dtype = match sd {
+        lagoon_core::quant::ct::ScaleDtype::F16 => 1u8,
+        _ => 2u8,
+    };
+    let chunks = m.cols / 32;
+    let mut out = Vec::with_capacity(m.rows * chunks * CT4_BLOCK_BYTES);
+    let mut q = [0u8; 32];
+    for r in 0..m.rows {
+        for c in 0..chunks {
+            let (s_bits, z) = ct.int4_chunk(r, c, &mut q);
+            if z.fract() != 0.0 || !(-128.0..=127.0).contains(&z) {
+                return None;
+            }
+            out.extend(s_bits.to_le_bytes());
+            out.push(z as i8 as u8);
+            out.push(dtype);
+            out.extend(q.chunks_exact(2).map(|p| p[0] | (p[1] << 4)));
+        }
+    }
+    Some(out)
+}
+
 /// The matrix's bytes as a kernel reads them, and their type.
 fn device_bytes<'a>(m: &MatRef<'a>, force_f32: bool) -> (WType, Cow<'a, [u8]>) {
     if let Encoding::Ggml { ty, data } = m.enc
@@ -99,6 +136,9 @@ fn device_bytes<'a>(m: &MatRef<'a>, force_f32: bool) -> (WType, Cow<'a, [u8]>) {
         && !force_f32
     {
         return (wt, Cow::Borrowed(data));
+    }
+    if !force_f32 && let Some(b) = ct4_blocks(m) {
+        return (WType::Ct4, Cow::Owned(b));
     }
     let mut row = vec![0.0f32; m.cols];
     let mut out = Vec::with_capacity(m.rows * m.cols * 4);
@@ -116,8 +156,20 @@ fn row_bytes(ty: WType, cols: usize) -> u64 {
         WType::Q8_0 => cols / 32 * 34,
         WType::Q4K => cols / 256 * 144,
         WType::Q6K => cols / 256 * 210,
+        WType::Ct4 => cols / 32 * CT4_BLOCK_BYTES,
     };
     b as u64
+}
+
+/// An f32 matrix as stored (not decoded to f32 for the device).
+fn is_f32(m: &MatRef<'_>) -> bool {
+    matches!(
+        m.enc,
+        Encoding::Ggml {
+            ty: GgmlType::F32,
+            ..
+        }
+    )
 }
 
 /// Pieces to upload at their offsets in the one weight buffer. Until the buffer exists, the
@@ -145,15 +197,7 @@ impl<'a> Layout<'a> {
 
     fn mat(&mut self, m: &MatRef<'a>) -> DMat {
         let (ty, bytes) = device_bytes(m, false);
-        if ty == WType::F32
-            && !matches!(
-                m.enc,
-                Encoding::Ggml {
-                    ty: GgmlType::F32,
-                    ..
-                }
-            )
-        {
+        if ty == WType::F32 && !is_f32(m) {
             self.n_decoded += 1;
         }
         let n = bytes.len() as u64;
@@ -171,26 +215,24 @@ impl<'a> Layout<'a> {
     /// Experts stacked back to back, all in one type (f32 unless every expert has the same
     /// kernel-readable type, and `force_f32` is off).
     fn stack(&mut self, parts: &[MatRef<'a>], force_f32: bool) -> DMat {
-        let first = device_bytes(&parts[0], force_f32).0;
-        let same = parts.iter().all(|p| match p.enc {
-            Encoding::Ggml { ty, .. } => wtype(ty) == Some(first),
-            Encoding::Ct(_) => false,
-        });
-        let force = force_f32 || !same;
+        let mut bytes: Vec<(WType, Cow<'a, [u8]>)> =
+            parts.iter().map(|p| device_bytes(p, force_f32)).collect();
+        let ty = bytes[0].0;
+        if bytes.iter().any(|(t, _)| *t != ty) {
+            bytes = parts.iter().map(|p| device_bytes(p, true)).collect();
+        }
+        let ty = bytes[0].0;
+        if ty == WType::F32 {
+            self.n_decoded += parts.iter().filter(|p| !is_f32(p)).count();
+        }
         let mut base = 0;
         let mut eb = 0;
-        let mut ty = first;
-        for (e, p) in parts.iter().enumerate() {
-            let (t, bytes) = device_bytes(p, force);
-            ty = t;
-            eb = bytes.len() as u64;
-            let off = self.place(bytes, e == 0);
+        for (e, (_, b)) in bytes.into_iter().enumerate() {
+            eb = b.len() as u64;
+            let off = self.place(b, e == 0);
             if e == 0 {
                 base = off;
             }
-        }
-        if ty == WType::F32 && !same {
-            self.n_decoded += parts.len();
         }
         DMat {
             ptr: base as u64,
@@ -240,7 +282,7 @@ impl DeviceWeights {
                     let mut up_d = lay.stack(up, false);
                     if up_d.ty != gate_d.ty {
                         lay.items.truncate(mark.0);
-                        (lay.len, lay.n_decoded) = (mark.1, mark.2 + 2 * gate.len());
+                        (lay.len, lay.n_decoded) = (mark.1, mark.2);
                         gate_d = lay.stack(gate, true);
                         up_d = lay.stack(up, true);
                     }

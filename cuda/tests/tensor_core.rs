@@ -439,3 +439,92 @@ fn prefill_attention_matches_the_f32_kernel() {
         assert!(e < 4e-3, "window {window} pos0 {pos0} n {n}: {e:.2e}");
     }
 }
+
+/// A random 4-bit compressed-tensors matrix (group 32, bf16 scales; asymmetric with packed
+/// zero points when `asym`), repacked into the device's CT4 blocks: the exact f32 product and
+/// the tensor-core product against the CPU's decoding of the same matrix.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn ct4_blocks_decode_as_compressed_tensors() {
+    use lagoon_core::quant::ct::{
+        CtKind, CtLayout, CtMatrix, CtStrategy, PackOrder, ScaleDtype, ZeroPoint,
+    };
+    let dev = device();
+    let mut rng = Rng(0x6e33_0005);
+    let (rows, cols, n) = (GEMM_TILE_ROWS + 45, 512usize, 77usize);
+    for asym in [false, true] {
+        let layout = CtLayout {
+            kind: CtKind::packed_int(4, CtStrategy::Group(32), !asym, PackOrder::Dense),
+            rows,
+            cols,
+            scale_dtype: ScaleDtype::Bf16,
+            zero: asym.then_some(ZeroPoint::Packed),
+        };
+        let weight: Vec<u8> = (0..layout.weight_bytes()).map(|_| rng.byte()).collect();
+        let scale: Vec<u8> = (0..layout.scale_bytes() / 2)
+            .flat_map(|_| half::bf16::from_f32(0.002 + 0.01 * rng.f().abs()).to_le_bytes())
+            .collect();
+        let zero: Vec<u8> = (0..layout.zero_bytes()).map(|_| rng.byte()).collect();
+        let ct = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
+        let m = MatRef {
+            rows,
+            cols,
+            enc: Encoding::Ct(ct),
+        };
+        let blocks = lagoon_cuda::weights::ct4_blocks(&m).expect("a CT4-repackable matrix");
+        let row_bytes = (cols / 32 * lagoon_cuda::weights::CT4_BLOCK_BYTES) as u64;
+        let (_wb, wp) = upload(&dev, &blocks);
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+        // Exact: f32 weights as the CPU decodes them, f32 activations.
+        let mut want = vec![0.0f32; n * rows];
+        let mut scratch = vec![0.0; cols];
+        lagoon_core::ops::matmul::matmul(&m, &x, n, &mut want, &mut scratch);
+        let (_xb, xp) = upload(&dev, &x);
+        let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+        let args = |xp: u64, op: u64| {
+            [
+                Arg::P(wp),
+                Arg::P(row_bytes),
+                Arg::P(xp),
+                Arg::P(op),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(n as i32),
+            ]
+        };
+        let ty = lagoon_cuda::manifest::WType::Ct4;
+        dev.launch(
+            ty.matmul(),
+            (rows.div_ceil(4) as u32, n.div_ceil(8) as u32),
+            128,
+            &args(xp, ob.device_ptr(&dev.stream).0),
+        )
+        .unwrap();
+        let e = max_rel(&download(&dev, &ob), &want);
+        println!("ct4 (asym {asym}) matmul {rows}x{cols} n={n}: max rel err {e:.2e}");
+        assert!(e < 1e-5, "ct4 matmul: {e:.2e}");
+        // Tensor cores: the f16-rounded decoded weights.
+        let wr: Vec<Vec<f64>> = (0..rows).map(|r| row_f16(&m, r)).collect();
+        let want: Vec<f32> = (0..n)
+            .flat_map(|t| {
+                let xt = &x[t * cols..(t + 1) * cols];
+                wr.iter().map(move |w| dot(w, xt) as f32)
+            })
+            .collect();
+        let (_hb, hp) = to_f16_on_device(&dev, &x);
+        let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+        dev.launch(
+            ty.gemm(GEMM_TILE_TOKENS).dense,
+            (
+                rows.div_ceil(GEMM_TILE_ROWS) as u32,
+                n.div_ceil(GEMM_TILE_TOKENS) as u32,
+            ),
+            GEMM_THREADS,
+            &args(hp, ob.device_ptr(&dev.stream).0),
+        )
+        .unwrap();
+        let e = max_rel(&download(&dev, &ob), &want);
+        println!("ct4 (asym {asym}) gemm {rows}x{cols} n={n}: max rel err {e:.2e}");
+        assert!(e < BOUND, "ct4 gemm: {e:.2e}");
+    }
+}

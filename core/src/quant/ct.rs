@@ -482,6 +482,55 @@ impl<'a> CtMatrix<'a> {
         }
     }
 
+    /// The 16-bit scale dtype of a 4-bit pack-quantized matrix whose scale runs cover whole
+    /// 32-column chunks (group a multiple of 32, or one scale per row or tensor with a
+    /// multiple of 32 columns), else `None`: the matrices [`CtMatrix::int4_chunk`] serves (the
+    /// CUDA backend keeps them packed).
+    pub fn int4_chunked(&self) -> Option<ScaleDtype> {
+        let l = &self.layout;
+        let CtKind::PackedInt { bits: 4, .. } = l.kind else {
+            return None;
+        };
+        let whole = match l.kind.strategy() {
+            CtStrategy::Group(g) => g.is_multiple_of(32) && l.cols.is_multiple_of(32),
+            CtStrategy::Channel | CtStrategy::Tensor => l.cols.is_multiple_of(32),
+            CtStrategy::Block { .. } => false,
+        };
+        match l.scale_dtype {
+            ScaleDtype::Bf16 | ScaleDtype::F16 if whole => Some(l.scale_dtype),
+            _ => None,
+        }
+    }
+
+    /// Chunk `c` (columns `32c .. 32c + 32`) of row `r` of an [`CtMatrix::int4_chunked`]
+    /// matrix: the unsigned codes into `q`, and the chunk's raw scale bits (in the scale dtype)
+    /// and rounded zero point, so that element `i` is `sd.round(sd.round((q[i] − 8) − z) · s)`,
+    /// exactly as [`CtMatrix::dequant_row`] decodes it.
+    pub fn int4_chunk(&self, r: usize, c: usize, q: &mut [u8; 32]) -> (u16, f32) {
+        let l = &self.layout;
+        debug_assert!(self.int4_chunked().is_some() && r < l.rows && 32 * c < l.cols);
+        let CtKind::PackedInt { order, .. } = l.kind else {
+            unreachable!("int4_chunk on a matrix that is not 4-bit pack-quantized");
+        };
+        let (_, grid_cols) = l.scale_grid();
+        let c0 = 32 * c;
+        let (gc, grid_row) = match l.kind.strategy() {
+            CtStrategy::Group(g) => (c0 / g as usize, r),
+            CtStrategy::Channel => (0, r),
+            _ => (0, 0),
+        };
+        let cell = grid_row * grid_cols + gc;
+        let sd = l.scale_dtype;
+        let z = sd.round(self.zero_point(r, gc, cell));
+        let s_bits = u16_le(self.scale, cell);
+        let rb = l.weight_row_bytes();
+        let row = &self.weight[r * rb..(r + 1) * rb];
+        for (i, v) in q.iter_mut().enumerate() {
+            *v = unpack(row, c0 + i, 4, order) as u8;
+        }
+        (s_bits, z)
+    }
+
     /// Signed zero point of row `r`, scale column `gc` (grid cell `cell`); 0 if symmetric.
     fn zero_point(&self, r: usize, gc: usize, cell: usize) -> f32 {
         let l = &self.layout;
@@ -617,6 +666,68 @@ mod tests {
         assert_eq!(unpack(&words, 1, 4, PackOrder::Dense), 2);
         assert_eq!(unpack(&words, 15, 4, PackOrder::Dense), 0);
         assert_eq!(unpack(&words, 14, 4, PackOrder::Dense), 0xF);
+    }
+
+    #[cfg(feature = "alloc")]
+    /// `int4_chunk` reproduces `dequant_row` element for element (group 64 and channel,
+    /// symmetric and with packed zero points, bf16 and f16 scales).
+    #[test]
+    fn int4_chunks_decode_as_dequant_row() {
+        let (rows, cols) = (16usize, 128usize);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut byte = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        };
+        for (strategy, symmetric, sd) in [
+            (CtStrategy::Group(64), true, ScaleDtype::Bf16),
+            (CtStrategy::Group(64), false, ScaleDtype::F16),
+            (CtStrategy::Channel, false, ScaleDtype::Bf16),
+        ] {
+            let layout = CtLayout {
+                kind: CtKind::packed_int(4, strategy, symmetric, PackOrder::Dense),
+                rows,
+                cols,
+                scale_dtype: sd,
+                zero: (!symmetric).then_some(ZeroPoint::Packed),
+            };
+            let weight: alloc::vec::Vec<u8> = (0..layout.weight_bytes()).map(|_| byte()).collect();
+            // Scales near 0.01 in the scale dtype's bits.
+            let scale: alloc::vec::Vec<u8> = (0..layout.scale_bytes() / 2)
+                .flat_map(|i| {
+                    let v = 0.004 + 0.001 * (i % 13) as f32;
+                    match sd {
+                        ScaleDtype::F16 => half::f16::from_f32(v).to_bits().to_le_bytes(),
+                        _ => half::bf16::from_f32(v).to_bits().to_le_bytes(),
+                    }
+                })
+                .collect();
+            let zero: alloc::vec::Vec<u8> = (0..layout.zero_bytes()).map(|_| byte()).collect();
+            let m = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
+            assert_eq!(m.int4_chunked(), Some(sd));
+            let mut row = [0.0f32; 128];
+            let mut q = [0u8; 32];
+            for r in 0..rows {
+                m.dequant_row(r, &mut row);
+                for c in 0..cols / 32 {
+                    let (sb, z) = m.int4_chunk(r, c, &mut q);
+                    let s = match sd {
+                        ScaleDtype::F16 => half::f16::from_bits(sb).to_f32(),
+                        _ => half::bf16::from_bits(sb).to_f32(),
+                    };
+                    for i in 0..32 {
+                        let want = sd.round(sd.round((q[i] as i32 - 8) as f32 - z) * s);
+                        assert_eq!(
+                            want.to_bits(),
+                            row[32 * c + i].to_bits(),
+                            "{strategy:?} r{r} c{c} i{i}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
