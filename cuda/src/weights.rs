@@ -111,22 +111,41 @@ pub fn ct4_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
         lagoon_core::quant::ct::ScaleDtype::F16 => 1u8,
         _ => 2u8,
     };
-    let chunks = m.cols / 32;
-    let mut out = Vec::with_capacity(m.rows * chunks * CT4_BLOCK_BYTES);
-    let mut q = [0u8; 32];
-    for r in 0..m.rows {
-        for c in 0..chunks {
-            let (s_bits, z) = ct.int4_chunk(r, c, &mut q);
-            if z.fract() != 0.0 || !(-128.0..=127.0).contains(&z) {
-                return None;
-            }
-            out.extend(s_bits.to_le_bytes());
-            out.push(z as i8 as u8);
-            out.push(dtype);
-            out.extend(q.chunks_exact(2).map(|p| p[0] | (p[1] << 4)));
-        }
-    }
-    Some(out)
+    let row_bytes = m.cols / 32 * CT4_BLOCK_BYTES;
+    let mut out = vec![0u8; m.rows * row_bytes];
+    // Rows are independent: split them over the host's threads (a full-size W4A16 model
+    // repacks billions of chunks).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = m.rows.div_ceil(threads).max(1);
+    let ok = std::thread::scope(|sc| {
+        let jobs: Vec<_> = out
+            .chunks_mut(per * row_bytes)
+            .enumerate()
+            .map(|(j, dst)| {
+                sc.spawn(move || {
+                    let mut q = [0u8; 32];
+                    for (i, row) in dst.chunks_exact_mut(row_bytes).enumerate() {
+                        let r = j * per + i;
+                        for (c, b) in row.chunks_exact_mut(CT4_BLOCK_BYTES).enumerate() {
+                            let (s_bits, z) = ct.int4_chunk(r, c, &mut q);
+                            if z.fract() != 0.0 || !(-128.0..=127.0).contains(&z) {
+                                return false;
+                            }
+                            b[..2].copy_from_slice(&s_bits.to_le_bytes());
+                            b[2] = z as i8 as u8;
+                            b[3] = dtype;
+                            for (k, p) in q.chunks_exact(2).enumerate() {
+                                b[4 + k] = p[0] | (p[1] << 4);
+                            }
+                        }
+                    }
+                    true
+                })
+            })
+            .collect();
+        jobs.into_iter().all(|h| h.join().unwrap_or(false))
+    });
+    ok.then_some(out)
 }
 
 /// The matrix's bytes as a kernel reads them, and their type.
