@@ -531,7 +531,7 @@ fn bench_attention(c: &mut Criterion<ThreadCpu>, tables: &[Kernels]) {
                 black_box(&out);
             })
         });
-        // Four tokens at positions 508..512 through the several-token kernel, per token.
+        // The last ATTEND_MAX_TOKENS positions through the several-token kernel, per token.
         const TB: usize = Kernels::ATTEND_MAX_TOKENS;
         let qt = f(TB * KV * G * D);
         let mut ot = vec![0f32; TB * KV * G * D];

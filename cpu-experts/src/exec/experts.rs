@@ -377,10 +377,7 @@ pub(crate) fn run(
         return;
     };
     let (h, i) = (g0.cols, g0.rows);
-    let pt = std::time::Instant::now();
     es.group(ids, ws, n, k);
-    if n > 1 { super::prof_add("  ex.group".into(), pt.elapsed().as_secs_f64()); }
-    let pt = std::time::Instant::now();
     let ExpertScratch {
         pairs,
         slot_pos,
@@ -460,8 +457,6 @@ pub(crate) fn run(
         }
     };
 
-    if n > 1 { super::prof_add("  ex.gather".into(), pt.elapsed().as_secs_f64()); }
-    let pt = std::time::Instant::now();
     // Gate/up of the shared expert (items 0..sh_tiles) and of every (expert, row tile);
     // the last finisher of a group (or of the shared expert) runs SwiGLU on its rows and
     // quantises them for `down`.
@@ -562,8 +557,6 @@ pub(crate) fn run(
             }
         });
     }
-    if n > 1 { super::prof_add("  ex.gateup".into(), pt.elapsed().as_secs_f64()); }
-    let pt = std::time::Instant::now();
     let (src_d, src_sd) = match kernels {
         Some(kern) => (
             Src::Act {
@@ -645,7 +638,6 @@ pub(crate) fn run(
             }
         }
     });
-    if n > 1 { super::prof_add("  ex.down".into(), pt.elapsed().as_secs_f64()); }
 }
 
 /// Quantises each token's row once (gate's format) into `act_t` and copies it to the rows

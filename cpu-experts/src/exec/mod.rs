@@ -217,35 +217,10 @@ pub(crate) fn run(
     let vals = &graph.values;
     let d = c.head_dim;
     let mut skip = 0;
-    let prof_on = n > 1 && std::env::var_os("LAGOON_PROF").is_some();
-    let mut prof_last: Option<(String, std::time::Instant)> = None;
-    let step_t0 = std::time::Instant::now();
     for (i, op) in graph.nodes.iter().enumerate() {
         if skip > 0 {
             skip -= 1;
             continue;
-        }
-        if prof_on {
-            if let Some((l, t)) = prof_last.take() {
-                prof_add(l, t.elapsed().as_secs_f64());
-            }
-            let l = match op {
-                Op::MatMul { w: wid, x, .. } => {
-                    let b = same_input_matmuls(&graph.nodes[i..], *x);
-                    let names: Vec<String> = graph.nodes[i..i + b]
-                        .iter()
-                        .map(|o| match o {
-                            Op::MatMul { w: Weight::Layer(_, lw), .. } => format!("{lw:?}"),
-                            Op::MatMul { w, .. } => format!("{w:?}"),
-                            _ => String::new(),
-                        })
-                        .collect();
-                    let _ = wid;
-                    format!("MatMul[{}]", names.join("+"))
-                }
-                o => format!("{o:?}").split([' ', '{', '(']).next().unwrap_or("").to_string(),
-            };
-            prof_last = Some((l, std::time::Instant::now()));
         }
         if let (Some(k), Op::MatMul { x, .. }) = (st.kernels, op) {
             let batch = same_input_matmuls(&graph.nodes[i..], *x);
@@ -363,7 +338,6 @@ pub(crate) fn run(
                     let blocks = group.div_ceil(Kernels::ATTEND_MAX_HEADS);
                     let per_tb = c.n_kv_heads * blocks;
                     let n_tb = n.div_ceil(TB);
-                    let norev = std::env::var_os("LAGOON_NOREV").is_some();
                     let work = Dynamic::balanced(n_tb * per_tb, nt, CLAIMS_PER_THREAD);
                     st.pool.run(&|ti| {
                         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
@@ -371,7 +345,7 @@ pub(crate) fn run(
                             // A token block's cost grows with its position (it attends every
                             // earlier position): the last blocks are handed out first, so the
                             // claims that end the dispatch are the cheap ones.
-                            let (tb, rest) = if norev { (job / per_tb, job % per_tb) } else { (n_tb - 1 - job / per_tb, job % per_tb) };
+                            let (tb, rest) = (n_tb - 1 - job / per_tb, job % per_tb);
                             let (g, b) = (rest / blocks, rest % blocks);
                             let h0 = g * group + b * Kernels::ATTEND_MAX_HEADS;
                             let gb = Kernels::ATTEND_MAX_HEADS.min((g + 1) * group - h0);
@@ -638,49 +612,6 @@ pub(crate) fn run(
             }
         }
     }
-    if prof_on {
-        if let Some((l, t)) = prof_last.take() {
-            prof_add(l, t.elapsed().as_secs_f64());
-        }
-        prof_dump(step_t0.elapsed().as_secs_f64(), n);
-    }
-}
-
-static PROF: Mutex<Vec<(String, f64, usize)>> = Mutex::new(Vec::new());
-
-fn prof_add(l: String, s: f64) {
-    let mut p = PROF.lock().unwrap();
-    match p.iter_mut().find(|e| e.0 == l) {
-        Some(e) => {
-            e.1 += s;
-            e.2 += 1;
-        }
-        None => p.push((l, s, 1)),
-    }
-}
-
-static PROF_MIN: Mutex<Vec<(String, f64, usize)>> = Mutex::new(Vec::new());
-
-fn prof_dump(total: f64, n: usize) {
-    let mut p = PROF.lock().unwrap();
-    let mut m = PROF_MIN.lock().unwrap();
-    for (l, s, c) in p.iter() {
-        match m.iter_mut().find(|e| &e.0 == l) {
-            Some(e) => e.1 = e.1.min(*s),
-            None => m.push((l.clone(), *s, *c)),
-        }
-    }
-    match m.iter_mut().find(|e| e.0 == "TOTAL") {
-        Some(e) => e.1 = e.1.min(total),
-        None => m.push(("TOTAL".into(), total, n)),
-    }
-    m.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
-    let tot = m[0].1;
-    eprintln!("--- min over steps of {n} tokens: {:.2} ms ({:.1} t/s)", tot * 1e3, n as f64 / tot);
-    for (l, s, c) in m.iter() {
-        eprintln!("{:>8.2} ms {:>5.1}% x{:<3} {l}", s * 1e3, 100.0 * s / tot, c);
-    }
-    p.clear();
 }
 
 /// Rows (tokens) from which the row-wise nodes (norms, RoPE, gating, SwiGLU) split across
@@ -1140,7 +1071,16 @@ fn dot_tiles(
                 // SAFETY: tile (j, r0) is claimed by exactly one thread, and the outputs of
                 // different matrices are disjoint (the callers' contract).
                 let dst = unsafe { out.slice(t * rows + r0..t * rows + r0 + m) };
-                dst.copy_from_slice(&sc.tile[t * m..(t + 1) * m]);
+                let src = &sc.tile[t * m..(t + 1) * m];
+                // A whole tile's row has a length known here, so it is copied inline instead
+                // of through a `memcpy` call per token.
+                match (
+                    <&mut [f32; ROW_TILE]>::try_from(&mut *dst),
+                    <&[f32; ROW_TILE]>::try_from(src),
+                ) {
+                    (Ok(d), Ok(s)) => *d = *s,
+                    _ => dst.copy_from_slice(src),
+                }
             }
         }
     });

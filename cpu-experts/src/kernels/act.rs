@@ -187,15 +187,7 @@ pub fn quantize_row_q8k(x: &[f32], out: &mut [u8]) {
     let (d_out, bsums_out) = rest.split_at_mut(4 * nb);
     for (b, xb) in x.as_chunks::<QK_K>().0.iter().enumerate() {
         let q = &mut qs[QK_K * b..QK_K * (b + 1)];
-        let (mut amax, mut max) = (0.0f32, 0.0f32);
-        let mut nan = false;
-        for &v in xb {
-            nan |= v.is_nan();
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let (amax, max, nan) = signed_amax(xb);
         let d = if amax == 0.0 {
             q.fill(0);
             0.0
@@ -214,6 +206,33 @@ pub fn quantize_row_q8k(x: &[f32], out: &mut [u8]) {
             bsums_out[o..o + 2].copy_from_slice(&(s as i16).to_le_bytes());
         }
     }
+}
+
+/// `(amax, max, nan)` of one super-block: the largest magnitude (NaN never wins, 0 for an
+/// all-zero or all-NaN block), the first element with that magnitude, with its sign (the
+/// one a sequential `|v| > amax` scan keeps), and whether any element is NaN. The
+/// magnitude and the NaN test run in independent lanes (the compiler vectorises them);
+/// only the short search for the first maximal element is sequential.
+#[inline]
+fn signed_amax(xb: &[f32; QK_K]) -> (f32, f32, bool) {
+    const W: usize = 16;
+    let mut lanes = [0.0f32; W];
+    let mut nan = [false; W];
+    for c in xb.as_chunks::<W>().0 {
+        for l in 0..W {
+            // `c[l].abs() > lanes[l]` is false for NaN, as in the sequential scan.
+            let a = c[l].abs();
+            lanes[l] = if a > lanes[l] { a } else { lanes[l] };
+            nan[l] |= c[l].is_nan();
+        }
+    }
+    let amax = lanes.iter().fold(0.0f32, |m, &a| if a > m { a } else { m });
+    let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
+    (
+        amax,
+        if amax == 0.0 { 0.0 } else { max },
+        nan.contains(&true),
+    )
 }
 
 /// `e^x` for the fast path's SiLU, within 2 ulp of `expf` on `[-87, 88]` (learned from the
@@ -302,6 +321,48 @@ mod tests {
     /// `e^x` in f64 rounded to f32 (the correctly rounded value, nearly always).
     fn libm_free_exp(x: f32) -> f32 {
         f64::from(x).exp() as f32
+    }
+
+    /// The lane-parallel magnitude search against the sequential scan it replaces: ties of
+    /// opposite sign (the first wins), NaN, infinities, zeros of both signs, random blocks.
+    #[test]
+    fn signed_amax_matches_sequential_scan() {
+        let scan = |xb: &[f32; QK_K]| {
+            let (mut amax, mut max, mut nan) = (0.0f32, 0.0f32, false);
+            for &v in xb {
+                nan |= v.is_nan();
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            (amax, max, nan)
+        };
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for case in 0..400 {
+            let mut xb = [0.0f32; QK_K];
+            for v in xb.iter_mut() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                // Few distinct magnitudes, so ties of both signs are common.
+                *v = ((s >> 61) as f32 - 3.5) * if case % 2 == 0 { 0.25 } else { 1.0e-3 };
+            }
+            match case % 8 {
+                1 => xb[(case * 7) % QK_K] = f32::NAN,
+                2 => xb[(case * 3) % QK_K] = f32::NEG_INFINITY,
+                3 => xb.fill(if case % 16 == 3 { -0.0 } else { 0.0 }),
+                4 => xb.fill(f32::NAN),
+                _ => {}
+            }
+            let (a, m, n) = signed_amax(&xb);
+            let (wa, wm, wn) = scan(&xb);
+            assert_eq!(
+                (a.to_bits(), m.to_bits(), n),
+                (wa.to_bits(), wm.to_bits(), wn),
+                "case {case}"
+            );
+        }
     }
 
     #[test]

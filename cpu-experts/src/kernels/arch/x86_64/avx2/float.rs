@@ -55,6 +55,106 @@ fn f32_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
     })
 }
 
+/// [`Gemm`](crate::kernels::Gemm) for F32 × F32 (the router in prefill): tokens in groups
+/// of four, and for each group every row in turn, so the group's activation rows stay in
+/// L1 while the rows stream from L2 (rather than every token row streamed from L2 once per
+/// weight row). Each result is [`f32_f32`]'s, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn f32_f32_gemm(
+    w: &[u8],
+    rb: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_act: usize,
+    cols: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) -> bool {
+    let ab = 4 * cols;
+    let ok = rb == ab
+        && n_rows > 0
+        && n_act > 0
+        && w.len() >= n_rows * rb
+        && (n_act - 1) * act_stride + ab <= acts.len()
+        && (n_act - 1) * out_stride + n_rows <= out.len();
+    if !ok {
+        return false;
+    }
+    let act = |t: usize| &acts[t * act_stride..t * act_stride + ab];
+    for t0 in (0..n_act).step_by(4) {
+        let nt = 4.min(n_act - t0);
+        for r in 0..n_rows {
+            let row = &w[r * rb..(r + 1) * rb];
+            let mut v = [0.0f32; 4];
+            // SAFETY: `f32_n` and `f32_f32` only need AVX2, FMA and F16C. This wrapper is
+            // reachable only through the table built by `avx2::table`, which requires an
+            // `Avx2Fma` token.
+            unsafe {
+                match nt {
+                    4 => {
+                        v = f32_n::<4>(row, [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)], cols)
+                    }
+                    3 => v[..3].copy_from_slice(&f32_n::<3>(
+                        row,
+                        [act(t0), act(t0 + 1), act(t0 + 2)],
+                        cols,
+                    )),
+                    2 => v[..2].copy_from_slice(&f32_n::<2>(row, [act(t0), act(t0 + 1)], cols)),
+                    _ => v[0] = f32_f32(row, act(t0), cols),
+                }
+            }
+            for (k, &x) in v[..nt].iter().enumerate() {
+                out[(t0 + k) * out_stride + r] = x;
+            }
+        }
+    }
+    true
+}
+
+/// [`f32_f32`] for `N` tokens at once: each weight chunk is loaded once for all of them, and
+/// every token's accumulators, steps and final reduction are exactly [`f32_f32`]'s, so each
+/// result is bit-identical to that token alone. A malformed token takes [`f32_f32`] (NaN).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f32_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    let ok = blocks::<4>(w, n).is_some() && acts.iter().all(|a| f32_act(a, n).is_some());
+    if !ok {
+        return core::array::from_fn(|t| f32_f32(w, acts[t], n));
+    }
+    let (w32, wt) = w.as_chunks::<128>();
+    let a32: [&[[u8; 128]]; N] = core::array::from_fn(|t| acts[t].as_chunks::<128>().0);
+    let mut acc = [[_mm256_setzero_ps(); 4]; N];
+    for (c, wc) in w32.iter().enumerate() {
+        let wc = wc.as_chunks::<32>().0;
+        for k in 0..4 {
+            let wv = ld_ps(&wc[k]);
+            for t in 0..N {
+                let av = ld_ps(&a32[t][c].as_chunks::<32>().0[k]);
+                acc[t][k] = _mm256_fmadd_ps(wv, av, acc[t][k]);
+            }
+        }
+    }
+    let tail0 = w32.len() * 128;
+    let (w8, wt) = wt.as_chunks::<32>();
+    let mut res = [0.0f32; N];
+    for t in 0..N {
+        let at_ = &acts[t][tail0..];
+        let (a8, at_) = at_.as_chunks::<32>();
+        let mut a0 = acc[t][0];
+        for (wc, ac) in w8.iter().zip(a8) {
+            a0 = _mm256_fmadd_ps(ld_ps(wc), ld_ps(ac), a0);
+        }
+        let a = acc[t];
+        let s = _mm256_add_ps(_mm256_add_ps(a0, a[1]), _mm256_add_ps(a[2], a[3]));
+        let mut sum = hsum_ps(s);
+        for (wc, ac) in wt.as_chunks::<4>().0.iter().zip(at_.as_chunks::<4>().0) {
+            sum += f32::from_le_bytes(*wc) * f32::from_le_bytes(*ac);
+        }
+        res[t] = sum;
+    }
+    res
+}
+
 /// F16 × F32: `vcvtph2ps` widens 8 halves at once.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16_f32(w: &[u8], a: &[u8], n: usize) -> f32 {

@@ -65,6 +65,7 @@ pub(crate) fn table(_proof: Avx2Fma) -> Table {
         iq4nl: iq::vec_dot_iq4_nl_q8_0,
         mxfp4: iq::vec_dot_mxfp4_q8_0,
         f32: float::vec_dot_f32_f32,
+        f32_gemm: Some(float::f32_f32_gemm),
         f16: float::vec_dot_f16_f32,
         bf16: float::vec_dot_bf16_f32,
         dot_f32: float::dot_f32_act,
