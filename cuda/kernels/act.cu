@@ -6,7 +6,7 @@
 // One warp per 256-block. Grid ceil(rows * nb / ACT_WARPS), block 32 * ACT_WARPS. Row r of
 // x starts at x + r * cols, of out at out + r * stride.
 extern "C" __global__ void __launch_bounds__(32 * ACT_WARPS)
-quantize_q8_K(const float* __restrict__ x, u8* __restrict__ out, int cols, u64 stride, int rows) {
+quantize_q8_K(const float* __restrict__ x, u8* __restrict__ out, int cols, u64 stride, int rows) { PDL_ENTRY();
     int nb = cols / QK_K;
     int w = blockIdx.x * ACT_WARPS + threadIdx.x / 32;
     if (w >= rows * nb) return;
@@ -16,7 +16,7 @@ quantize_q8_K(const float* __restrict__ x, u8* __restrict__ out, int cols, u64 s
 
 // One thread per 32-block. Grid ceil(rows * nb / 128), block 128.
 extern "C" __global__ void quantize_q8_0(const float* __restrict__ x, u8* __restrict__ out, int cols,
-                                         u64 stride, int rows) {
+                                         u64 stride, int rows) { PDL_ENTRY();
     int nb = cols / QK;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * nb) return;

@@ -10,7 +10,7 @@
 // Writes the step's K and V rows at their positions. One thread per element.
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
                                     float* __restrict__ kc, float* __restrict__ vc, int cap, int row,
-                                    int n, const u32* __restrict__ params) {
+                                    int n, const u32* __restrict__ params) { PDL_ENTRY();
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)n * row) return;
     int t = (int)(idx / row), e = (int)(idx % row);
@@ -35,7 +35,7 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
 attention(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
           float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,
-          int window, const u32* __restrict__ params) {
+          int window, const u32* __restrict__ params) { PDL_ENTRY();
     int h = blockIdx.x, t = blockIdx.y;
     int split = blockIdx.z, n_split = gridDim.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -110,7 +110,7 @@ attention(const float* __restrict__ q, const float* __restrict__ kc, const float
 // Combines the S split states of attention (grid (hq, n), block 128): with M = max_s M_s,
 // out = sum_s o_s e^(M_s - M) / sum_s L_s e^(M_s - M). Empty splits (M_s = -inf) count zero.
 extern "C" __global__ void attention_merge(const float* __restrict__ part, float* __restrict__ out,
-                                           int hq, int d, int n_split) {
+                                           int hq, int d, int n_split) { PDL_ENTRY();
     int h = blockIdx.x, t = blockIdx.y;
     const float* ps = part + ((size_t)t * hq + h) * n_split * (d + 2);
     float M = -LG_INF;
@@ -143,7 +143,7 @@ extern "C" __global__ void attention_merge(const float* __restrict__ part, float
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
 attention_decode(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
                  float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,
-                 int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols) {
+                 int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols) { PDL_ENTRY();
     int h = blockIdx.x;
     int split = blockIdx.z, n_split = gridDim.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;

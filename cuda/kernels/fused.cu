@@ -44,12 +44,12 @@ __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restr
 }
 
 extern "C" __global__ void __launch_bounds__(NQ_THREADS)
-rms_norm_q8_K(const float* x, const float* w, float* out, u8* xq, int glen, float eps) {
+rms_norm_q8_K(const float* x, const float* w, float* out, u8* xq, int glen, float eps) { PDL_ENTRY();
     rms_norm_quant<true>(x, w, out, xq, glen, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(NQ_THREADS)
-rms_norm_q8_0(const float* x, const float* w, float* out, u8* xq, int glen, float eps) {
+rms_norm_q8_0(const float* x, const float* w, float* out, u8* xq, int glen, float eps) { PDL_ENTRY();
     rms_norm_quant<false>(x, w, out, xq, glen, eps);
 }
 
@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(32 * QKR_WARPS)
 qk_norm_rope_store(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                    const float* __restrict__ qw, const float* __restrict__ kw, float* __restrict__ q_out,
                    float* __restrict__ kc, float* __restrict__ vc, int cap, const float* __restrict__ inv_freq,
-                   float scale, int rd, int d, int hq, int n_kv, float eps, const u32* __restrict__ params) {
+                   float scale, int rd, int d, int hq, int n_kv, float eps, const u32* __restrict__ params) { PDL_ENTRY();
     __shared__ float ys[QKR_WARPS][QKR_MAX_D];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h = blockIdx.x * QKR_WARPS + warp;
@@ -106,7 +106,7 @@ qk_norm_rope_store(const float* __restrict__ q, const float* __restrict__ k, con
 // softplus(g[c / per]) for element c of the token's hq * d outputs, per = hq * d / gcols.
 // Grid (hq, 1), block 128.
 extern "C" __global__ void attention_merge_gate(const float* __restrict__ part, const float* __restrict__ g,
-                                                float* __restrict__ out, int hq, int d, int n_split, int gcols) {
+                                                float* __restrict__ out, int hq, int d, int n_split, int gcols) { PDL_ENTRY();
     int h = blockIdx.x;
     const float* ps = part + (size_t)h * n_split * (d + 2);
     float M = -LG_INF;

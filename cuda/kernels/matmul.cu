@@ -72,11 +72,11 @@ __device__ void embed(const u8* __restrict__ W, u64 row_bytes, const u32* __rest
 
 #define DEFINE_MATMUL(name, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) matmul_##name(                   \
-        const u8* W, u64 row_bytes, const float* x, float* out, int rows, int cols, int n) {      \
+        const u8* W, u64 row_bytes, const float* x, float* out, int rows, int cols, int n) { PDL_ENTRY();      \
         matmul<T>(W, row_bytes, x, out, rows, cols, n);                                           \
     }                                                                                             \
     extern "C" __global__ void embed_##name(const u8* W, u64 row_bytes, const u32* params,        \
-                                            float* out, int cols) {                               \
+                                            float* out, int cols) { PDL_ENTRY();                               \
         embed<T>(W, row_bytes, params, out, cols);                                                \
     }
 MATMUL_TYPES(DEFINE_MATMUL)

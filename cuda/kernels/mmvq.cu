@@ -20,6 +20,7 @@ struct MvMats {
 
 template <int T>
 __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols) {
+    pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     int i = 0;
     #pragma unroll
@@ -28,6 +29,9 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
     if (r >= m.rows[i]) return;
     const u8* W = i == 0 ? m.W[0] : i == 1 ? m.W[1] : i == 2 ? m.W[2] : m.W[3];
     u64 rb = i == 0 ? m.row_bytes[0] : i == 1 ? m.row_bytes[1] : i == 2 ? m.row_bytes[2] : m.row_bytes[3];
+    // The row's weights start toward L2 while the kernel before this one finishes.
+    if ((threadIdx.x & 31) == 0) prefetch_l2(W + (size_t)r * rb, rb);
+    pdl_wait();
     float* out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
     const float* res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
     float y = warp_dot_q<T>(W + (size_t)r * rb, aq, cols);
@@ -39,8 +43,14 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
 template <int T>
 __device__ void mv_swiglu(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 row_bytes,
                           const u8* __restrict__ aq, float* __restrict__ act, int rows, int cols) {
+    pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     if (r >= rows) return;
+    if ((threadIdx.x & 31) == 0) {
+        prefetch_l2(Wg + (size_t)r * row_bytes, row_bytes);
+        prefetch_l2(Wu + (size_t)r * row_bytes, row_bytes);
+    }
+    pdl_wait();
     float2 gu = warp_dot2_q<T>(Wg + (size_t)r * row_bytes, Wu + (size_t)r * row_bytes, aq, cols);
     if ((threadIdx.x & 31) == 0) act[r] = silu_f(gu.x) * gu.y;
 }
@@ -49,15 +59,32 @@ __device__ void mv_swiglu(const u8* __restrict__ Wg, const u8* __restrict__ Wu, 
 // e = ids[k]; slot K, when the grid has K + 1 rows of blocks, is the shared expert (Sg, Su).
 // Grid (ceil(I / MV_WARPS), K or K + 1). Block (0, 0) also copies ids and weights to
 // route_copy[0 .. 2K) for moe_down_q: their arena slots may be reused by the values the
-// down kernel writes.
+// down kernel writes. Each block also asks L2 for its share of the slot's down matrix (Wd,
+// d_expert_bytes apart, H rows of d_row_bytes; Sd for the shared slot), so those bytes
+// stream in while gate/up still computes and moe_down_q finds them there.
 template <int T>
 __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                               u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
                               const u8* __restrict__ xq, const float* __restrict__ ids,
                               const float* __restrict__ weights, float* __restrict__ route_copy,
-                              float* __restrict__ act, int I, int H, int K) {
+                              float* __restrict__ act, int I, int H, int K, const u8* __restrict__ Wd,
+                              u64 d_expert_bytes, u64 d_row_bytes, const u8* __restrict__ Sd) {
+    pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     int k = blockIdx.y;
+    if (k == K && r < I && (threadIdx.x & 31) == 0) {
+        prefetch_l2(Sg + (size_t)r * row_bytes, row_bytes);
+        prefetch_l2(Su + (size_t)r * row_bytes, row_bytes);
+    }
+    pdl_wait();
+    if (Wd && threadIdx.x == 32) {
+        int per = (H + gridDim.x - 1) / gridDim.x;
+        int r0 = blockIdx.x * per, r1 = min(H, r0 + per);
+        if (r1 > r0) {
+            const u8* d = k < K ? Wd + (size_t)__float_as_uint(ids[k]) * d_expert_bytes : Sd;
+            if (d) prefetch_l2(d + (size_t)r0 * d_row_bytes, (u64)(r1 - r0) * d_row_bytes);
+        }
+    }
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
         route_copy[threadIdx.x] = ids[threadIdx.x];
         route_copy[K + threadIdx.x] = weights[threadIdx.x];
@@ -87,9 +114,12 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
                            const float* __restrict__ ids, const float* __restrict__ weights,
                            const float* __restrict__ res, float* __restrict__ out, int H, int I, int K,
                            float scale) {
+    pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (r >= H) return;
+    if (Sd && lane == 0) prefetch_l2(Sd + (size_t)r * row_bytes, row_bytes);
+    pdl_wait();
     const u32* id = (const u32*)ids;
     // Rank of slot `lane` among the K (id, slot) keys.
     int rank = 0;
@@ -128,9 +158,12 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
 extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
 mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, float* __restrict__ out,
        int rows, int cols) {
+    pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
+    if (lane == 0) prefetch_l2((const u8*)W + (size_t)r * row_bytes, row_bytes);
+    pdl_wait();
     const float4* w4 = (const float4*)((const u8*)W + (size_t)r * row_bytes);
     const float4* x4 = (const float4*)x;
     int n4 = cols / 4;
@@ -166,9 +199,9 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_q_##name(             \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
         const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
-        int H, int K) {                                                                            \
+        int H, int K, const u8* Wd, u64 d_expert_bytes, u64 d_row_bytes, const u8* Sd) {           \
         moe_gate_up_q<T>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, \
-                         I, H, K);                                                                 \
+                         I, H, K, Wd, d_expert_bytes, d_row_bytes, Sd);                            \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_q_##name(                \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \

@@ -12,7 +12,7 @@
 // divided by their sum when `norm`. ids are written as u32 bits into the f32 arena.
 extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS)
 route(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
-      float* __restrict__ weights, int E, int K, int norm, int n) {
+      float* __restrict__ weights, int E, int K, int norm, int n) { PDL_ENTRY();
     int t = blockIdx.x * MOE_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (t >= n) return;
@@ -63,7 +63,7 @@ route(const float* __restrict__ z, const float* __restrict__ bias, float* __rest
 #define RB_THREADS 256
 extern "C" __global__ void __launch_bounds__(RB_THREADS)
 route_block(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
-            float* __restrict__ weights, int E, int K, int norm, int n) {
+            float* __restrict__ weights, int E, int K, int norm, int n) { PDL_ENTRY();
     __shared__ float sel[ROUTE_MAX_EXPERTS];
     __shared__ int odd;
     int t = blockIdx.x, tid = threadIdx.x;
@@ -172,7 +172,7 @@ __device__ void moe_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_by
 #define COMBINE_MAX_K 64
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 moe_combine(const float* __restrict__ ys, const float* __restrict__ ids, const float* __restrict__ weights,
-            float* __restrict__ out, int H, int K, int n, float scale) {
+            float* __restrict__ out, int H, int K, int n, float scale) { PDL_ENTRY();
     __shared__ int order[COMBINE_MAX_K];
     __shared__ float wt[COMBINE_MAX_K];
     int t = blockIdx.x;
@@ -213,7 +213,7 @@ moe_combine(const float* __restrict__ ys, const float* __restrict__ ids, const f
 // once per expert: ~170 us per layer at 5120 pairs over 256 experts.)
 extern "C" __global__ void __launch_bounds__(1024)
 moe_group(const float* __restrict__ ids, u32* __restrict__ sorted, u32* __restrict__ tiles,
-          int n_pairs, int E, int max_tiles, int group) {
+          int n_pairs, int E, int max_tiles, int group) { PDL_ENTRY();
     __shared__ u32 cnt[ROUTE_MAX_EXPERTS], off[ROUTE_MAX_EXPERTS + 1], toff[ROUTE_MAX_EXPERTS + 1];
     const u32* id = (const u32*)ids;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
@@ -318,12 +318,12 @@ __device__ void moe_down_grouped(const u8* __restrict__ Wd, u64 expert_bytes, u6
 #define DEFINE_MOE_GROUPED(name, T)                                                                \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_grouped_##name(      \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const float* x,               \
-        const u32* sorted, const u32* tiles, float* act, int I, int H, int K) {                    \
+        const u32* sorted, const u32* tiles, float* act, int I, int H, int K) { PDL_ENTRY();                    \
         moe_gate_up_grouped<T>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);   \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_grouped_##name(         \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const float* act, const u32* sorted,        \
-        const u32* tiles, float* ys, int H, int I) {                                               \
+        const u32* tiles, float* ys, int H, int I) { PDL_ENTRY();                                               \
         moe_down_grouped<T>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);            \
     }
 
@@ -332,12 +332,12 @@ __device__ void moe_down_grouped(const u8* __restrict__ Wd, u64 expert_bytes, u6
 #define DEFINE_MOE(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_##name(              \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const float* x,               \
-        const float* ids, float* act, int I, int H, int K) {                                       \
+        const float* ids, float* act, int I, int H, int K) { PDL_ENTRY();                                       \
         moe_gate_up<T>(Wg, Wu, expert_bytes, row_bytes, x, ids, act, I, H, K);                     \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_##name(                 \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const float* act, const float* ids,         \
-        float* ys, int H, int I) {                                                                 \
+        float* ys, int H, int I) { PDL_ENTRY();                                                                 \
         moe_down<T>(Wd, expert_bytes, row_bytes, act, ids, ys, H, I);                              \
     }
 MOE_TYPES(DEFINE_MOE)

@@ -8,7 +8,7 @@
 // for QK-norm, the gain shared by every group). Grid ceil(n_groups / NORM_WARPS).
 extern "C" __global__ void __launch_bounds__(32 * NORM_WARPS)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
-         int glen, int n_groups, float eps) {
+         int glen, int n_groups, float eps) { PDL_ENTRY();
     int g = blockIdx.x * NORM_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (g >= n_groups) return;
@@ -27,7 +27,7 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __rest
 // x_{i+rd/2} c + x_i s). Token t sits at position params[P_POS0] + t. One thread per element.
 extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__ out,
                                 const float* __restrict__ inv_freq, float scale, int rd, int d,
-                                int cols, int n, const u32* __restrict__ params) {
+                                int cols, int n, const u32* __restrict__ params) { PDL_ENTRY();
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)n * cols) return;
     int t = (int)(idx / cols);

@@ -1,6 +1,6 @@
 //! One CUDA device: context, stream, the loaded kernels and the launch helper.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, LaunchConfig, PushKernelArg, sys};
@@ -27,6 +27,11 @@ pub struct Device {
     pub arch: String,
     /// When set, an event is recorded after every launch ([`Profiler`]).
     pub profiler: RefCell<Option<Profiler>>,
+    /// Launch the kernels that allow it ([`K::pdl`]) with programmatic stream serialisation
+    /// (Hopper's programmatic dependent launch): each may be scheduled while the kernel before
+    /// it still runs, prefetch its weights, and wait in `pdl_wait` (`common.cuh`) for that
+    /// kernel's results. The session turns it on for decode steps.
+    pub pdl: Cell<bool>,
 }
 
 /// Per-launch GPU timing: an event after each launch, so the time between consecutive
@@ -118,6 +123,7 @@ impl Device {
             kernels,
             arch,
             profiler: RefCell::new(None),
+            pdl: Cell::new(false),
         })
     }
 
@@ -144,6 +150,9 @@ impl Device {
         block: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
+        if self.pdl.get() && k.pdl() && self.profiler.borrow().is_none() {
+            return self.launch_pdl(k, grid, block, args);
+        }
         let mut b = self.stream.launch_builder(self.kernels.get(k));
         for a in args {
             match a {
@@ -168,6 +177,78 @@ impl Device {
             p.mark(k.name(), &self.ctx, &self.stream)?;
         }
         Ok(())
+    }
+}
+
+impl Device {
+    /// [`Device::launch3`] through `cuLaunchKernelEx` with the programmatic-stream-
+    /// serialisation attribute (cudarc's builder has no launch attributes). Same contract;
+    /// `k` must start with `pdl_wait` before touching what earlier kernels write.
+    fn launch_pdl(
+        &self,
+        k: K,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        const MAX_ARGS: usize = 32;
+        assert!(
+            args.len() <= MAX_ARGS,
+            "{} takes at most {MAX_ARGS} arguments here",
+            k.name()
+        );
+        // Each argument in its own 8-byte cell: `int` and `float` in the low four bytes
+        // (little-endian), which is where the driver reads a 4-byte parameter from.
+        let mut cells = [0u64; MAX_ARGS];
+        for (c, a) in cells.iter_mut().zip(args) {
+            *c = match *a {
+                Arg::P(v) => v,
+                Arg::I(v) => v as u32 as u64,
+                Arg::F(v) => v.to_bits() as u64,
+            };
+        }
+        let mut ptrs = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_ARGS];
+        for (p, c) in ptrs.iter_mut().zip(cells.iter_mut()) {
+            *p = (c as *mut u64).cast();
+        }
+        // SAFETY: a plain C struct of integers and a union; zero is a valid value of each.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0.max(1),
+            gridDimY: grid.1.max(1),
+            gridDimZ: grid.2.max(1),
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.ctx
+            .bind_to_thread()
+            .map_err(|source| CudaError::Launch {
+                kernel: k.name(),
+                source,
+            })?;
+        // SAFETY: `ptrs[..args.len()]` point at the argument cells, which live until the call
+        // returns (the driver copies them); the argument list matches the kernel's signature
+        // and every pointer in it is live device memory sized for the launch (the caller's
+        // contract, as for `launch3`).
+        let r = unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                self.kernels.get(k).cu_function(),
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        r.result().map_err(|source| CudaError::Launch {
+            kernel: k.name(),
+            source,
+        })
     }
 }
 

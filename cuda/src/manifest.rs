@@ -150,6 +150,15 @@ impl K {
     pub fn name(self) -> &'static str {
         MANIFEST[self as usize].2
     }
+
+    /// Whether the kernel may be launched with programmatic serialisation: it reads and
+    /// writes nothing an earlier kernel touches before `pdl_wait` (`PDL_ENTRY` or an explicit
+    /// wait after its weight prefetch). The prefill GEMMs and attention, `to_f16` and the
+    /// timing kernels have no wait and always launch in stream order.
+    pub fn pdl(self) -> bool {
+        let file = MANIFEST[self as usize].1;
+        !matches!(file, "gemm.cu" | "flash.cu") && !matches!(self, K::Spin | K::ReadStream)
+    }
 }
 
 /// Weight encodings with device kernels (the `WT_*` numbering of `blocks.cuh`). Other

@@ -175,6 +175,10 @@ pub struct CudaSession {
     /// Multi-node decode fusions on (`LAGOON_CUDA_NO_FUSE=1` turns them off, for bisecting;
     /// the quantised products still run one node at a time).
     fuse: bool,
+    /// Decode steps launch with programmatic dependent launch ([`Device::pdl`]). Opt-in
+    /// (`LAGOON_CUDA_PDL=1`) until it has been measured and run through the device tests:
+    /// it was written in a session without GPU time (see BENCHMARKS.md).
+    pdl: bool,
     dev: Device,
 }
 
@@ -393,6 +397,7 @@ impl CudaSession {
             profile: None,
             readers,
             fuse: std::env::var_os("LAGOON_CUDA_NO_FUSE").is_none_or(|v| v != "1"),
+            pdl: std::env::var_os("LAGOON_CUDA_PDL").is_some_and(|v| v == "1"),
             dev,
         })
     }
@@ -458,6 +463,7 @@ impl CudaSession {
         let mut pv = self.params_buf.slice_mut(..2 + n);
         s.memcpy_htod(&self.params_host[..2 + n], &mut pv)
             .during("uploading the step's tokens")?;
+        self.dev.pdl.set(self.pdl && n == 1);
         if self.profile.is_some() {
             // Queue the whole step behind a spin kernel, so the kernels then run back to back
             // and the events between them time the kernels, not the host's launch rate.
@@ -1135,6 +1141,10 @@ impl CudaSession {
                         I(ffn as i32),
                         I(h as i32),
                         I(k as i32),
+                        P(down.ptr),
+                        P(down.expert_bytes),
+                        P(down.row_bytes),
+                        P(sd),
                     ],
                 )?;
                 let stride = fd.row_stride(ffn);

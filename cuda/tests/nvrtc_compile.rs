@@ -44,7 +44,35 @@ fn every_kernel_source_compiles_for_sm_90() {
             );
         }
         println!("{file}: {} bytes of PTX", text.len());
+        assemble(file, text);
     }
+}
+
+/// Assembles `ptx` for sm_90 with `ptxas` when `LAGOON_PTXAS` names one (CI installs the
+/// `nvidia-cuda-nvcc` wheel for it): NVRTC emits PTX without assembling it, so an instruction
+/// the assembler rejects (a wrong operand, an sm_90-only form) would otherwise surface only
+/// when the driver JIT-compiles it on a GPU.
+fn assemble(file: &str, ptx: &str) {
+    let Some(ptxas) = std::env::var_os("LAGOON_PTXAS") else {
+        println!("{file}: ptxas not run (LAGOON_PTXAS unset)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("lagoon-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join(format!("{file}.ptx"));
+    std::fs::write(&src, ptx).unwrap();
+    let out = std::process::Command::new(&ptxas)
+        .args(["-arch=sm_90", "-o"])
+        .arg(dir.join(format!("{file}.cubin")))
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", ptxas.to_string_lossy()));
+    assert!(
+        out.status.success(),
+        "ptxas rejected {file}'s PTX:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
