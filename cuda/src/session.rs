@@ -44,6 +44,11 @@ pub struct CudaSessionOptions {
     /// exactly dequantised weights with f32 activations (the reference numerics, matching
     /// transformers to ~1e-6).
     pub quantized_activations: bool,
+    /// Decode steps launch with programmatic dependent launch ([`Device::pdl`]): each kernel
+    /// is scheduled while the one before it finishes and prefetches its weights meanwhile.
+    /// Off by default until it has been measured on a GPU (it was written in a session
+    /// without GPU time); `LAGOON_CUDA_PDL=1` also turns it on.
+    pub programmatic_launch: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -75,6 +80,7 @@ impl Default for CudaSessionOptions {
             cuda_graphs: true,
             attn_split_keys: 0,
             quantized_activations: true,
+            programmatic_launch: false,
         }
     }
 }
@@ -175,9 +181,7 @@ pub struct CudaSession {
     /// Multi-node decode fusions on (`LAGOON_CUDA_NO_FUSE=1` turns them off, for bisecting;
     /// the quantised products still run one node at a time).
     fuse: bool,
-    /// Decode steps launch with programmatic dependent launch ([`Device::pdl`]). Opt-in
-    /// (`LAGOON_CUDA_PDL=1`) until it has been measured and run through the device tests:
-    /// it was written in a session without GPU time (see BENCHMARKS.md).
+    /// [`CudaSessionOptions::programmatic_launch`] or `LAGOON_CUDA_PDL=1`.
     pdl: bool,
     dev: Device,
 }
@@ -397,7 +401,8 @@ impl CudaSession {
             profile: None,
             readers,
             fuse: std::env::var_os("LAGOON_CUDA_NO_FUSE").is_none_or(|v| v != "1"),
-            pdl: std::env::var_os("LAGOON_CUDA_PDL").is_some_and(|v| v == "1"),
+            pdl: opts.programmatic_launch
+                || std::env::var_os("LAGOON_CUDA_PDL").is_some_and(|v| v == "1"),
             dev,
         })
     }

@@ -288,6 +288,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         // to 6 splits at 48 tokens; sliding, W = 16: 2).
                         attn_split_keys: if ubatch == 1 { 8 } else { 0 },
                         quantized_activations: false,
+                        programmatic_launch: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -457,7 +458,7 @@ fn decode_graph_replay_equals_eager_steps() {
     let toks: Vec<u32> = (0..40u32)
         .map(|i| (i * 37 + 5) % ckpt.config.vocab_size as u32)
         .collect();
-    let run = |graphs: bool| {
+    let run = |graphs: bool, pdl: bool| {
         let mut s = CudaSession::new(
             &ckpt.config,
             &w,
@@ -468,6 +469,7 @@ fn decode_graph_replay_equals_eager_steps() {
                 device: 0,
                 cuda_graphs: graphs,
                 attn_split_keys: 8,
+                programmatic_launch: pdl,
                 ..Default::default()
             },
         )
@@ -476,17 +478,26 @@ fn decode_graph_replay_equals_eager_steps() {
         s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
         out
     };
-    let (replayed, eager) = (run(true), run(false));
-    assert_eq!(replayed.len(), eager.len());
-    let same = replayed
-        .iter()
-        .zip(&eager)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    println!(
-        "decode graph replay vs eager over {} steps: bitwise equal = {same}",
-        toks.len()
-    );
-    assert!(same, "graph replay differs from eager launches");
+    let eager = run(false, false);
+    // Programmatic dependent launch changes when kernels start, never what they compute: a
+    // missing wait would show here as a race.
+    for (graphs, pdl) in [(true, false), (false, true), (true, true)] {
+        let got = run(graphs, pdl);
+        assert_eq!(got.len(), eager.len());
+        let same = got
+            .iter()
+            .zip(&eager)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        println!(
+            "decode (graph {graphs}, programmatic launch {pdl}) vs eager over {} steps: \
+             bitwise equal = {same}",
+            toks.len()
+        );
+        assert!(
+            same,
+            "graph {graphs} / programmatic launch {pdl} differs from eager launches"
+        );
+    }
 }
 
 /// The quantiser kernels through the session's launch path: `rows` rows of `cols` into rows
