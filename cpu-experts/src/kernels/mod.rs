@@ -155,6 +155,7 @@ pub(crate) struct Table {
     /// Rows × tokens at once (prefill); `None`: [`MultiDot`] or [`RowDot`] per row.
     pub q4k_gemm: Option<Gemm>,
     pub q6k_gemm: Option<Gemm>,
+    pub q8_0_gemm: Option<Gemm>,
     /// F32 weights (the router).
     pub f32_gemm: Option<Gemm>,
     /// Grouped-query attention of one token and KV head; `None`: the caller's per-head loop.
@@ -204,6 +205,7 @@ pub(crate) fn scalar_table() -> Table {
         iq4xs_multi: None,
         q4k_gemm: None,
         q6k_gemm: None,
+        q8_0_gemm: None,
         f32_gemm: None,
         attend: None,
         attend_tokens: None,
@@ -645,6 +647,7 @@ impl Kernels {
                 let gemm = match ty {
                     GgmlType::Q4K => t.q4k_gemm,
                     GgmlType::Q6K => t.q6k_gemm,
+                    GgmlType::Q8_0 => t.q8_0_gemm,
                     GgmlType::F32 => t.f32_gemm,
                     _ => None,
                 };

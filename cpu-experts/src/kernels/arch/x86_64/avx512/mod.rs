@@ -38,6 +38,7 @@ mod float;
 mod iq;
 mod k16;
 pub(super) mod k4;
+mod q8_0;
 
 use core::arch::x86_64::*;
 
@@ -77,6 +78,7 @@ pub(crate) fn table(proof: Avx512Vnni) -> Table {
         q6k_multi: Some(k16::vec_dot_q6k_q8k_multi),
         q4k_gemm: Some(k4::q4k_q8k_gemm),
         q6k_gemm: Some(k16::q6k_q8k_gemm),
+        q8_0_gemm: Some(q8_0::q8_0_q8_0_gemm),
         attend: Some(float::attend_group),
         attend_tokens: Some(float::attend_tokens),
         iq4xs: iq::vec_dot_iq4_xs_q8k,
