@@ -9,9 +9,11 @@
 //! +44-57 % prefill, IQ4_XS +15-34 % / +6-42 %, ct-int4 g32 +2-6 % decode. 512-bit Q4_K and
 //! Q8_0 kernels (same construction: broadcast-and-shift nibbles + `vpdpwssd`, two 32-blocks
 //! per register + `vpdpbusd`) lost 4-10 % on single-thread decode against AVX2 and were
-//! inconclusive on prefill, so they were dropped; AVX2 keeps those types.
+//! inconclusive on prefill, so they were dropped; AVX2 keeps those types, except that
+//! Q4_K's one-row kernel takes 256-bit `vpdpwssd` (`vnni256`, +7 % on the AMD EPYC VM).
 //!
-//! Prefill adds rows × tokens GEMMs for Q4_K (`k4`) and Q6_K (`k16`), bit-identical per
+//! Prefill adds rows × tokens GEMMs for Q4_K (`k4`), Q6_K (`k16`) and Q8_0 (`q8_0`),
+//! bit-identical per
 //! (row, token) to the one-row kernels, measured single thread (`simd_cmp_prefill`, thread
 //! CPU time, 1024 × 3072): Q4_K 131 GFLOP/s at 64 tokens and 102 at 16 against AVX2's
 //! 54 / 60, Q6_K 112 / 81 against 39 / 44; and grouped-query attention (`float`).
@@ -39,6 +41,7 @@ mod iq;
 mod k16;
 pub(super) mod k4;
 mod q8_0;
+mod vnni256;
 
 use core::arch::x86_64::*;
 
@@ -74,6 +77,7 @@ impl Avx512Vnni {
 pub(crate) fn table(proof: Avx512Vnni) -> Table {
     let t = Table {
         name: "avx512vnni",
+        q4k: vnni256::vec_dot_q4k_q8k,
         q6k: k16::vec_dot_q6k_q8k,
         q6k_multi: Some(k16::vec_dot_q6k_q8k_multi),
         q4k_gemm: Some(k4::q4k_q8k_gemm),
