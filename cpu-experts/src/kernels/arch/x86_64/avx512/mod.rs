@@ -13,10 +13,10 @@
 //! Q4_K's one-row kernel takes 256-bit `vpdpwssd` (`vnni256`, +7 % on the AMD EPYC VM).
 //!
 //! Prefill adds rows × tokens GEMMs for Q4_K (`k4`), Q6_K (`k16`) and Q8_0 (`q8_0`),
-//! bit-identical per
-//! (row, token) to the one-row kernels, measured single thread (`simd_cmp_prefill`, thread
-//! CPU time, 1024 × 3072): Q4_K 131 GFLOP/s at 64 tokens and 102 at 16 against AVX2's
-//! 54 / 60, Q6_K 112 / 81 against 39 / 44; and grouped-query attention (`float`).
+//! bit-identical per (row, token) to the one-row kernels, measured single thread
+//! (`simd_cmp_prefill`, thread CPU time, 1024 × 3072): Q4_K 131 GFLOP/s at 64 tokens and
+//! 102 at 16 against AVX2's 54 / 60, Q6_K 112 / 81 against 39 / 44 (Xeon VM); Q8_0 end
+//! to end pp512 62 → 114-117 t/s (AMD EPYC VM); and grouped-query attention (`float`).
 //!
 //! The same proof-token pattern as AVX2: every kernel is a `#[target_feature]` function
 //! behind a private safe wrapper, reachable only through [`table`], which takes an
