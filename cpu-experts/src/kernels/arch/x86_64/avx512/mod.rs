@@ -78,6 +78,7 @@ pub(crate) fn table(proof: Avx512Vnni) -> Table {
     let t = Table {
         name: "avx512vnni",
         q4k: vnni256::vec_dot_q4k_q8k,
+        q8_0: vnni256::vec_dot_q8_0_q8_0,
         q6k: k16::vec_dot_q6k_q8k,
         q6k_multi: Some(k16::vec_dot_q6k_q8k_multi),
         q4k_gemm: Some(k4::q4k_q8k_gemm),

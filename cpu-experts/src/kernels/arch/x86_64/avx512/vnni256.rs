@@ -4,9 +4,10 @@
 //! kernels and the GEMMs, which match AVX2's). Q4_K (`avx2::k4::q4k_q8k`): each
 //! sub-block's `madd` by its scale and the add into the running sum become one `vpdpwssd`
 //! (in-cache, one thread, AMD EPYC VM: 14.3-14.8 → 15.3-16.2 GiB/s over three interleaved
-//! runs). The same fusion for Q8_0 (`maddubs` + `madd` by ones → `vpdpbusd`) measured
-//! within noise (10.9-12.3 vs 11.9-12.2 GiB/s) and was not kept: its per-block f32 steps,
-//! not the integer dot, bound it.
+//! runs). Q8_0 (`avx2::legacy::q8_0_q8_0`): the fusion alone (`maddubs` + `madd` by ones →
+//! `vpdpbusd`) measured within noise, its per-block f32 steps binding it; with those
+//! vectorised too (eight `dw·d_a` per multiply, see [`q8_0_q8_0`]) 10.8-11.7 → 12.8-13.4
+//! GiB/s (thread CPU time, three interleaved runs).
 //!
 //! Why 256 bits: at one token these kernels are compute-bound on the development VM (AMD
 //! EPYC, AVX-512 executed as two 256-bit halves; in-cache and from-DRAM throughput equal),
@@ -16,8 +17,8 @@
 use core::arch::x86_64::*;
 
 use super::super::avx2::k4::{mins_dot, scales_mins};
-use super::super::avx2::{at, f16_at, hsum_ps, ld256};
-use crate::kernels::act::Q8KAct;
+use super::super::avx2::{at, f16_at, hsum_ps, ld_ps, ld256};
+use crate::kernels::act::{Q8_0Act, Q8KAct};
 use crate::kernels::scalar::blocks;
 
 pub(super) fn vec_dot_q4k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
@@ -79,4 +80,71 @@ fn q4k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
     let m = _mm_add_ss(m, _mm_movehdup_ps(m));
     hsum_ps(acc) - _mm_cvtss_f32(m)
+}
+
+pub(super) fn vec_dot_q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: as for `vec_dot_q4k_q8k`.
+    unsafe { q8_0_q8_0(w, a, n) }
+}
+
+/// Q8_0 × Q8_0 (block: `[0..2) d:f16 | [2..34) qs:i8[32]`): the sign-trick lanes by one
+/// `vpdpbusd` (exact: four products per i32, where `maddubs` + `madd` could saturate only
+/// for |w| = |a| = 128, which no quantiser here produces), and the f32 step vectorised:
+/// the eight products `dw·d_a` of blocks b..b+8 are formed in one multiply (the fp16 `d`s
+/// gathered from the eight block heads, the `d_a` loaded as one vector) and each block then
+/// takes its lane by `vpermps`, in place of a scalar convert, multiply and broadcast per
+/// block. Lanes and f32 steps as `avx2::legacy::q8_0_q8_0` (bit-identical): even blocks
+/// into one accumulator, odd into the other, an odd last block into the even one.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (Some(a), Some(wb)) = (Q8_0Act::new(a, n), blocks::<34>(w, n / 32)) else {
+        return f32::NAN;
+    };
+    let qa = a.qs.as_chunks::<32>().0;
+    let zero = _mm256_setzero_si256();
+    let lanes_of = |blk: &[u8; 34], q: &[i8; 32]| {
+        let x = ld256(at::<u8, 2, 32, 34>(blk));
+        _mm256_dpbusd_epi32(zero, _mm256_sign_epi8(x, x), _mm256_sign_epi8(ld256(q), x))
+    };
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let (w8, wt) = wb.as_chunks::<8>();
+    // Byte offsets of the eight block heads; the low 16 bits of each gathered word are d.
+    let heads = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
+    let pick = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1,
+        -1, -1, -1, -1, -1, -1,
+    );
+    for (g, b8) in w8.iter().enumerate() {
+        // SAFETY: the eight 4-byte reads start at the heads of blocks 8g..8g+8, which lie
+        // inside `b8` (each block is 34 bytes).
+        let words = unsafe { _mm256_i32gather_epi32::<1>(b8.as_ptr().cast(), heads) };
+        let halves = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_shuffle_epi8(words, pick));
+        let dw = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+        let da = ld_ps(&a.d[8 * g..8 * g + 8].as_flattened().as_chunks::<32>().0[0]);
+        let dd8 = _mm256_mul_ps(dw, da);
+        for k in 0..8 {
+            let b = 8 * g + k;
+            let dd = _mm256_permutevar8x32_ps(dd8, _mm256_set1_epi32(k as i32));
+            let l = _mm256_cvtepi32_ps(lanes_of(&b8[k], &qa[b]));
+            if k % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(dd, l, acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(dd, l, acc1);
+            }
+        }
+    }
+    let base = 8 * w8.len();
+    for (k, blk) in wt.iter().enumerate() {
+        let b = base + k;
+        let dd = _mm256_set1_ps(f16_at::<0, 34>(blk) * a.d(b));
+        let l = _mm256_cvtepi32_ps(lanes_of(blk, &qa[b]));
+        // The remainder starts at an even index: pairs alternate, an odd last one is even.
+        if k % 2 == 0 {
+            acc0 = _mm256_fmadd_ps(dd, l, acc0);
+        } else {
+            acc1 = _mm256_fmadd_ps(dd, l, acc1);
+        }
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
 }
