@@ -7,6 +7,10 @@
 //! allocated and iterations rotate through the copies, so every weight byte comes from DRAM
 //! (the L3 of the development VM is 260 MiB). Throughput is weight bytes per second.
 //!
+//! Prefill: `prefill_*_64tok` (one matrix × 64 tokens, one thread, weights in cache) and
+//! `prefill_experts_512tok_*` (512 tokens through 256 routed experts grouped by expert, all
+//! threads; see [`bench_prefill_experts`]), in FLOP/s.
+//!
 //! `cargo bench -p lagoon-cpu --bench kernels -- --warm-up-time 1 --measurement-time 3`
 //! (filter with a type name, e.g. `-- q4_K`; `LAGOON_FORCE_SCALAR=1` benches scalar,
 //! `LAGOON_FORCE_AVX2=1` AVX2 without AVX-512). `simd_cmp_*` times single-thread work in
@@ -20,7 +24,7 @@ use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant::ct::{CtKind, CtLayout, CtMatrix, CtStrategy, PackOrder, ScaleDtype};
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cpu::kernels::Kernels;
-use lagoon_cpu::pool::{SharedOut, ThreadPool, chunk};
+use lagoon_cpu::pool::{Dynamic, SharedOut, ThreadPool, chunk};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const HIDDEN: usize = 3072;
@@ -719,13 +723,135 @@ fn prefill_one<M: criterion::measurement::Measurement>(
     });
 }
 
+/// Prefill through the routed experts: 512 tokens routed top-10 over 256 experts of Laguna
+/// S 2.1 shape (gate/up 1024 × 3072, down 3072 × 1024), tokens grouped by expert so each
+/// weight tile is dotted with all of its expert's tokens at once (`dot_rows_multi`: the
+/// several-token kernels and GEMMs), all threads, as `lagoon-cpu`'s expert layer does: one
+/// pool dispatch over (expert, gate or up, 16-row tile), one over (expert, 16-row tile of
+/// down), claimed dynamically. Routing is uniform (xorshift, ten distinct experts per token;
+/// ~20 tokens per expert). Down's inputs are quantised random rows (SwiGLU and its
+/// quantisation are not timed). Throughput in elements is FLOP (2·3·1024·3072 per pair).
+fn bench_prefill_experts(c: &mut Criterion) {
+    const TOKENS: usize = 512;
+    const E: usize = 256;
+    const TILE: usize = 16;
+    let k = Kernels::detect();
+    let pool = ThreadPool::new(bench_threads());
+    let nt = pool.n_threads();
+    let mut group = c.benchmark_group(format!("prefill_experts_512tok_{}_{nt}t", k.name()));
+    group.sample_size(10);
+    for kind in [
+        Kind::G(GgmlType::Q4K),
+        Kind::G(GgmlType::Q8_0),
+        Kind::G(GgmlType::IQ4XS),
+    ] {
+        let mut rng = Rng(7);
+        let experts: Vec<[Mat; 3]> = (0..E)
+            .map(|_| {
+                [
+                    Mat::build(kind, FFN, HIDDEN, &mut rng),
+                    Mat::build(kind, FFN, HIDDEN, &mut rng),
+                    Mat::build(kind, HIDDEN, FFN, &mut rng),
+                ]
+            })
+            .collect();
+        // Tokens of each expert, ascending.
+        let mut tokens: Vec<Vec<usize>> = vec![Vec::new(); E];
+        for t in 0..TOKENS {
+            let mut chosen = [usize::MAX; EXPERTS];
+            let mut n = 0;
+            while n < EXPERTS {
+                let e = (rng.next() % E as u64) as usize;
+                if !chosen[..n].contains(&e) {
+                    chosen[n] = e;
+                    n += 1;
+                }
+            }
+            for e in chosen {
+                tokens[e].push(t);
+            }
+        }
+        let pairs: usize = tokens.iter().map(Vec::len).sum();
+        let max_m = tokens.iter().map(Vec::len).max().unwrap_or(1);
+        let fmt_in = k.act_format(&experts[0][0].view());
+        let ab_in = Kernels::act_row_bytes(fmt_in, HIDDEN);
+        let fmt_d = k.act_format(&experts[0][2].view());
+        let ab_d = Kernels::act_row_bytes(fmt_d, FFN);
+        let row = |rng: &mut Rng, n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let mut q_in = vec![0u8; TOKENS * ab_in];
+        for t in 0..TOKENS {
+            k.quantize_act(
+                fmt_in,
+                &row(&mut rng, HIDDEN),
+                &mut q_in[t * ab_in..(t + 1) * ab_in],
+            );
+        }
+        // Per expert: its tokens' rows gathered contiguous, and its down inputs.
+        let mut act_in: Vec<Vec<u8>> = Vec::with_capacity(E);
+        let mut act_d: Vec<Vec<u8>> = Vec::with_capacity(E);
+        for toks in &tokens {
+            let mut a = vec![0u8; toks.len() * ab_in];
+            for (j, &t) in toks.iter().enumerate() {
+                a[j * ab_in..(j + 1) * ab_in].copy_from_slice(&q_in[t * ab_in..(t + 1) * ab_in]);
+            }
+            act_in.push(a);
+            let mut d = vec![0u8; toks.len() * ab_d];
+            for j in 0..toks.len() {
+                k.quantize_act(fmt_d, &row(&mut rng, FFN), &mut d[j * ab_d..(j + 1) * ab_d]);
+            }
+            act_d.push(d);
+        }
+        let active: Vec<usize> = (0..E).filter(|&e| !tokens[e].is_empty()).collect();
+        // One scratch tile per thread (results are not kept).
+        let mut scratch = vec![0f32; nt * max_m * TILE];
+        group.throughput(Throughput::Elements((2 * 3 * FFN * HIDDEN * pairs) as u64));
+        group.bench_function(kind.name(), |b| {
+            b.iter(|| {
+                let sc = SharedOut::new(&mut scratch);
+                let gu_tiles = FFN / TILE;
+                let work = Dynamic::new(active.len() * 2 * gu_tiles, 1);
+                pool.run(&|ti| {
+                    // SAFETY: thread ti alone uses scratch block ti.
+                    let o = unsafe { sc.slice(ti * max_m * TILE..(ti + 1) * max_m * TILE) };
+                    for f in work.items() {
+                        let (e, rest) = (active[f / (2 * gu_tiles)], f % (2 * gu_tiles));
+                        let (m, r0) = (rest / gu_tiles, (rest % gu_tiles) * TILE);
+                        let n = tokens[e].len();
+                        let w = experts[e][m].view();
+                        k.dot_rows_multi(&w, r0, TILE, &act_in[e], ab_in, n, o, TILE);
+                    }
+                });
+                let d_tiles = HIDDEN / TILE;
+                let work = Dynamic::new(active.len() * d_tiles, 1);
+                pool.run(&|ti| {
+                    // SAFETY: as above.
+                    let o = unsafe { sc.slice(ti * max_m * TILE..(ti + 1) * max_m * TILE) };
+                    for f in work.items() {
+                        let (e, r0) = (active[f / d_tiles], (f % d_tiles) * TILE);
+                        let n = tokens[e].len();
+                        let w = experts[e][2].view();
+                        k.dot_rows_multi(&w, r0, TILE, &act_d[e], ab_d, n, o, TILE);
+                    }
+                });
+                black_box(&scratch);
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_bandwidth,
     bench_experts,
     bench_bandwidth_mt,
     bench_experts_mt,
-    prefill_64tok
+    prefill_64tok,
+    bench_prefill_experts
 );
 #[cfg(target_os = "linux")]
 criterion_group! {
