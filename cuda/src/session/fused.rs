@@ -1,0 +1,455 @@
+//! The decode step's fusions (quantised-activation path): node patterns of the one-token
+//! graph that one kernel, or a short chain, computes; see [`CudaSession::fused_decode`].
+//! A child module of `session`, so it reads the session's fields directly.
+
+use lagoon_core::graph::{Graph, Op};
+
+use super::{CudaSession, NORM_QUANT_MAX};
+use crate::device::{Arg, MV_MATS, MvMat, blocks};
+use crate::error::CudaError;
+use crate::manifest::{ActQ, K, WType};
+use crate::weights::{DFfn, DMat};
+
+impl CudaSession {
+    /// Decode-step fusions on the quantised-activation path: recognises, at node `i` of the
+    /// one-token graph, a run of nodes that one fused kernel (or a short chain) does, launches
+    /// it and returns how many nodes it covered; 0 = none, the node runs on its own. Each
+    /// pattern checks that the values it skips are read by nobody else.
+    pub(super) fn fused_decode(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
+        use Arg::{F, I, P};
+        let c = &self.cfg;
+        let nodes = &graph.nodes;
+        let vals = &graph.values;
+        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
+        let once = |v: usize| self.readers[v] == 1;
+        // The planner lets a value reuse the space of values that died before it was made;
+        // in a fused kernel those may still be being read, so a fused output must not
+        // overlap a fused input.
+        let apart = |a: usize, b: usize| {
+            let (ra, rb) = (&vals[a], &vals[b]);
+            ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
+        };
+        let dev = &self.dev;
+        let d = c.head_dim;
+        // With fusions off only the one-node quantised products run here.
+        let next = |k: usize| {
+            if k == 0 || self.fuse {
+                nodes.get(i + k).copied()
+            } else {
+                None
+            }
+        };
+        match nodes[i] {
+            // QK-norm, RoPE and the KV store.
+            Op::RmsNorm {
+                x: q,
+                w: qw,
+                out: qn,
+            } => {
+                if let (
+                    Some(Op::RmsNorm {
+                        x: k,
+                        w: kw,
+                        out: kn,
+                    }),
+                    Some(Op::Rope {
+                        x: rq,
+                        sliding,
+                        out: qr,
+                    }),
+                    Some(Op::Rope { x: rk, out: kr, .. }),
+                    Some(Op::KvStore { layer, k: sk, v }),
+                ) = (next(1), next(2), next(3), next(4))
+                    && rq == qn
+                    && rk == kn
+                    && sk == kr
+                    && once(qn)
+                    && once(kn)
+                    && once(kr)
+                    && (apart(qr, q) || vals[qr].offset == vals[q].offset)
+                    && apart(qr, k)
+                    && apart(qr, v)
+                    && self.w.vector(qw).len == d
+                    && self.w.vector(kw).len == d
+                {
+                    let kv = self.kv[layer];
+                    let hq = c.n_heads[layer];
+                    let (freq, scale, rd) = self.ropes[sliding as usize];
+                    dev.launch(
+                        K::QkNormRopeStore,
+                        (blocks(hq + c.n_kv_heads, 4), 1),
+                        128,
+                        &[
+                            P(at(q)),
+                            P(at(k)),
+                            P(at(v)),
+                            P(self.w.vector(qw).ptr),
+                            P(self.w.vector(kw).ptr),
+                            P(at(qr)),
+                            P(kv.k),
+                            P(kv.v),
+                            I(kv.cap as i32),
+                            P(freq),
+                            F(scale),
+                            I(rd as i32),
+                            I(d as i32),
+                            I(hq as i32),
+                            I(c.n_kv_heads as i32),
+                            F(c.rms_eps),
+                            P(self.params),
+                        ],
+                    )?;
+                    return Ok(5);
+                }
+                // A whole-row norm whose output feeds quantised products: quantise in the
+                // same kernel.
+                let g = self.w.vector(qw);
+                let cols = vals[q].cols;
+                if !self.fuse || g.len != cols || cols > NORM_QUANT_MAX {
+                    return Ok(0);
+                }
+                let fmt = nodes[i + 1..].iter().find_map(|op| match *op {
+                    Op::MatMul { x, w, .. } if x == qn => self.w.mat(w).ty.act(),
+                    Op::Experts { layer, x, .. } if x == qn => match &self.w.layers[layer].ffn {
+                        DFfn::Moe { gate, .. } => gate.ty.act(),
+                        DFfn::Dense { .. } => None,
+                    },
+                    _ => None,
+                });
+                let Some(fmt) = fmt.filter(|f| cols.is_multiple_of(f.block())) else {
+                    return Ok(0);
+                };
+                dev.launch(
+                    fmt.norm_kernel(),
+                    (1, 1),
+                    256,
+                    &[
+                        P(at(q)),
+                        P(g.ptr),
+                        P(at(qn)),
+                        P(self.xq),
+                        I(cols as i32),
+                        F(c.rms_eps),
+                    ],
+                )?;
+                self.xq_holds.set(Some((qn, fmt)));
+                Ok(1)
+            }
+            Op::MatMul { x, w, out } => {
+                let m = self.w.mat(w);
+                if m.ty == WType::F32 && m.cols.is_multiple_of(4) {
+                    // f32 weights (the router) at batch 1.
+                    dev.launch(
+                        K::MvF32,
+                        (blocks(m.rows, 4), 1),
+                        128,
+                        &[
+                            P(m.ptr),
+                            P(m.row_bytes),
+                            P(at(x)),
+                            P(at(out)),
+                            I(m.rows as i32),
+                            I(m.cols as i32),
+                        ],
+                    )?;
+                    return Ok(1);
+                }
+                let (Some(fmt), Some(k)) = (m.ty.act(), m.ty.mvq()) else {
+                    return Ok(0);
+                };
+                // Gate and up of a SwiGLU MLP.
+                if let (
+                    Some(Op::MatMul {
+                        x: x2,
+                        w: w2,
+                        out: o2,
+                    }),
+                    Some(Op::SwiGlu { gate, up, out: a }),
+                ) = (next(1), next(2))
+                    && x2 == x
+                    && gate == out
+                    && up == o2
+                    && once(out)
+                    && once(o2)
+                {
+                    let m2 = self.w.mat(w2);
+                    if m2.ty == m.ty && m2.rows == m.rows && m2.row_bytes == m.row_bytes {
+                        self.quantize_input(x, at(x), m.cols, fmt)?;
+                        dev.launch(
+                            k.swiglu,
+                            (blocks(m.rows, 4), 1),
+                            128,
+                            &[
+                                P(m.ptr),
+                                P(m2.ptr),
+                                P(m.row_bytes),
+                                P(self.xq),
+                                P(at(a)),
+                                I(m.rows as i32),
+                                I(m.cols as i32),
+                            ],
+                        )?;
+                        return Ok(3);
+                    }
+                }
+                // One product with the residual add after it.
+                if let Some(Op::Add { a, b, out: sum }) = next(1)
+                    && b == out
+                    && once(out)
+                {
+                    self.quantize_input(x, at(x), m.cols, fmt)?;
+                    self.mv(k.mv, &[(m, at(sum), at(a))])?;
+                    return Ok(2);
+                }
+                // A run of products of the same input (Q, K, V, gate): one launch per weight
+                // type, up to MV_MATS matrices each.
+                let mut run = [(m, 0u64, 0u64); 8];
+                let mut len = 0;
+                while len < run.len()
+                    && let Some(Op::MatMul {
+                        x: xj,
+                        w: wj,
+                        out: oj,
+                    }) = next(len)
+                    && xj == x
+                    && self.w.mat(wj).ty.act() == Some(fmt)
+                {
+                    run[len] = (self.w.mat(wj), at(oj), 0);
+                    len += 1;
+                }
+                self.quantize_input(x, at(x), m.cols, fmt)?;
+                let mut done = [false; 8];
+                for s in 0..len {
+                    if done[s] {
+                        continue;
+                    }
+                    let ty = run[s].0.ty;
+                    let mut group = [(m, 0u64, 0u64); MV_MATS];
+                    let mut g = 0;
+                    for t in s..len {
+                        if !done[t] && run[t].0.ty == ty && g < MV_MATS {
+                            group[g] = run[t];
+                            done[t] = true;
+                            g += 1;
+                        }
+                    }
+                    let kt = ty.mvq().map_or(k.mv, |kk| kk.mv);
+                    self.mv(kt, &group[..g])?;
+                }
+                Ok(len)
+            }
+            // Attention with the output gate fused: into the decode kernel's write when
+            // there is one split, else into the merge of the splits.
+            Op::Attention { layer, q, out } => {
+                let split = self.splits[layer];
+                let Some(Op::GateMul { o, g, out: og }) = next(1) else {
+                    return Ok(0);
+                };
+                if o != out || !once(out) || !self.decode_attention(1) {
+                    return Ok(0);
+                }
+                let hq = c.n_heads[layer];
+                let gcols = vals[g].cols;
+                // One kernel reads q and writes og: og must not overlap another head's q.
+                if split < 2 && (apart(og, q) || vals[og].offset == vals[q].offset) {
+                    self.attention(layer, at(q), at(og), 1, 1, Some((at(g), gcols)))?;
+                    return Ok(2);
+                }
+                if split < 2 {
+                    return Ok(0);
+                }
+                self.attention(layer, at(q), at(out), 1, split, None)?;
+                dev.launch(
+                    K::AttentionMergeGate,
+                    (hq as u32, 1),
+                    128,
+                    &[
+                        P(self.part),
+                        P(at(g)),
+                        P(at(og)),
+                        I(hq as i32),
+                        I(d as i32),
+                        I(split as i32),
+                        I(gcols as i32),
+                    ],
+                )?;
+                Ok(2)
+            }
+            Op::Experts {
+                layer,
+                x,
+                ids,
+                weights,
+                out,
+            } => {
+                let DFfn::Moe { gate, up, down, .. } = &self.w.layers[layer].ffn else {
+                    return Ok(0);
+                };
+                let (Some(fg), Some(kg), Some(fd), Some(kd)) =
+                    (gate.ty.act(), gate.ty.mvq(), down.ty.act(), down.ty.mvq())
+                else {
+                    return Ok(0);
+                };
+                if gate.ty != up.ty {
+                    return Ok(0);
+                }
+                let (h, ffn, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
+                // The shared expert's MLP and the two adds after the experts, when their
+                // types and widths let the expert kernels take them as slot K.
+                let (mut used, mut shared, mut res, mut dst) = (1, None, 0u64, out);
+                if let (
+                    Some(Op::MatMul {
+                        x: x1,
+                        w: w1,
+                        out: sg,
+                    }),
+                    Some(Op::MatMul {
+                        x: x2,
+                        w: w2,
+                        out: su,
+                    }),
+                    Some(Op::SwiGlu {
+                        gate: g3,
+                        up: u3,
+                        out: sa,
+                    }),
+                    Some(Op::MatMul {
+                        x: x4,
+                        w: w4,
+                        out: sd,
+                    }),
+                    Some(Op::Add {
+                        a: a5,
+                        b: b5,
+                        out: f,
+                    }),
+                ) = (next(1), next(2), next(3), next(4), next(5))
+                {
+                    let (m1, m2, m4) = (self.w.mat(w1), self.w.mat(w2), self.w.mat(w4));
+                    if x1 == x
+                        && x2 == x
+                        && g3 == sg
+                        && u3 == su
+                        && x4 == sa
+                        && a5 == out
+                        && b5 == sd
+                        && [out, sg, su, sa, sd].iter().all(|&v| once(v))
+                        && m1.ty == gate.ty
+                        && m2.ty == gate.ty
+                        && m4.ty == down.ty
+                        && m1.rows == ffn
+                        && m1.row_bytes == gate.row_bytes
+                        && m4.row_bytes == down.row_bytes
+                    {
+                        shared = Some((m1.ptr, m2.ptr, m4.ptr));
+                        used = 6;
+                        dst = f;
+                        if let Some(Op::Add { a, b, out: x2 }) = next(6)
+                            && b == f
+                            && once(f)
+                        {
+                            res = at(a);
+                            dst = x2;
+                            used = 7;
+                        }
+                    }
+                }
+                let slots = k + shared.is_some() as usize;
+                let (sg, su, sd) = shared.unwrap_or((0, 0, 0));
+                self.quantize_input(x, at(x), h, fg)?;
+                dev.launch(
+                    kg.gate_up,
+                    (blocks(ffn, 4), slots as u32),
+                    128,
+                    &[
+                        P(gate.ptr),
+                        P(up.ptr),
+                        P(gate.expert_bytes),
+                        P(gate.row_bytes),
+                        P(sg),
+                        P(su),
+                        P(self.xq),
+                        P(at(ids)),
+                        P(at(weights)),
+                        P(self.route_copy),
+                        P(self.act),
+                        I(ffn as i32),
+                        I(h as i32),
+                        I(k as i32),
+                        P(down.ptr),
+                        P(down.expert_bytes),
+                        P(down.row_bytes),
+                        P(sd),
+                    ],
+                )?;
+                let stride = fd.row_stride(ffn);
+                self.dev
+                    .quantize_act(fd, self.act, self.actq, ffn, stride, slots)?;
+                dev.launch(
+                    kd.down,
+                    (blocks(h, 4), 1),
+                    128,
+                    &[
+                        P(down.ptr),
+                        P(down.expert_bytes),
+                        P(down.row_bytes),
+                        P(sd),
+                        P(self.actq),
+                        P(stride as u64),
+                        P(self.route_copy),
+                        P(self.route_copy + 4 * k as u64),
+                        P(res),
+                        P(at(dst)),
+                        I(h as i32),
+                        I(ffn as i32),
+                        I(k as i32),
+                        F(c.routed_scaling),
+                    ],
+                )?;
+                Ok(used)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual
+    /// or 0)` of the quantised input in `xq`.
+    fn mv(&self, kernel: K, mats: &[(DMat, u64, u64)]) -> Result<(), CudaError> {
+        let mut mv = [MvMat {
+            w: 0,
+            row_bytes: 0,
+            rows: 0,
+            out: 0,
+            res: 0,
+        }; MV_MATS];
+        for (d, &(m, out, res)) in mv.iter_mut().zip(mats) {
+            *d = MvMat {
+                w: m.ptr,
+                row_bytes: m.row_bytes,
+                rows: m.rows,
+                out,
+                res,
+            };
+        }
+        let n = mats.len().min(MV_MATS);
+        self.dev.mv(kernel, self.xq, mats[0].0.cols, &mv[..n])
+    }
+
+    /// Quantises the one-token value `v` (at `ptr`, `cols` wide) into the `xq` scratch in
+    /// format `fmt`, unless the scratch already holds it (consecutive products of one input).
+    pub(super) fn quantize_input(
+        &self,
+        v: usize,
+        ptr: u64,
+        cols: usize,
+        fmt: ActQ,
+    ) -> Result<(), CudaError> {
+        if self.xq_holds.get() == Some((v, fmt)) {
+            return Ok(());
+        }
+        self.dev
+            .quantize_act(fmt, ptr, self.xq, cols, fmt.row_stride(cols), 1)?;
+        self.xq_holds.set(Some((v, fmt)));
+        Ok(())
+    }
+}
