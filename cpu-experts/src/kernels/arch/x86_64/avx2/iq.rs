@@ -239,7 +239,7 @@ fn iq2_s_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// 0..16, high nibbles 16..32), through the 16-byte table `lut`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn lut_nibbles(qs: &[u8; 16], lut: __m128i) -> __m256i {
+pub(crate) fn lut_nibbles(qs: &[u8; 16], lut: __m128i) -> __m256i {
     let x = ld128(qs);
     let m4 = _mm_set1_epi8(0x0F);
     let lo = _mm_shuffle_epi8(lut, _mm_and_si128(x, m4));

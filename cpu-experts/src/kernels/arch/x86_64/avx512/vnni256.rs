@@ -7,7 +7,9 @@
 //! runs). Q8_0 (`avx2::legacy::q8_0_q8_0`): the fusion alone (`maddubs` + `madd` by ones →
 //! `vpdpbusd`) measured within noise, its per-block f32 steps binding it; with those
 //! vectorised too (eight `dw·d_a` per multiply, see [`q8_0_q8_0`]) 10.8-11.7 → 12.8-13.4
-//! GiB/s (thread CPU time, three interleaved runs).
+//! GiB/s (thread CPU time, three interleaved runs). IQ4_XS: the one-row kernel of the
+//! 512-bit several-token kernel's lanes on 256 bits (see [`iq4_xs_q8k`]): 9.7-9.9 →
+//! 11.3-11.7 GiB/s (AVX2's 9.5-10.2), same measurement.
 //!
 //! Why 256 bits: at one token these kernels are compute-bound on the development VM (AMD
 //! EPYC, AVX-512 executed as two 256-bit halves; in-cache and from-DRAM throughput equal),
@@ -147,4 +149,44 @@ fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
         }
     }
     hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
+pub(super) fn vec_dot_iq4_xs_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: as for `vec_dot_q4k_q8k`.
+    unsafe { iq4_xs_q8k(w, a, n) }
+}
+
+/// IQ4_XS × Q8_K (block 136 B: `[0..2) d | [2..4) scales_h | [4..8) scales_l | [8..136)
+/// qs`), the one-row kernel of the AVX-512 table: the same i32 lanes as its 512-bit
+/// several-token kernel (`iq::iq4_xs_n`, whose `fold256` leaves lane i = Σ over sub-blocks of
+/// `(ls − 32)·Σ` of elements 4i..4i+4), here one sub-block per register — codebook lookup,
+/// sign trick, `maddubs`, and `vpdpwssd` by the sub-block scale — and the same f32 steps
+/// (one accumulator, `d·d_a` per super-block), so results are bit-identical to it.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn iq4_xs_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    use super::super::avx2::iq::{iq4nl_lut, iq4xs_scales, lut_nibbles};
+    let (Some(a), Some(wb)) = (Q8KAct::new(a, n), blocks::<136>(w, n / 256)) else {
+        return f32::NAN;
+    };
+    let lut = iq4nl_lut();
+    let mut acc = _mm256_setzero_ps();
+    for (b, (blk, qa)) in wb.iter().zip(a.qs.as_chunks::<256>().0).enumerate() {
+        let sc = iq4xs_scales(at::<u8, 2, 6, 136>(blk));
+        let qs = at::<u8, 8, 128, 136>(blk).as_chunks::<16>().0;
+        let qa = qa.as_chunks::<32>().0;
+        let mut sumi = [_mm256_setzero_si256(); 2];
+        for ib in 0..8 {
+            let x = lut_nibbles(&qs[ib], lut);
+            let p =
+                _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(ld256(&qa[ib]), x));
+            sumi[ib & 1] = _mm256_dpwssd_epi32(sumi[ib & 1], p, _mm256_set1_epi16(sc[ib]));
+        }
+        let d = _mm256_set1_ps(f16_at::<0, 136>(blk) * a.d(b));
+        acc = _mm256_fmadd_ps(
+            d,
+            _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[0], sumi[1])),
+            acc,
+        );
+    }
+    hsum_ps(acc)
 }
