@@ -45,9 +45,29 @@ wrap!(vec_dot_q4k_q8k => q4k_q8k(w: &[u8], a: &[u8], n: usize) -> f32);
 wrap!(vec_dot_q5k_q8k => q5k_q8k(w: &[u8], a: &[u8], n: usize) -> f32);
 
 /// Shared super-block loop. `$quants(c, lo_or_hi)` is evaluated with `blk: &[u8; $B]` and
-/// gives the two 32-element unsigned quant registers of chunk c.
+/// gives the two 32-element unsigned quant registers of chunk c. The optional last closure
+/// `|sumi, pl, ph, sl, sh|` adds chunk c's two `maddubs` products times their sub-block
+/// scales to `sumi` (default: `madd` and adds; AVX-512's `vnni256` fuses them with
+/// `vpdpwssd`); any form gives the same exact i32 lanes.
 macro_rules! k4_loop {
-    ($w:expr, $a:expr, $n:expr, $B:literal, $SC:literal, |$blk:ident, $pre:ident| $prep:expr, |$c:ident, $q:ident| $quants:expr) => {{
+    ($w:expr, $a:expr, $n:expr, $B:literal, $SC:literal, |$blk:ident, $pre:ident| $prep:expr, |$c:ident, $q:ident| $quants:expr) => {
+        k4_loop!(
+            $w,
+            $a,
+            $n,
+            $B,
+            $SC,
+            |$blk, $pre| $prep,
+            |$c, $q| $quants,
+            |s, pl, ph, sl, sh| {
+                _mm256_add_epi32(
+                    s,
+                    _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)),
+                )
+            }
+        )
+    };
+    ($w:expr, $a:expr, $n:expr, $B:literal, $SC:literal, |$blk:ident, $pre:ident| $prep:expr, |$c:ident, $q:ident| $quants:expr, |$s:ident, $pl:ident, $ph:ident, $sl:ident, $sh:ident| $accum:expr) => {{
         let (Some(a), Some(wb)) = (Q8KAct::new($a, $n), blocks::<$B>($w, $n / 256)) else {
             return f32::NAN;
         };
@@ -78,11 +98,10 @@ macro_rules! k4_loop {
             for $c in 0..4 {
                 let $q = &at::<u8, $SC, 128, $B>($blk).as_chunks::<32>().0[$c];
                 let (lo, hi): (__m256i, __m256i) = $quants;
-                let pl = _mm256_maddubs_epi16(lo, ld256(&qa[2 * $c]));
-                let ph = _mm256_maddubs_epi16(hi, ld256(&qa[2 * $c + 1]));
-                let pl = _mm256_madd_epi16(pl, scale(2 * $c));
-                let ph = _mm256_madd_epi16(ph, scale(2 * $c + 1));
-                sumi[$c & 1] = _mm256_add_epi32(sumi[$c & 1], _mm256_add_epi32(pl, ph));
+                let $pl = _mm256_maddubs_epi16(lo, ld256(&qa[2 * $c]));
+                let $ph = _mm256_maddubs_epi16(hi, ld256(&qa[2 * $c + 1]));
+                let ($s, $sl, $sh) = (sumi[$c & 1], scale(2 * $c), scale(2 * $c + 1));
+                sumi[$c & 1] = $accum;
             }
             acc = _mm256_fmadd_ps(
                 d,
@@ -95,6 +114,7 @@ macro_rules! k4_loop {
         hsum_ps(acc) - _mm_cvtss_f32(m)
     }};
 }
+pub(crate) use k4_loop;
 
 /// Q4_K × Q8_K. Block (144 B): `[0..2) d | [2..4) dmin | [4..16) scales | [16..144) qs`.
 #[target_feature(enable = "avx2,fma,f16c")]

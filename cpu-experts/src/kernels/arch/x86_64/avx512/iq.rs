@@ -17,31 +17,14 @@ use lagoon_core::quant::tables::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, 
 
 use super::super::avx2::iq::{iq4nl_lut, iq4xs_scales};
 use super::super::avx2::{at, f16_at, hsum_ps, ld256};
-use super::{fold256, ld512, pick2, rows_ok};
+use super::{fold256, ld512, pick2, rows_ok, wrap_n};
 use crate::kernels::Table;
 use crate::kernels::act::Q8KAct;
 use crate::kernels::scalar::blocks;
 
-/// IQ4_XS × Q8_K for 2-4 tokens (`out[t] = w · acts[t]`). The table's one-row kernel is
-/// `vnni256::vec_dot_iq4_xs_q8k` (the same lanes and f32 steps on 256 bits, faster at one
-/// token); this kernel at N = 1 remains the fallback for other counts.
-pub(super) fn vec_dot_iq4_xs_q8k_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
-    // SAFETY: `iq4_xs_n` only needs the features `Avx512Vnni::detect` checks. This wrapper
-    // is reachable only through the table built by `avx512::table`, which requires an
-    // `Avx512Vnni` token.
-    unsafe {
-        match *acts {
-            [a0, a1, a2, a3] => out.copy_from_slice(&iq4_xs_n(w, [a0, a1, a2, a3], n)),
-            [a0, a1, a2] => out.copy_from_slice(&iq4_xs_n(w, [a0, a1, a2], n)),
-            [a0, a1] => out.copy_from_slice(&iq4_xs_n(w, [a0, a1], n)),
-            _ => {
-                for (o, a) in out.iter_mut().zip(acts) {
-                    *o = iq4_xs_n(w, [*a], n)[0];
-                }
-            }
-        }
-    }
-}
+// IQ4_XS × Q8_K for 2-4 tokens. The table's one-row kernel is `vnni256::vec_dot_iq4_xs_q8k`
+// (the same lanes and f32 steps on 256 bits, faster at one token).
+wrap_n!(multi vec_dot_iq4_xs_q8k_multi => iq4_xs_n);
 
 /// See the module comment. Every token's f32 operations are those of N = 1.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -96,7 +96,7 @@ pub(crate) fn table(proof: Avx512Vnni) -> Table {
 }
 
 /// Declares the safe row wrapper `$name` and the several-token wrapper `$multi` of the
-/// N-generic kernel `$kernel`.
+/// N-generic kernel `$kernel` (`multi $multi => $kernel`: the latter only).
 macro_rules! wrap_n {
     ($name:ident, $multi:ident => $kernel:ident) => {
         pub(super) fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
@@ -106,8 +106,14 @@ macro_rules! wrap_n {
             unsafe { $kernel(w, [a], n)[0] }
         }
 
+        $crate::kernels::arch::x86_64::avx512::wrap_n!(multi $multi => $kernel);
+    };
+    // The several-token wrapper alone (the type's row kernel is another one).
+    (multi $multi:ident => $kernel:ident) => {
         pub(super) fn $multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
-            // SAFETY: as for the row wrapper above.
+            // SAFETY: `$kernel` only needs the features `Avx512Vnni::detect` checks. This
+            // wrapper is reachable only through the table built by `avx512::table`, which
+            // requires an `Avx512Vnni` token.
             unsafe {
                 match *acts {
                     [a0, a1, a2, a3] => out.copy_from_slice(&$kernel(w, [a0, a1, a2, a3], n)),
