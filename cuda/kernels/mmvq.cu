@@ -60,8 +60,8 @@ __device__ void mv_swiglu(const u8* __restrict__ Wg, const u8* __restrict__ Wu, 
 // Grid (ceil(I / MV_WARPS), K or K + 1). Block (0, 0) also copies ids and weights to
 // route_copy[0 .. 2K) for moe_down_q: their arena slots may be reused by the values the
 // down kernel writes. Each block also asks L2 for its share of the slot's down matrix (Wd,
-// d_expert_bytes apart, H rows of d_row_bytes; Sd for the shared slot), so those bytes
-// stream in while gate/up still computes and moe_down_q finds them there.
+// d_expert_bytes apart, H rows of d_row_bytes; Sd for the shared slot), meant to let those
+// bytes stream in while gate/up still computes (not yet measured on a GPU).
 template <int T>
 __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                               u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
