@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call for issue #5's figures on the GPU machine's 16-core host, CPU only:
+# builds llama.cpp's llama-bench from .device/llama.cpp.tar.xz (tools/device/stage-llamacpp.sh),
+# writes a full-size XS 2.1 Q4_K_M checkpoint with synth, then runs lagoon's bench and
+# llama-bench on that same file, alternately, and the expert-kernel criterion benches when
+# .device/bin/kernels-bench is staged. Stage here first (the call carries at most 64 MiB with
+# the working tree, so leave the test binaries out):
+#   ../shared/device/stage.sh clean && ../shared/device/stage.sh example bench synth
+#   tools/device/stage-llamacpp.sh
+#   k=$(cargo bench -p lagoon-cpu --bench kernels --no-run 2>&1 | grep -o 'target/[^ )]*kernels-[0-9a-f]*')
+#   cp "$k" .device/bin/kernels-bench && strip --strip-debug .device/bin/kernels-bench
+# then run `tools/device/host-cpu.sh` through the device tool with carry [".device"].
+# THREADS (16), MODEL (/dev/shm/xs21-q4km.gguf) and SYNTH (its synth arguments) override the
+# defaults, e.g. for a dry run on a small machine. Logs in $OUT (or /tmp). About 7 minutes.
+set -u
+out=${OUT:-/tmp}
+threads=${THREADS:-16}
+model=${MODEL:-/dev/shm/xs21-q4km.gguf}
+synth_args=${SYNTH:---preset xs-2.1 --types q4_k_m}
+t0=$(date +%s)
+lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+lscpu | grep -E "Model name|^CPU\(s\)"
+lb=""
+if [ -f .device/llama.cpp.tar.xz ]; then
+  rm -rf /tmp/llama.cpp && tar xJf .device/llama.cpp.tar.xz -C /tmp
+  (cd /tmp/llama.cpp && cmake -B build -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_BUILD_TYPE=Release \
+     > "$out/llamacpp-cmake.log" 2>&1 \
+   && cmake --build build -j"$threads" --target llama-bench > "$out/llamacpp-build.log" 2>&1)
+  lap "llama-bench build rc=$?"
+  lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null | head -1)
+fi
+# shellcheck disable=SC2086
+[ -f "$model" ] || .device/bin/synth $synth_args --threads "$threads" --out "$model" > "$out/synth.log" 2>&1
+lap "synth done ($model)"
+for round in 1 2; do
+  .device/bin/bench --model "$model" -p 512 -n 128 -r 3 --threads "$threads" 2>&1 | grep -E "^\||floor" | tail -3
+  lap "lagoon round $round"
+  if [ -n "$lb" ]; then
+    "$lb" -m "$model" -t "$threads" -p 512 -n 128 -r 3 2>&1 | grep -E "^\|" | tail -3
+    lap "llama.cpp round $round"
+  fi
+done
+if [ -x .device/bin/kernels-bench ]; then
+  LAGOON_BENCH_THREADS=$threads .device/bin/kernels-bench --bench --warm-up-time 1 --measurement-time 2 \
+    "^(stream_read_${threads}t|expert_gemv_1tok_avx512vnni_${threads}t|prefill_experts)" 2>&1 \
+    | grep -E "^(stream|expert|prefill)|thrpt" | tee "$out/kernels.log"
+  lap "kernels bench"
+fi
