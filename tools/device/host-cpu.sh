@@ -20,8 +20,8 @@ synth_args=${SYNTH:---preset xs-2.1 --types q4_k_m}
 t0=$(date +%s)
 lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 lscpu | grep -E "Model name|^CPU\(s\)"
-lb=""
-if [ -f .device/llama.cpp.tar.xz ]; then
+lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null | head -1)
+if [ -z "$lb" ] && [ -f .device/llama.cpp.tar.xz ]; then
   rm -rf /tmp/llama.cpp && tar xJf .device/llama.cpp.tar.xz -C /tmp
   (cd /tmp/llama.cpp && cmake -B build -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
