@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call: device tests, a full-size S 2.1 Q4_K_M checkpoint made there (kept in
+# /dev/shm while the machine stays warm), `bench` decode with programmatic dependent launch
+# off and on (interleaved), then every kernel of a few decode steps timed by ncu
+# (gpu__time_duration, caches and clocks left alone) and, when nsys is there, the graph-replayed
+# step's timeline (kernel starts and ends, so the gaps between kernels show). Stage first:
+#   ../shared/device/stage.sh tests -p lagoon-cuda && ../shared/device/stage.sh example bench synth
+# then run `cuda/dev/decode-profile.sh` with carry [".device"]. Logs and CSVs land in $OUT.
+# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out.
+set -u
+out=${OUT:-/tmp}
+t0=$(date +%s)
+lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
+echo "ncu: $(command -v ncu || echo none)  nsys: $(command -v nsys || echo none)"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout 240 .device/run-tests.sh > "$out/tests.log" 2>&1
+  lap "device tests rc=$?"
+  grep -E "test result|FAILED|panicked|bitwise" "$out/tests.log" | head -40
+fi
+model=${MODEL:-/dev/shm/s21-q4km.gguf}
+[ -f "$model" ] || .device/bin/synth --preset s-2.1 --types q4_k_m --threads 16 --out "$model" > "$out/synth.log" 2>&1
+lap "synth done"
+for pdl in ${PDL_ROUNDS:-0 1 0 1}; do
+  echo "== LAGOON_CUDA_PDL=$pdl"
+  LAGOON_CUDA_PDL=$pdl timeout 100 .device/bin/bench --model "$model" --device cuda -p 0 -n 64 -d ${DEPTHS:-0} -r 3 2>&1 \
+    | grep -E "^\||floor" | tail -4
+  lap "bench pdl=$pdl"
+done
+[ "${BENCH_ONLY:-0}" = 1 ] && exit 0
+# ncu: every kernel of the run (floor reads, the first token, 3 decode steps); the decode
+# steps are the repeating tail.
+timeout 200 ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+  --csv --page raw --launch-count 4000 \
+  .device/bin/bench --model "$model" --device cuda -p 0 -n 3 -d 0 -r 1 --no-warmup \
+  > "$out/ncu-decode.csv" 2> "$out/ncu-decode.err"
+lap "ncu rc=$? rows=$(wc -l < "$out/ncu-decode.csv")"
+if command -v nsys > /dev/null; then
+  timeout 150 nsys profile --cuda-graph-trace=node -t cuda -o /tmp/decode -f true \
+    .device/bin/bench --model "$model" --device cuda -p 0 -n 16 -d 0 -r 1 --no-warmup > /dev/null 2>&1
+  timeout 60 nsys stats --report cuda_gpu_trace --format csv -o /tmp/decode /tmp/decode.nsys-rep > /dev/null 2>&1
+  ls /tmp/decode* ; xz -T4 -c /tmp/decode_cuda_gpu_trace.csv > "$out/nsys-trace.csv.xz" 2>/dev/null
+  lap "nsys"
+fi
