@@ -6,7 +6,7 @@
 # step's timeline (kernel starts and ends, so the gaps between kernels show). Stage first:
 #   ../shared/device/stage.sh tests -p lagoon-cuda && ../shared/device/stage.sh example bench synth
 # then run `cuda/dev/decode-profile.sh` with carry [".device"]. Logs and CSVs land in $OUT.
-# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out.
+# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out; VARIANTS and FULL: below.
 set -u
 out=${OUT:-/tmp}
 t0=$(date +%s)
@@ -14,19 +14,27 @@ lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
 echo "ncu: $(command -v ncu || echo none)  nsys: $(command -v nsys || echo none)"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 240 .device/run-tests.sh > "$out/tests.log" 2>&1
+  timeout 240 .device/run-tests.sh --nocapture > "$out/tests.log" 2>&1
   lap "device tests rc=$?"
   grep -E "test result|FAILED|panicked|bitwise" "$out/tests.log" | head -40
 fi
 model=${MODEL:-/dev/shm/s21-q4km.gguf}
 [ -f "$model" ] || .device/bin/synth --preset s-2.1 --types q4_k_m --threads 16 --out "$model" > "$out/synth.log" 2>&1
 lap "synth done"
-for pdl in ${PDL_ROUNDS:-0 1 0 1}; do
-  echo "== LAGOON_CUDA_PDL=$pdl"
-  LAGOON_CUDA_PDL=$pdl timeout 100 .device/bin/bench --model "$model" --device cuda -p 0 -n 64 -d ${DEPTHS:-0} -r 3 2>&1 \
+# VARIANTS: environment settings compared, interleaved (default: programmatic launch off/on).
+for v in ${VARIANTS:-LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1 LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1}; do
+  echo "== $v"
+  env "$v" timeout 100 .device/bin/bench --model "$model" --device cuda -p 0 -n 64 -d ${DEPTHS:-0} -r 3 2>&1 \
     | grep -E "^\||floor" | tail -4
-  lap "bench pdl=$pdl"
+  lap "bench $v"
 done
+# FULL=1: the whole table once (decode at depth 0, 4k, 32k; pp512 and pp4096).
+if [ "${FULL:-0}" = 1 ]; then
+  timeout 200 .device/bin/bench --model "$model" --device cuda -p 512,4096 -n 64 -d 0,4096,32768 -r 2 -ub 2048 2>&1 \
+    | grep -E "^\||floor" > "$out/full.txt"
+  cat "$out/full.txt"
+  lap "full table"
+fi
 [ "${BENCH_ONLY:-0}" = 1 ] && exit 0
 # ncu: every kernel of the run (floor reads, the first token, 3 decode steps); the decode
 # steps are the repeating tail.

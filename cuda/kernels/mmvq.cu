@@ -103,6 +103,54 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
     if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(gu.x) * gu.y;
 }
 
+// moe_down_q's Q4_K rows of at most 4 super-blocks (I <= 1024: S 2.1's experts), where each
+// lane has one super-block per expert row: the rows of DOWN_BATCH experts (and the shared
+// expert's, fetched first) are loaded before any is computed, so a warp has about 3.5 KB in
+// flight instead of one row's 576 bytes. Same terms in the same order as the generic loop.
+#define DOWN_BATCH 6
+__device__ __forceinline__ void moe_down_q4k_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                                                   const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
+                                                   const u32* __restrict__ id, const float* __restrict__ weights,
+                                                   const float* __restrict__ res, float* __restrict__ out, int r,
+                                                   int I, int K, float scale, int order) {
+    int lane = threadIdx.x & 31;
+    int p = lane & 7, b = lane >> 3;
+    bool on = b < I / QK_K;
+    Q4kLoad ls;
+    if (Sd && on) ls = q4k_load(Sd + (size_t)r * row_bytes + (size_t)b * 144, p);
+    float acc = 0.0f;
+    for (int s0 = 0; s0 < K; s0 += DOWN_BATCH) {
+        Q4kLoad l[DOWN_BATCH];
+        int ks[DOWN_BATCH];
+        #pragma unroll
+        for (int u = 0; u < DOWN_BATCH; u++) {
+            if (s0 + u < K) {
+                int k = __shfl_sync(0xffffffffu, order, s0 + u);
+                ks[u] = k;
+                if (on) l[u] = q4k_load(Wd + (size_t)id[k] * expert_bytes + (size_t)r * row_bytes + (size_t)b * 144, p);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < DOWN_BATCH; u++) {
+            if (s0 + u < K) {
+                int k = ks[u];
+                const u8* a = actq + (size_t)k * astride;
+                float part = on ? q4k_acc(0.0f, l[u], p, a + (size_t)b * QK_K, q8k_bsums(a, I) + 16 * b, q8k_d(a, I)[b])
+                                : 0.0f;
+                acc = __fadd_rn(acc, __fmul_rn(warp_sum(part), weights[k]));
+            }
+        }
+    }
+    float y = __fmul_rn(acc, scale);
+    if (Sd) {
+        const u8* a = actq + (size_t)K * astride;
+        float part = on ? q4k_acc(0.0f, ls, p, a + (size_t)b * QK_K, q8k_bsums(a, I) + 16 * b, q8k_d(a, I)[b]) : 0.0f;
+        y = __fadd_rn(y, warp_sum(part));
+    }
+    if (res) y = __fadd_rn(res[r], y);
+    if (lane == 0) out[r] = y;
+}
+
 // out[r] = scale * sum_k weights[k] * (down_{ids[k]}[r] . act[k]), the experts taken in
 // ascending (id, slot) order as moe_combine does. With Sd (the shared expert's down, its
 // activation in row K of actq) the shared output is added, and with res the residual:
@@ -138,6 +186,15 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         if (lane == s) order = k;
     }
     float acc = 0.0f;
+#ifndef MV_OLD_Q4K
+    if constexpr (T == WT_Q4_K) {
+        if (I <= 4 * QK_K) {
+            moe_down_q4k_short(Wd, expert_bytes, row_bytes, Sd, actq, astride, id, weights, res, out, r, I, K,
+                               scale, order);
+            return;
+        }
+    }
+#endif
     #pragma unroll 4
     for (int s = 0; s < K; s++) {
         int k = __shfl_sync(0xffffffffu, order, s);

@@ -117,6 +117,109 @@ __device__ __forceinline__ void kq_scales(const u8* blk, float* d, float* dmin) 
     }
 }
 
+// ---- Q4_K with the loads issued first ----
+// A Q4_K super-block is 144 bytes, 16-byte aligned in every row: a 16-byte header (d, dmin,
+// the 12 scale bytes) then 128 packed bytes. A lane's whole share of one super-block is two
+// 16-byte loads, the header (the same address for the block's eight lanes, one transaction)
+// and its 16 packed bytes, so a lane can fetch all of its super-blocks of a row (or of
+// several rows) before it computes any: the loads are then in flight together, where the
+// loop of warp_dot_kq issues the scale bytes one by one after the quants (measured with ncu
+// on the full S 2.1 decode: 20-38% of the read floor). The arithmetic and its order are
+// warp_dot_kq's, so the results are too (by construction; the device tests bound both against the
+// CPU's scalar kernels).
+struct Q4kLoad {
+    uint4 hd;
+    uint4 qs;
+};
+
+__device__ __forceinline__ Q4kLoad q4k_load(const u8* __restrict__ blk, int p) {
+    Q4kLoad l;
+    l.hd = __ldg((const uint4*)blk);
+    l.qs = __ldg((const uint4*)(blk + 16 + 16 * p));
+    return l;
+}
+
+// scale_min_k4 for sub-block j from the header's scale words (s[0..4) = hd.y, s[4..8) =
+// hd.z, s[8..12) = hd.w).
+__device__ __forceinline__ void q4k_scale_min(const uint4& hd, int j, int* sc, int* m) {
+    u32 sh = 8u * (u32)(j & 3);
+    int y = (int)((hd.y >> sh) & 0xFF), z = (int)((hd.z >> sh) & 0xFF), w = (int)((hd.w >> sh) & 0xFF);
+    if (j < 4) {
+        *sc = y & 63;
+        *m = z & 63;
+    } else {
+        *sc = (w & 0xF) | ((y >> 6) << 4);
+        *m = (w >> 4) | ((z >> 6) << 4);
+    }
+}
+
+// acc += (d_a·d)·sumi − (d_a·dmin)·summ for a lane's part p of a loaded super-block whose
+// activation quants start at aq (bs its 16 bsums, da its d): q4k_part's sums.
+__device__ __forceinline__ float q4k_acc(float acc, const Q4kLoad& l, int p, const u8* __restrict__ aq,
+                                         const short* __restrict__ bs, float da) {
+    int g = p >> 1, h = p & 1;
+    u32 q[4] = {l.qs.x, l.qs.y, l.qs.z, l.qs.w};
+    u32 lo[4], hi[4];
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        lo[k] = q[k] & 0x0F0F0F0Fu;
+        hi[k] = (q[k] >> 4) & 0x0F0F0F0Fu;
+    }
+    int4 alo = *(const int4*)(aq + 64 * g + 16 * h);
+    int4 ahi = *(const int4*)(aq + 64 * g + 32 + 16 * h);
+    int dlo = dp4a4(lo, alo, 0), dhi = dp4a4(hi, ahi, 0);
+    int sc0, m0, sc1, m1;
+    q4k_scale_min(l.hd, 2 * g, &sc0, &m0);
+    q4k_scale_min(l.hd, 2 * g + 1, &sc1, &m1);
+    int sumi = sc0 * dlo + sc1 * dhi;
+    int summ = m0 * (int)bs[4 * g + h] + m1 * (int)bs[4 * g + 2 + h];
+    float d = f16_to_f32((unsigned short)(l.hd.x & 0xFFFF));
+    float dmin = f16_to_f32((unsigned short)(l.hd.x >> 16));
+    acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(da, d), (float)sumi));
+    return __fsub_rn(acc, __fmul_rn(__fmul_rn(da, dmin), (float)summ));
+}
+
+// Super-blocks a lane fetches before computing: 3 covers rows up to 3072 wide (S 2.1's
+// hidden size) in one round.
+#define Q4K_BATCH 3
+
+// NR Q4_K rows dotted with one Q8_K activation row; out[i] in every lane. Each lane's terms
+// are warp_dot_kq's, in its order.
+template <int NR>
+__device__ __forceinline__ void warp_dot_q4k_rows(const u8* const* rows, const u8* __restrict__ a, int cols,
+                                                  float* out) {
+    int lane = threadIdx.x & 31;
+    int p = lane & 7;
+    int nb = cols / QK_K;
+    const float* ad = q8k_d(a, cols);
+    const short* bs = q8k_bsums(a, cols);
+    float acc[NR];
+    #pragma unroll
+    for (int i = 0; i < NR; i++) acc[i] = 0.0f;
+    for (int b0 = lane >> 3; b0 < nb; b0 += 4 * Q4K_BATCH) {
+        Q4kLoad l[NR][Q4K_BATCH];
+        #pragma unroll
+        for (int u = 0; u < Q4K_BATCH; u++) {
+            int b = b0 + 4 * u;
+            if (b < nb) {
+                #pragma unroll
+                for (int i = 0; i < NR; i++) l[i][u] = q4k_load(rows[i] + (size_t)b * 144, p);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < Q4K_BATCH; u++) {
+            int b = b0 + 4 * u;
+            if (b < nb) {
+                float da = ad[b];
+                #pragma unroll
+                for (int i = 0; i < NR; i++) acc[i] = q4k_acc(acc[i], l[i][u], p, a + (size_t)b * QK_K, bs + 16 * b, da);
+            }
+        }
+    }
+    #pragma unroll
+    for (int i = 0; i < NR; i++) out[i] = warp_sum(acc[i]);
+}
+
 // Warp dot of K-quant row `row` (cols = 256 nb) with the Q8_K activation row `a`; the
 // result is in every lane. Each lane scales its own share of a super-block's integer sums
 // ((d_a·d_w)·sumi_part − (d_a·dmin_w)·summ_part) instead of the eight lanes first adding
@@ -227,6 +330,14 @@ __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const
 template <int T>
 __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return warp_dot_q8_0(row, a, cols);
+#ifndef MV_OLD_Q4K
+    else if constexpr (T == WT_Q4_K) {
+        const u8* rows[1] = {row};
+        float y;
+        warp_dot_q4k_rows<1>(rows, a, cols, &y);
+        return y;
+    }
+#endif
     else return warp_dot_kq<T>(row, a, cols);
 }
 
@@ -235,5 +346,13 @@ template <int T>
 __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u8* __restrict__ r1,
                                               const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return make_float2(warp_dot_q8_0(r0, a, cols), warp_dot_q8_0(r1, a, cols));
+#ifndef MV_OLD_Q4K
+    else if constexpr (T == WT_Q4_K) {
+        const u8* rows[2] = {r0, r1};
+        float y[2];
+        warp_dot_q4k_rows<2>(rows, a, cols, y);
+        return make_float2(y[0], y[1]);
+    }
+#endif
     else return warp_dot2_kq<T>(r0, r1, a, cols);
 }

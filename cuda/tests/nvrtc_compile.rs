@@ -61,8 +61,13 @@ fn assemble(file: &str, ptx: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join(format!("{file}.ptx"));
     std::fs::write(&src, ptx).unwrap();
+    // LAGOON_PTXAS_VERBOSE=1 prints ptxas's per-kernel registers and spills (run with
+    // --nocapture): a kernel's register budget without a GPU.
+    let verbose = std::env::var_os("LAGOON_PTXAS_VERBOSE").is_some_and(|v| v == "1");
     let out = std::process::Command::new(&ptxas)
-        .args(["-arch=sm_90", "-o"])
+        .args(["-arch=sm_90"])
+        .args(verbose.then_some("-v"))
+        .arg("-o")
         .arg(dir.join(format!("{file}.cubin")))
         .arg(&src)
         .output()
@@ -72,6 +77,9 @@ fn assemble(file: &str, ptx: &str) {
         "ptxas rejected {file}'s PTX:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    if verbose {
+        println!("{}", String::from_utf8_lossy(&out.stderr));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
