@@ -59,16 +59,16 @@ __device__ void mv_swiglu(const u8* __restrict__ Wg, const u8* __restrict__ Wu, 
 // e = ids[k]; slot K, when the grid has K + 1 rows of blocks, is the shared expert (Sg, Su).
 // Grid (ceil(I / MV_WARPS), K or K + 1). Block (0, 0) also copies ids and weights to
 // route_copy[0 .. 2K) for moe_down_q: their arena slots may be reused by the values the
-// down kernel writes. Each block also asks L2 for its share of the slot's down matrix (Wd,
-// d_expert_bytes apart, H rows of d_row_bytes; Sd for the shared slot), meant to let those
-// bytes stream in while gate/up still computes (not yet measured on a GPU).
+// down kernel writes. (Asking L2 here for the slots' down rows, for moe_down_q to find them
+// there, was measured on the H200 and dropped: this kernel then moved 68 MB instead of 39 at
+// 65% of DRAM bandwidth while the down kernel, its reads all L2 hits, stayed latency-bound;
+// S 2.1 decode 166.7 -> 171.8 t/s without it, interleaved runs.)
 template <int T>
 __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                               u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
                               const u8* __restrict__ xq, const float* __restrict__ ids,
                               const float* __restrict__ weights, float* __restrict__ route_copy,
-                              float* __restrict__ act, int I, int H, int K, const u8* __restrict__ Wd,
-                              u64 d_expert_bytes, u64 d_row_bytes, const u8* __restrict__ Sd) {
+                              float* __restrict__ act, int I, int H, int K) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     int k = blockIdx.y;
@@ -77,14 +77,6 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
         prefetch_l2(Su + (size_t)r * row_bytes, row_bytes);
     }
     pdl_wait();
-    if (Wd && threadIdx.x == 32) {
-        int per = (H + gridDim.x - 1) / gridDim.x;
-        int r0 = blockIdx.x * per, r1 = min(H, r0 + per);
-        if (r1 > r0) {
-            const u8* d = k < K ? Wd + (size_t)__float_as_uint(ids[k]) * d_expert_bytes : Sd;
-            if (d) prefetch_l2(d + (size_t)r0 * d_row_bytes, (u64)(r1 - r0) * d_row_bytes);
-        }
-    }
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
         route_copy[threadIdx.x] = ids[threadIdx.x];
         route_copy[K + threadIdx.x] = weights[threadIdx.x];
@@ -256,9 +248,9 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_q_##name(             \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
         const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
-        int H, int K, const u8* Wd, u64 d_expert_bytes, u64 d_row_bytes, const u8* Sd) {           \
+        int H, int K) {                                                                            \
         moe_gate_up_q<T>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, \
-                         I, H, K, Wd, d_expert_bytes, d_row_bytes, Sd);                            \
+                         I, H, K);                                                                 \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_q_##name(                \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \

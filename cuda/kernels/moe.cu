@@ -55,23 +55,31 @@ route(const float* __restrict__ z, const float* __restrict__ bias, float* __rest
         for (int slot = 0; slot < K; slot++) wt[slot] = wt[slot] / sum;
 }
 
+// The same routing with one block of RB_THREADS per token: each expert's rank among the
+// biased scores (larger first, ties to the lower id) is counted in parallel, and the experts
+// of rank < K fill the slots. That equals route's K sequential picks whenever every score is
+// finite; a token with a NaN or -inf score (where route's knock-out-to--inf rules decide)
+// or K > E takes route's sequential algorithm on one thread. Grid (n), block RB_THREADS.
 #define RB_THREADS 256
-
-// route_block's body for token row zt, run by the whole block (any blockDim.x); sel has room
-// for E scores. z is read through L2 (__ldcg): router_route's last block reads logits that
-// other blocks just wrote.
-__device__ void route_token(const float* __restrict__ zt, const float* __restrict__ bias, u32* __restrict__ idt,
-                            float* __restrict__ wt, int E, int K, int norm, float* sel, int* odd) {
-    int tid = threadIdx.x, nt = blockDim.x;
-    if (tid == 0) *odd = K > E;
+extern "C" __global__ void __launch_bounds__(RB_THREADS)
+route_block(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
+            float* __restrict__ weights, int E, int K, int norm, int n) { PDL_ENTRY();
+    __shared__ float sel[ROUTE_MAX_EXPERTS];
+    __shared__ int odd;
+    int t = blockIdx.x, tid = threadIdx.x;
+    if (t >= n) return;
+    const float* zt = z + (size_t)t * E;
+    if (tid == 0) odd = K > E;
     __syncthreads();
-    for (int e = tid; e < E; e += nt) {
-        float v = sigmoid_f(__ldcg(zt + e)) + bias[e];
+    for (int e = tid; e < E; e += RB_THREADS) {
+        float v = sigmoid_f(zt[e]) + bias[e];
         sel[e] = v;
-        if (!(v > -LG_INF)) *odd = 1;
+        if (!(v > -LG_INF)) odd = 1;
     }
     __syncthreads();
-    if (*odd) {
+    u32* idt = (u32*)ids + (size_t)t * K;
+    float* wt = weights + (size_t)t * K;
+    if (odd) {
         if (tid == 0) {
             for (int slot = 0; slot < K; slot++) {
                 float bv = -LG_INF;
@@ -83,11 +91,11 @@ __device__ void route_token(const float* __restrict__ zt, const float* __restric
                 if (be == 0x7fffffff) be = slot;
                 if (be < E) sel[be] = -LG_INF;
                 idt[slot] = (u32)be;
-                wt[slot] = sigmoid_f(__ldcg(zt + be));
+                wt[slot] = sigmoid_f(zt[be]);
             }
         }
     } else {
-        for (int e = tid; e < E; e += nt) {
+        for (int e = tid; e < E; e += RB_THREADS) {
             float v = sel[e];
             int rank = 0;
             for (int j = 0; j < E; j++) {
@@ -96,7 +104,7 @@ __device__ void route_token(const float* __restrict__ zt, const float* __restric
             }
             if (rank < K) {
                 idt[rank] = (u32)e;
-                wt[rank] = sigmoid_f(__ldcg(zt + e));
+                wt[rank] = sigmoid_f(zt[e]);
             }
         }
     }
@@ -108,118 +116,6 @@ __device__ void route_token(const float* __restrict__ zt, const float* __restric
             for (int slot = 0; slot < K; slot++) wt[slot] = wt[slot] / sum;
         }
     }
-}
-
-// The same routing with one block of RB_THREADS per token: each expert's rank among the
-// biased scores (larger first, ties to the lower id) is counted in parallel, and the experts
-// of rank < K fill the slots. That equals route's K sequential picks whenever every score is
-// finite; a token with a NaN or -inf score (where route's knock-out-to--inf rules decide)
-// or K > E takes route's sequential algorithm on one thread. Grid (n), block RB_THREADS.
-extern "C" __global__ void __launch_bounds__(RB_THREADS)
-route_block(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
-            float* __restrict__ weights, int E, int K, int norm, int n) { PDL_ENTRY();
-    __shared__ float sel[ROUTE_MAX_EXPERTS];
-    __shared__ int odd;
-    int t = blockIdx.x;
-    if (t >= n) return;
-    route_token(z + (size_t)t * E, bias, (u32*)ids + (size_t)t * K, weights + (size_t)t * K, E, K, norm, sel, &odd);
-}
-
-// route's sequential picks as one 64-bit max per slot: the key orders by score (larger
-// first, through the order-preserving map of f32 bits; -0 taken as +0 since the picks compare
-// floats), then by lower id; a NaN score gets the key's lowest value, below -inf, so it never
-// wins, and a slot where only NaNs remain takes id = slot, as route does.
-__device__ __forceinline__ u64 route_key(float v, int e) {
-    u32 o = 0;
-    if (!isnan(v)) {
-        u32 b = __float_as_uint(v == 0.0f ? 0.0f : v);
-        o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    }
-    return ((u64)o << 32) | (u64)(0xFFFFFFFFu - (u32)e);
-}
-
-// The routing of one token (z: E logits, read through L2) by one warp, the same ids and
-// weights as route / route_block: lane l keeps the keys of experts l + 32 i; per slot, a
-// lane max then a shuffle max; the winner's key is knocked down to -inf's. Called by the
-// 32 threads of one warp.
-__device__ void route_warp(const float* __restrict__ z, const float* __restrict__ bias, u32* __restrict__ idt,
-                           float* __restrict__ wt, int E, int K, int norm) {
-    int lane = threadIdx.x & 31;
-    u64 key[ROUTE_MAX_EXPERTS / 32];
-    #pragma unroll
-    for (int i = 0; i < ROUTE_MAX_EXPERTS / 32; i++) {
-        int e = lane + 32 * i;
-        key[i] = e < E ? route_key(sigmoid_f(__ldcg(z + e)) + bias[e], e) : 0;
-    }
-    float sum = 0.0f;
-    for (int slot = 0; slot < K; slot++) {
-        u64 best = 0;
-        #pragma unroll
-        for (int i = 0; i < ROUTE_MAX_EXPERTS / 32; i++) best = key[i] > best ? key[i] : best;
-        #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            u64 other = __shfl_xor_sync(0xffffffffu, best, o);
-            best = other > best ? other : best;
-        }
-        int be = (best >> 32) == 0 ? slot : (int)(0xFFFFFFFFu - (u32)best);
-        #pragma unroll
-        for (int i = 0; i < ROUTE_MAX_EXPERTS / 32; i++)
-            if (lane + 32 * i == be && be < E) key[i] = route_key(-LG_INF, be);
-        if (lane == 0) {
-            float w = sigmoid_f(__ldcg(z + be));
-            idt[slot] = (u32)be;
-            wt[slot] = w;
-            sum += w;
-        }
-    }
-    if (lane == 0 && norm)
-        for (int slot = 0; slot < K; slot++) wt[slot] = wt[slot] / sum;
-}
-
-// The router of one token in one launch (decode): block e computes the logit z[e] = W[e] . x
-// (f32 weights, RR_THREADS threads per row, each loading its float4s at once; rows 16-byte
-// aligned, cols % 4 == 0), and the last block to finish (counted on `counter`, which that
-// block sets back to 0 for the next launch or graph replay) routes the token as route_block
-// does, with one warp (route_warp). Replaces mv_f32 + route_block, whose two launches took
-// ~13 µs per MoE layer on the H200 (ncu, S 2.1 decode), mostly latency: 64 blocks for 132
-// SMs, then a one-block kernel. (With route_block's rank count as the tail this kernel took
-// 15 µs: the last block's serial part is the kernel's length.) Grid (E), block RR_THREADS.
-#define RR_THREADS 128
-extern "C" __global__ void __launch_bounds__(RR_THREADS)
-router_route(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, float* __restrict__ z,
-             const float* __restrict__ bias, float* __restrict__ ids, float* __restrict__ weights, int E,
-             int cols, int K, int norm, u32* __restrict__ counter) {
-    __shared__ float part[RR_THREADS / 32];
-    __shared__ int last;
-    pdl_trigger();
-    int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
-    const float4* w4 = (const float4*)((const u8*)W + (size_t)e * row_bytes);
-    if (tid == 0) prefetch_l2(w4, row_bytes);
-    pdl_wait();
-    const float4* x4 = (const float4*)x;
-    int n4 = cols / 4;
-    float acc = 0.0f;
-    #pragma unroll 8
-    for (int i = tid; i < n4; i += RR_THREADS) {
-        float4 w = __ldg(w4 + i), v = x4[i];
-        acc += w.x * v.x + w.y * v.y + w.z * v.z + w.w * v.w;
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) part[tid / 32] = acc;
-    __syncthreads();
-    if (tid == 0) {
-        float y = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < RR_THREADS / 32; i++) y += part[i];
-        z[e] = y;
-        __threadfence();
-        last = atomicAdd(counter, 1u) == (u32)gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last || tid >= 32) return;
-    __threadfence();
-    if (tid == 0) *counter = 0;
-    route_warp(z, bias, (u32*)ids, weights, E, K, norm);
 }
 
 // Warp dot of one decoded weight row with one f32 vector.

@@ -67,7 +67,6 @@ manifest! {
     MoeGroup => "moe.cu", "moe_group";
     Route => "moe.cu", "route";
     RouteBlock => "moe.cu", "route_block";
-    RouterRoute => "moe.cu", "router_route";
     MvF32 => "mmvq.cu", "mv_f32";
     MoeCombine => "moe.cu", "moe_combine";
     RmsNorm => "norm.cu", "rms_norm";

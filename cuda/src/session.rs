@@ -178,8 +178,6 @@ pub struct CudaSession {
     /// The decode step's expert ids and weights, copied by the fused gate/up kernel.
     _route_copy: CudaSlice<f32>,
     route_copy: u64,
-    /// router_route's finished-block counter (just past the route copy).
-    route_counter: u64,
     /// Per-kernel GPU time of the profiled steps (`Some` while profiling).
     profile: Option<Vec<KernelTime>>,
     /// How many nodes of the decode graph read each value (the fusions skip values only
@@ -190,9 +188,7 @@ pub struct CudaSession {
     fuse: bool,
     /// [`CudaSessionOptions::programmatic_launch`], or `LAGOON_CUDA_PDL` when set.
     pdl: bool,
-    /// The experts' gate/up kernel asks L2 for the selected experts' down rows
-    /// (`LAGOON_CUDA_DOWN_PREFETCH=0` turns it off, for A/B runs in cuda/dev).
-    down_prefetch: bool,
+
     dev: Device,
 }
 
@@ -363,10 +359,8 @@ impl CudaSession {
         let actq_buf = s
             .alloc_zeros::<u8>(actq_len.max(1))
             .during("allocating the expert activation quantisation scratch")?;
-        // 2K route values for moe_down_q, then router_route's block counter (u32, zero
-        // between launches).
         let route_buf = s
-            .alloc_zeros::<f32>(2 * cfg.n_experts_used.max(1) + 1)
+            .alloc_zeros::<f32>(2 * cfg.n_experts_used.max(1))
             .during("allocating the expert route copy")?;
         let xq = xq_buf.device_ptr(s).0;
         let actq = actq_buf.device_ptr(s).0;
@@ -410,7 +404,6 @@ impl CudaSession {
             actq,
             _route_copy: route_buf,
             route_copy,
-            route_counter: route_copy + 8 * cfg.n_experts_used.max(1) as u64,
             profile: None,
             readers,
             fuse: std::env::var_os("LAGOON_CUDA_NO_FUSE").is_none_or(|v| v != "1"),
@@ -419,7 +412,7 @@ impl CudaSession {
                 Some(v) if v == "1" => true,
                 _ => opts.programmatic_launch,
             },
-            down_prefetch: std::env::var_os("LAGOON_CUDA_DOWN_PREFETCH").is_none_or(|v| v != "0"),
+
             dev,
         })
     }

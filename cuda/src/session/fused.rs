@@ -4,7 +4,7 @@
 
 use lagoon_core::graph::{Graph, Op};
 
-use super::{CudaSession, MAX_EXPERTS, NORM_QUANT_MAX, NORM_QUANT_THREADS};
+use super::{CudaSession, NORM_QUANT_MAX, NORM_QUANT_THREADS};
 use crate::device::{Arg, MV_MATS, MvMat, blocks};
 use crate::error::CudaError;
 use crate::manifest::{ActQ, K, WType};
@@ -138,41 +138,6 @@ impl CudaSession {
             Op::MatMul { x, w, out } => {
                 let m = self.w.mat(w);
                 if m.ty == WType::F32 && m.cols.is_multiple_of(4) {
-                    // The router and the routing in one launch.
-                    if let Some(Op::Route {
-                        layer,
-                        z,
-                        ids,
-                        weights,
-                    }) = next(1)
-                        && z == out
-                        && once(out)
-                        && m.rows == c.n_experts
-                        && m.rows <= MAX_EXPERTS
-                        && m.row_bytes.is_multiple_of(16)
-                        && let DFfn::Moe { bias, .. } = &self.w.layers[layer].ffn
-                    {
-                        dev.launch(
-                            K::RouterRoute,
-                            (m.rows as u32, 1),
-                            128,
-                            &[
-                                P(m.ptr),
-                                P(m.row_bytes),
-                                P(at(x)),
-                                P(at(out)),
-                                P(bias.ptr),
-                                P(at(ids)),
-                                P(at(weights)),
-                                I(m.rows as i32),
-                                I(m.cols as i32),
-                                I(c.n_experts_used as i32),
-                                I(c.norm_topk_prob as i32),
-                                P(self.route_counter),
-                            ],
-                        )?;
-                        return Ok(2);
-                    }
                     // f32 weights (the router) at batch 1.
                     dev.launch(
                         K::MvF32,
@@ -411,10 +376,6 @@ impl CudaSession {
                         I(ffn as i32),
                         I(h as i32),
                         I(k as i32),
-                        P(if self.down_prefetch { down.ptr } else { 0 }),
-                        P(down.expert_bytes),
-                        P(down.row_bytes),
-                        P(sd),
                     ],
                 )?;
                 let stride = fd.row_stride(ffn);
