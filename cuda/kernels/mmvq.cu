@@ -178,7 +178,6 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         if (lane == s) order = k;
     }
     float acc = 0.0f;
-#ifndef MV_OLD_Q4K
     if constexpr (T == WT_Q4_K) {
         if (I <= 4 * QK_K) {
             moe_down_q4k_short(Wd, expert_bytes, row_bytes, Sd, actq, astride, id, weights, res, out, r, I, K,
@@ -186,7 +185,6 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
             return;
         }
     }
-#endif
     #pragma unroll 4
     for (int s = 0; s < K; s++) {
         int k = __shfl_sync(0xffffffffu, order, s);

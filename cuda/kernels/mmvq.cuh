@@ -41,32 +41,6 @@ __device__ __forceinline__ int dp4a4(const u32 w[4], const int4 a, int acc) {
     return acc;
 }
 
-// Q4_K lane part p (0..7) of super-block `blk`: packed bytes qs[16p .. 16p + 16) hold the
-// low nibbles of elements 64g + l0 + [0, 16) (sub-block 2g) and the high nibbles of
-// 64g + 32 + l0 + [0, 16) (sub-block 2g + 1), g = p / 2, l0 = 16 (p % 2). Returns the
-// lane's share of sumi = Σ_j sc_j Σ q·a and summ = Σ_j m_j bsum_j.
-__device__ __forceinline__ void q4k_part(const u8* __restrict__ blk, int p, const u8* __restrict__ aq,
-                                         const short* __restrict__ bs, int* sumi, int* summ) {
-    int g = p >> 1, h = p & 1;
-    uint4 qv = __ldg((const uint4*)(blk + 16 + 16 * p));
-    u32 q[4] = {qv.x, qv.y, qv.z, qv.w};
-    u32 lo[4], hi[4];
-    #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        lo[k] = q[k] & 0x0F0F0F0Fu;
-        hi[k] = (q[k] >> 4) & 0x0F0F0F0Fu;
-    }
-    int4 alo = *(const int4*)(aq + 64 * g + 16 * h);
-    int4 ahi = *(const int4*)(aq + 64 * g + 32 + 16 * h);
-    int dlo = dp4a4(lo, alo, 0), dhi = dp4a4(hi, ahi, 0);
-    // The 6-bit scales and mins of sub-blocks 2g and 2g + 1 (scale_min_k4 in quant.cuh).
-    int sc0, m0, sc1, m1;
-    scale_min_k4(2 * g, blk + 4, &sc0, &m0);
-    scale_min_k4(2 * g + 1, blk + 4, &sc1, &m1);
-    *sumi = sc0 * dlo + sc1 * dhi;
-    *summ = m0 * (int)bs[4 * g + h] + m1 * (int)bs[4 * g + 2 + h];
-}
-
 // Q6_K lane part p (0..7): half n = p / 4, e = (p / 2) % 2, l0 = 16 (p % 2). ql bytes
 // 64n + 32e + l0 + [0, 16) hold the low 4 bits of elements 128n + 32e + l0 + l (low nibble)
 // and 128n + 32(e + 2) + l0 + l (high nibble); qh bytes 32n + l0 + [0, 16) their top two
@@ -100,8 +74,8 @@ template <> struct KQ<WT_Q6_K> { static constexpr int BYTES = 210; };
 
 template <int T>
 __device__ __forceinline__ void kq_part(const u8* blk, int p, const u8* aq, const short* bs, int* sumi, int* summ) {
-    if constexpr (T == WT_Q4_K) q4k_part(blk, p, aq, bs, sumi, summ);
-    else q6k_part(blk, p, aq, bs, sumi, summ);
+    static_assert(T == WT_Q6_K, "Q4_K rows take warp_dot_q4k_rows");
+    q6k_part(blk, p, aq, bs, sumi, summ);
 }
 
 // d and dmin of a K-quant super-block.
@@ -124,9 +98,9 @@ __device__ __forceinline__ void kq_scales(const u8* blk, float* d, float* dmin) 
 // and its 16 packed bytes, so a lane can fetch all of its super-blocks of a row (or of
 // several rows) before it computes any: the loads are then in flight together, where the
 // loop of warp_dot_kq issues the scale bytes one by one after the quants (measured with ncu
-// on the full S 2.1 decode: 20-38% of the read floor). The arithmetic and its order are
-// warp_dot_kq's, so the results are too (by construction; the device tests bound both against the
-// CPU's scalar kernels).
+// on the full S 2.1 decode: 20-38% of the read floor; with this, gate/up 22.6 -> 18.3 µs,
+// down 20.6 -> 18.5 µs). The per-lane terms and their order are those of warp_dot_kq's
+// loop, which Q6_K still uses.
 struct Q4kLoad {
     uint4 hd;
     uint4 qs;
@@ -330,14 +304,12 @@ __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const
 template <int T>
 __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return warp_dot_q8_0(row, a, cols);
-#ifndef MV_OLD_Q4K
     else if constexpr (T == WT_Q4_K) {
         const u8* rows[1] = {row};
         float y;
         warp_dot_q4k_rows<1>(rows, a, cols, &y);
         return y;
     }
-#endif
     else return warp_dot_kq<T>(row, a, cols);
 }
 
@@ -346,13 +318,11 @@ template <int T>
 __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u8* __restrict__ r1,
                                               const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return make_float2(warp_dot_q8_0(r0, a, cols), warp_dot_q8_0(r1, a, cols));
-#ifndef MV_OLD_Q4K
     else if constexpr (T == WT_Q4_K) {
         const u8* rows[2] = {r0, r1};
         float y[2];
         warp_dot_q4k_rows<2>(rows, a, cols, y);
         return make_float2(y[0], y[1]);
     }
-#endif
     else return warp_dot2_kq<T>(r0, r1, a, cols);
 }
