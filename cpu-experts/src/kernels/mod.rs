@@ -61,6 +61,30 @@ pub(crate) type Gemm = fn(
     out: &mut [f32],
     out_stride: usize,
 ) -> bool;
+/// The bounds every [`Gemm`] checks before it touches memory: at least one row and one
+/// token, `n_rows` rows of `rb` bytes in `w`, `n_act` activation rows of `ab` bytes
+/// `act_stride` apart in `acts` and as many output rows of `n_rows` values `out_stride`
+/// apart in `out`; then `valid` holds for every activation row (its format's own checks).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_bounds_ok(
+    w: &[u8],
+    rb: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    ab: usize,
+    n_act: usize,
+    out: &[f32],
+    out_stride: usize,
+    valid: impl Fn(&[u8]) -> bool,
+) -> bool {
+    n_rows > 0
+        && n_act > 0
+        && w.len() >= n_rows * rb
+        && (n_act - 1) * act_stride + ab <= acts.len()
+        && (n_act - 1) * out_stride + n_rows <= out.len()
+        && (0..n_act).all(|t| valid(&acts[t * act_stride..t * act_stride + ab]))
+}
 /// The attention of the query heads that share one KV head, for one token (see
 /// [`Kernels::attend_group`]); `false` with nothing written for shapes it does not take.
 pub(crate) type AttendGroup = fn(a: &AttnGroup<'_>, scores: &mut [f32], out: &mut [f32]) -> bool;

@@ -73,11 +73,18 @@ pub(super) fn f32_f32_gemm(
 ) -> bool {
     let ab = 4 * cols;
     let ok = rb == ab
-        && n_rows > 0
-        && n_act > 0
-        && w.len() >= n_rows * rb
-        && (n_act - 1) * act_stride + ab <= acts.len()
-        && (n_act - 1) * out_stride + n_rows <= out.len();
+        && crate::kernels::gemm_bounds_ok(
+            w,
+            rb,
+            n_rows,
+            acts,
+            act_stride,
+            ab,
+            n_act,
+            out,
+            out_stride,
+            |_| true,
+        );
     if !ok {
         return false;
     }

@@ -116,14 +116,18 @@ macro_rules! gemm_q8k {
             let ok = cols.is_multiple_of(256)
                 && nb > 0
                 && rb == $B * nb
-                && w.len() >= n_rows * rb
-                && n_act > 0
-                && n_rows > 0
-                && (n_act - 1) * act_stride + ab <= acts.len()
-                && (n_act - 1) * out_stride + n_rows <= out.len()
-                && (0..n_act).all(|t| {
-                    Q8KAct::new(&acts[t * act_stride..t * act_stride + ab], cols).is_some()
-                });
+                && $crate::kernels::gemm_bounds_ok(
+                    w,
+                    rb,
+                    n_rows,
+                    acts,
+                    act_stride,
+                    ab,
+                    n_act,
+                    out,
+                    out_stride,
+                    |a| Q8KAct::new(a, cols).is_some(),
+                );
             if !ok {
                 return false;
             }
@@ -237,13 +241,18 @@ pub(super) fn q4k_q8k_gemm(
     let ok = cols.is_multiple_of(256)
         && nb > 0
         && rb == 144 * nb
-        && w.len() >= n_rows * rb
-        && n_act > 0
-        && n_rows > 0
-        && (n_act - 1) * act_stride + ab <= acts.len()
-        && (n_act - 1) * out_stride + n_rows <= out.len()
-        && (0..n_act)
-            .all(|t| Q8KAct::new(&acts[t * act_stride..t * act_stride + ab], cols).is_some());
+        && crate::kernels::gemm_bounds_ok(
+            w,
+            rb,
+            n_rows,
+            acts,
+            act_stride,
+            ab,
+            n_act,
+            out,
+            out_stride,
+            |a| Q8KAct::new(a, cols).is_some(),
+        );
     if !ok {
         return false;
     }

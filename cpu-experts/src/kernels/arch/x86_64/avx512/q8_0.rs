@@ -58,14 +58,19 @@ pub(super) fn q8_0_q8_0_gemm(
     let ok = cols.is_multiple_of(32)
         && nb > 0
         && rb == 34 * nb
-        && n_act > 0
-        && n_rows > 0
-        && w.len() >= n_rows * rb
         && act_stride >= ab
-        && (n_act - 1) * act_stride + ab <= acts.len()
-        && (n_act - 1) * out_stride + n_rows <= out.len()
-        && (0..n_act)
-            .all(|t| Q8_0Act::new(&acts[t * act_stride..t * act_stride + ab], cols).is_some());
+        && crate::kernels::gemm_bounds_ok(
+            w,
+            rb,
+            n_rows,
+            acts,
+            act_stride,
+            ab,
+            n_act,
+            out,
+            out_stride,
+            |a| Q8_0Act::new(a, cols).is_some(),
+        );
     if !ok {
         return false;
     }
