@@ -41,12 +41,12 @@ __device__ __forceinline__ int dp4a4(const u32 w[4], const int4 a, int acc) {
     return acc;
 }
 
-// Q6_K lane part p (0..7): half n = p / 4, e = (p / 2) % 2, l0 = 16 (p % 2). ql bytes
+// Q6_K lane part p (0..7), its share of sumi = Σ_j sc_j Σ q·a: half n = p / 4, e = (p / 2) % 2, l0 = 16 (p % 2). ql bytes
 // 64n + 32e + l0 + [0, 16) hold the low 4 bits of elements 128n + 32e + l0 + l (low nibble)
 // and 128n + 32(e + 2) + l0 + l (high nibble); qh bytes 32n + l0 + [0, 16) their top two
 // bits at shifts 2e and 2(e + 2). q = that − 32, so Σ q·a = Σ u·a − 32 bsum.
-__device__ __forceinline__ void q6k_part(const u8* __restrict__ blk, int p, const u8* __restrict__ aq,
-                                         const short* __restrict__ bs, int* sumi, int* summ) {
+__device__ __forceinline__ int q6k_part(const u8* __restrict__ blk, int p, const u8* __restrict__ aq,
+                                        const short* __restrict__ bs) {
     int n = p >> 2, e = (p >> 1) & 1, h = p & 1;
     u32 ql[4], qh[4];
     load16_a2(blk + 64 * n + 32 * e + 16 * h, ql);
@@ -63,32 +63,7 @@ __device__ __forceinline__ void q6k_part(const u8* __restrict__ blk, int p, cons
     int dlo = dp4a4(lo, alo, 0) - 32 * (int)bs[jlo];
     int dhi = dp4a4(hi, ahi, 0) - 32 * (int)bs[jhi];
     const signed char* sc = (const signed char*)(blk + 192);
-    *sumi = (int)sc[jlo] * dlo + (int)sc[jhi] * dhi;
-    *summ = 0;
-}
-
-// The K-quant block geometry.
-template <int T> struct KQ;
-template <> struct KQ<WT_Q4_K> { static constexpr int BYTES = 144; };
-template <> struct KQ<WT_Q6_K> { static constexpr int BYTES = 210; };
-
-template <int T>
-__device__ __forceinline__ void kq_part(const u8* blk, int p, const u8* aq, const short* bs, int* sumi, int* summ) {
-    static_assert(T == WT_Q6_K, "Q4_K rows take warp_dot_q4k_rows");
-    q6k_part(blk, p, aq, bs, sumi, summ);
-}
-
-// d and dmin of a K-quant super-block.
-template <int T>
-__device__ __forceinline__ void kq_scales(const u8* blk, float* d, float* dmin) {
-    if (T == WT_Q4_K) {
-        u32 v = __ldg((const u32*)blk);
-        *d = f16_to_f32((unsigned short)(v & 0xFFFF));
-        *dmin = f16_to_f32((unsigned short)(v >> 16));
-    } else {
-        *d = f16_to_f32(__ldg((const unsigned short*)(blk + 208)));
-        *dmin = 0.0f;
-    }
+    return (int)sc[jlo] * dlo + (int)sc[jhi] * dhi;
 }
 
 // ---- Q4_K with the loads issued first ----
@@ -97,10 +72,10 @@ __device__ __forceinline__ void kq_scales(const u8* blk, float* d, float* dmin) 
 // 16-byte loads, the header (the same address for the block's eight lanes, one transaction)
 // and its 16 packed bytes, so a lane can fetch all of its super-blocks of a row (or of
 // several rows) before it computes any: the loads are then in flight together, where the
-// loop of warp_dot_kq issues the scale bytes one by one after the quants (measured with ncu
-// on the full S 2.1 decode: 20-38% of the read floor; with this, gate/up 22.6 -> 18.3 µs,
-// down 20.6 -> 18.5 µs). The per-lane terms and their order are those of warp_dot_kq's
-// loop, which Q6_K still uses.
+// loop it replaced (warp_dot_q6k's loop, for Q4_K) issued the scale bytes one by one after
+// the quants (measured with ncu on the full S 2.1 decode: 20-38% of the read floor; with
+// this, gate/up 22.6 -> 18.3 µs, down 20.6 -> 18.5 µs). Each lane's terms and their order
+// are that loop's.
 struct Q4kLoad {
     uint4 hd;
     uint4 qs;
@@ -157,8 +132,7 @@ __device__ __forceinline__ float q4k_acc(float acc, const Q4kLoad& l, int p, con
 // hidden size) in one round.
 #define Q4K_BATCH 3
 
-// NR Q4_K rows dotted with one Q8_K activation row; out[i] in every lane. Each lane's terms
-// are warp_dot_kq's, in its order.
+// NR Q4_K rows dotted with one Q8_K activation row; out[i] in every lane.
 template <int NR>
 __device__ __forceinline__ void warp_dot_q4k_rows(const u8* const* rows, const u8* __restrict__ a, int cols,
                                                   float* out) {
@@ -194,15 +168,14 @@ __device__ __forceinline__ void warp_dot_q4k_rows(const u8* const* rows, const u
     for (int i = 0; i < NR; i++) out[i] = warp_sum(acc[i]);
 }
 
-// Warp dot of K-quant row `row` (cols = 256 nb) with the Q8_K activation row `a`; the
-// result is in every lane. Each lane scales its own share of a super-block's integer sums
-// ((d_a·d_w)·sumi_part − (d_a·dmin_w)·summ_part) instead of the eight lanes first adding
-// theirs exactly: no shuffles inside the loop, so its iterations are independent and their
-// loads can be in flight together (the exact-per-super-block variant ran at ~20–35% of the
-// read floor on S 2.1 shapes). Rounding differs from the CPU's per-super-block float terms by
-// a few ulp of each partial.
-template <int T>
-__device__ __forceinline__ float warp_dot_kq(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+// Warp dot of Q6_K row `row` (cols = 256 nb, 210-byte super-blocks) with the Q8_K
+// activation row `a`; the result is in every lane. Eight lanes share a super-block (q6k_part)
+// and each lane scales its own share of the integer sum by (d_a·d_w) instead of the eight
+// lanes first adding theirs exactly: no shuffles inside the loop, so its iterations are
+// independent and their loads can be in flight together (the exact-per-super-block variant
+// ran at ~20–35% of the read floor on S 2.1 shapes). Rounding differs from the CPU's
+// per-super-block float terms by a few ulp of each partial.
+__device__ __forceinline__ float warp_dot_q6k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     int p = lane & 7;
     int nb = cols / QK_K;
@@ -211,23 +184,18 @@ __device__ __forceinline__ float warp_dot_kq(const u8* __restrict__ row, const u
     float acc = 0.0f;
     #pragma unroll 4
     for (int b = lane >> 3; b < nb; b += 4) {
-        const u8* blk = row + (size_t)b * KQ<T>::BYTES;
-        int sumi, summ;
-        kq_part<T>(blk, p, a + (size_t)b * QK_K, bs + 16 * b, &sumi, &summ);
-        float d, dmin;
-        kq_scales<T>(blk, &d, &dmin);
-        float da = ad[b];
-        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(da, d), (float)sumi));
-        if (T == WT_Q4_K) acc = __fsub_rn(acc, __fmul_rn(__fmul_rn(da, dmin), (float)summ));
+        const u8* blk = row + (size_t)b * 210;
+        int sumi = q6k_part(blk, p, a + (size_t)b * QK_K, bs + 16 * b);
+        float d = f16_to_f32(__ldg((const unsigned short*)(blk + 208)));
+        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(ad[b], d), (float)sumi));
     }
     return warp_sum(acc);
 }
 
-// Two K-quant rows (a SwiGLU's gate and up) dotted with the same activation row in one loop,
-// so both rows' loads are in flight together; each result is warp_dot_kq's bit for bit.
-template <int T>
-__device__ __forceinline__ float2 warp_dot2_kq(const u8* __restrict__ r0, const u8* __restrict__ r1,
-                                               const u8* __restrict__ a, int cols) {
+// Two Q6_K rows (a SwiGLU's gate and up) dotted with the same activation row in one loop,
+// so both rows' loads are in flight together; each result is warp_dot_q6k's bit for bit.
+__device__ __forceinline__ float2 warp_dot2_q6k(const u8* __restrict__ r0, const u8* __restrict__ r1,
+                                                const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     int p = lane & 7;
     int nb = cols / QK_K;
@@ -236,21 +204,15 @@ __device__ __forceinline__ float2 warp_dot2_kq(const u8* __restrict__ r0, const 
     float acc0 = 0.0f, acc1 = 0.0f;
     #pragma unroll 2
     for (int b = lane >> 3; b < nb; b += 4) {
-        const u8* b0 = r0 + (size_t)b * KQ<T>::BYTES;
-        const u8* b1 = r1 + (size_t)b * KQ<T>::BYTES;
-        int si0, sm0, si1, sm1;
-        kq_part<T>(b0, p, a + (size_t)b * QK_K, bs + 16 * b, &si0, &sm0);
-        kq_part<T>(b1, p, a + (size_t)b * QK_K, bs + 16 * b, &si1, &sm1);
-        float d0, dm0, d1, dm1;
-        kq_scales<T>(b0, &d0, &dm0);
-        kq_scales<T>(b1, &d1, &dm1);
+        const u8* b0 = r0 + (size_t)b * 210;
+        const u8* b1 = r1 + (size_t)b * 210;
+        int si0 = q6k_part(b0, p, a + (size_t)b * QK_K, bs + 16 * b);
+        int si1 = q6k_part(b1, p, a + (size_t)b * QK_K, bs + 16 * b);
+        float d0 = f16_to_f32(__ldg((const unsigned short*)(b0 + 208)));
+        float d1 = f16_to_f32(__ldg((const unsigned short*)(b1 + 208)));
         float da = ad[b];
         acc0 = __fadd_rn(acc0, __fmul_rn(__fmul_rn(da, d0), (float)si0));
         acc1 = __fadd_rn(acc1, __fmul_rn(__fmul_rn(da, d1), (float)si1));
-        if (T == WT_Q4_K) {
-            acc0 = __fsub_rn(acc0, __fmul_rn(__fmul_rn(da, dm0), (float)sm0));
-            acc1 = __fsub_rn(acc1, __fmul_rn(__fmul_rn(da, dm1), (float)sm1));
-        }
     }
     return make_float2(warp_sum(acc0), warp_sum(acc1));
 }
@@ -258,7 +220,7 @@ __device__ __forceinline__ float2 warp_dot2_kq(const u8* __restrict__ r0, const 
 // Warp dot of Q8_0 row `row` (cols = 32 nb) with the Q8_0 activation row `a`: lane l takes
 // blocks l, l + 32, ...; per block acc += sumi · (d_w · d_a), as the CPU's legacy_dot. Each
 // lane fetches Q8_BATCH blocks' bytes (d and the aligned words covering the quants) before
-// computing them, as warp_dot_kq does.
+// computing them, as warp_dot_q4k_rows does.
 #define Q8_BATCH 4
 __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
@@ -310,10 +272,10 @@ __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8
         warp_dot_q4k_rows<1>(rows, a, cols, &y);
         return y;
     }
-    else return warp_dot_kq<T>(row, a, cols);
+    else return warp_dot_q6k(row, a, cols);
 }
 
-// Gate and up rows against one activation: the K-quant pair loop, or two Q8_0 dots.
+// Gate and up rows against one activation: the Q4_K / Q6_K pair loops, or two Q8_0 dots.
 template <int T>
 __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u8* __restrict__ r1,
                                               const u8* __restrict__ a, int cols) {
@@ -324,5 +286,5 @@ __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u
         warp_dot_q4k_rows<2>(rows, a, cols, y);
         return make_float2(y[0], y[1]);
     }
-    else return warp_dot2_kq<T>(r0, r1, a, cols);
+    else return warp_dot2_q6k(r0, r1, a, cols);
 }

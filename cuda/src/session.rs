@@ -48,9 +48,10 @@ pub struct CudaSessionOptions {
     pub quantized_activations: bool,
     /// Decode steps launch with programmatic dependent launch ([`Device::pdl`]): each kernel
     /// is scheduled while the one before it finishes and prefetches its weights meanwhile.
-    /// On by default: on the H200 it decodes S 2.1 Q4_K_M 2-4% faster (152.0 -> 155.3 and
-    /// 162.0 -> 168.9 t/s, interleaved runs) with logits bitwise equal to plain launches
-    /// (device test). `LAGOON_CUDA_PDL=0` / `=1` overrides it.
+    /// On by default: on the H200 it decodes S 2.1 Q4_K_M 2-5% faster (152.0 -> 155.3 t/s
+    /// before this session's kernel changes, 170.1 -> 177.3 / 178.7 after; interleaved runs,
+    /// BENCHMARKS.md) with logits bitwise equal to plain launches (device test).
+    /// `LAGOON_CUDA_PDL=0` / `=1` overrides it.
     pub programmatic_launch: bool,
 }
 
