@@ -1,7 +1,7 @@
 //! The CUDA kernel lab: every mat-vec kernel version on Laguna S 2.1's decode shapes, timed
 //! in one device call, each against the device's measured read floor.
 //!
-//! `kernel_lab [--device N] [--reps N]`
+//! `kernel_lab [--device N] [--reps N] [--types q4_K,q6_K,q8_0] [--shapes q_proj,lm_head] [--moe no]`
 //!
 //! For each weight type (Q4_K, Q6_K, Q8_0) and shape (Q projection 9216×3072, O projection
 //! 3072×9216, K/V 1024×3072, one expert's gate 1024×3072 and down 3072×1024, the lm_head
@@ -10,6 +10,12 @@
 //! - `matmul_*`: the exact path (weights decoded to f32, f32 activations);
 //! - `quantize` + `mv_*`: the quantised-activation path (the activation quantiser timed on
 //!   its own, then the integer mat-vec).
+//!
+//! - for Q4_K, the versions in `cuda/kernels/lab.cu` (streamed through shared memory, its
+//!   memory-only twin, half-warp rows, whole-warp rows with and without an L2 prefetch), each
+//!   with its largest relative difference from `mv_q4_K`'s output;
+//! - the routed experts' gate/up at S 2.1's shape (256 experts, top 10 + shared): the
+//!   production `moe_gate_up_q_q4_K` against the lab's streamed and half-warp versions.
 //!
 //! Each launch reads a different copy of the matrix (copies rotate over ≥ 256 MB, five times
 //! the H200's L2), so the figures are from DRAM. Weights are random with sane block scales.
@@ -23,7 +29,12 @@ use anyhow::Context;
 use lagoon::core::dtype::GgmlType;
 use lagoon::cuda_backend::cudarc::driver::{DevicePtr, sys::CUevent_flags};
 use lagoon::cuda_backend::device::{Arg, Device, MvMat, blocks};
+use lagoon::cuda_backend::manifest::K;
 use lagoon::cuda_backend::weights::wtype;
+
+/// Warps of the streamed mat-vec resident per SM (7 blocks of 4: its 27 KB of shared memory
+/// per block).
+const MVS_WARPS_PER_SM: usize = 28;
 
 /// Bytes the rotating copies of one matrix span at least.
 const ROTATE_BYTES: usize = 256 << 20;
@@ -69,6 +80,16 @@ fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
+/// max |a − b| / max |b|: 0 when bitwise equal.
+fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+    let d = a
+        .iter()
+        .zip(b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+    if scale > 0.0 { d / scale } else { d }
+}
+
 /// GPU time per launch of `launch(i)` over `reps` launches (after `reps / 5 + 1` warm-ups).
 fn time_us(
     dev: &Device,
@@ -111,11 +132,19 @@ fn main() -> anyhow::Result<()> {
     ];
     let mut rng = Rng(0x1ab_5eed);
     let s = &dev.stream;
+    let want_shapes = a.get("shapes").unwrap_or("");
+    let want_types = a.get("types").unwrap_or("q4_K,q6_K,q8_0");
     for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
+        if !want_types.split(',').any(|t| t == ty.to_string()) {
+            continue;
+        }
         let wt = wtype(ty).context("a device type")?;
         let fmt = wt.act().context("a quantised type")?;
         let mvq = wt.mvq().context("a quantised type")?;
         for (name, rows, cols) in shapes {
+            if !want_shapes.is_empty() && !want_shapes.split(',').any(|w| name.contains(w)) {
+                continue;
+            }
             let one = random_matrix(&mut rng, ty, rows, cols);
             let copies = ROTATE_BYTES.div_ceil(one.len()).max(1);
             let mut all = Vec::with_capacity(one.len() * copies);
@@ -177,8 +206,187 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             })?;
             row(&format!("{:?}", mvq.mv), mv, bytes);
+            if ty == GgmlType::Q4K {
+                dev.mv(
+                    mvq.mv,
+                    qp,
+                    cols,
+                    &[MvMat {
+                        w: wp,
+                        row_bytes,
+                        rows,
+                        out: op,
+                        res: 0,
+                    }],
+                )?;
+                let want = s.clone_dtoh(&ob)?;
+                let max_warps = dev.sm_count()? as usize * MVS_WARPS_PER_SM;
+                let auto = rows.div_ceil(max_warps);
+                let variants = [
+                    (K::LabMvsQ4K, vec![1, 2, auto]),
+                    (K::LabMvsMemOnlyQ4K, vec![1, 2]),
+                    (K::LabMvhQ4K, vec![2]),
+                    (K::LabMvwQ4K, vec![1]),
+                    (K::LabMvwpQ4K, vec![1]),
+                ];
+                for (kernel, rpws) in variants {
+                    for rpw in rpws {
+                        let launch = |w: u64| {
+                            dev.launch(
+                                kernel,
+                                (blocks(rows, 4 * rpw), 1),
+                                128,
+                                &[
+                                    Arg::P(w),
+                                    Arg::P(row_bytes),
+                                    Arg::P(qp),
+                                    Arg::I(cols as i32),
+                                    Arg::P(op),
+                                    Arg::P(0),
+                                    Arg::I(rows as i32),
+                                    Arg::I(rpw as i32),
+                                ],
+                            )
+                        };
+                        launch(wp)?;
+                        let got = s.clone_dtoh(&ob)?;
+                        let d = rel_diff(&got, &want);
+                        let us = time_us(&dev, reps, |i| Ok(launch(at(i))?))?;
+                        row(
+                            &format!("{} rpw {rpw} (vs mv: {d:.1e})", kernel.name()),
+                            us,
+                            bytes,
+                        );
+                    }
+                }
+            }
             s.synchronize()?;
         }
     }
+    if a.get("moe") != Some("no") {
+        moe_lab(&dev, reps, floor, &mut rng)?;
+    }
+    Ok(())
+}
+
+/// The routed experts' gate/up at S 2.1's shape (256 experts of 1024×3072 Q4_K, top 10 +
+/// the shared expert): `moe_gate_up_q_q4_K` against the streamed `moe_gate_up_s_q4_K`,
+/// each launch with another of 32 random expert selections.
+fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Result<()> {
+    let (e, i_dim, h, k) = (256usize, 1024usize, 3072usize, 10usize);
+    let ty = GgmlType::Q4K;
+    let s = &dev.stream;
+    let row_bytes = ty.row_bytes(h as u64).context("row bytes")?;
+    let expert_bytes = row_bytes * i_dim as u64;
+    let mut upload = |n: usize| -> anyhow::Result<_> {
+        let one = random_matrix(rng, ty, i_dim, h);
+        let mut all = Vec::with_capacity(one.len() * n);
+        for _ in 0..n {
+            all.extend_from_slice(&one);
+        }
+        Ok(s.clone_htod(&all)?)
+    };
+    let (wg, wu, sg, su) = (upload(e)?, upload(e)?, upload(1)?, upload(1)?);
+    let fmt = wtype(ty).context("q4_K")?.act().context("act")?;
+    let x: Vec<f32> = (0..h).map(|_| rng.f()).collect();
+    let xb = s.clone_htod(&x)?;
+    let stride = fmt.row_stride(h);
+    let qb = s.alloc_zeros::<u8>(stride)?;
+    dev.quantize_act(fmt, xb.device_ptr(s).0, qb.device_ptr(s).0, h, stride, 1)?;
+    const SETS: usize = 32;
+    let mut ids = Vec::with_capacity(SETS * k);
+    let mut wts = Vec::with_capacity(SETS * k);
+    for _ in 0..SETS {
+        let mut set: Vec<u32> = Vec::new();
+        while set.len() < k {
+            let id = (rng.next() % e as u64) as u32;
+            if !set.contains(&id) {
+                set.push(id);
+            }
+        }
+        ids.extend(set.iter().map(|&v| f32::from_bits(v)));
+        wts.extend((0..k).map(|_| 0.1 + 0.05 * rng.f()));
+    }
+    let idb = s.clone_htod(&ids)?;
+    let wb = s.clone_htod(&wts)?;
+    let rc = s.alloc_zeros::<f32>(2 * k)?;
+    let act = s.alloc_zeros::<f32>((k + 1) * i_dim)?;
+    let (wgp, wup) = (wg.device_ptr(s).0, wu.device_ptr(s).0);
+    let (sgp, sup) = (sg.device_ptr(s).0, su.device_ptr(s).0);
+    let (qp, idp, wp, rcp, actp) = (
+        qb.device_ptr(s).0,
+        idb.device_ptr(s).0,
+        wb.device_ptr(s).0,
+        rc.device_ptr(s).0,
+        act.device_ptr(s).0,
+    );
+    let bytes = (2 * (k + 1)) as f64 * expert_bytes as f64;
+    let row = |kernel: &str, us: f64| {
+        let gb_s = bytes / (us * 1e-6) / 1e9;
+        println!(
+            "| q4_K | moe gate+up {k}+1 of {e}×{i_dim}×{h} | {kernel} | {us:.1} | {gb_s:.0} | {:.1}% |",
+            100.0 * gb_s / floor
+        );
+    };
+    let common = |set: usize| {
+        [
+            Arg::P(wgp),
+            Arg::P(wup),
+            Arg::P(expert_bytes),
+            Arg::P(row_bytes),
+            Arg::P(sgp),
+            Arg::P(sup),
+            Arg::P(qp),
+            Arg::P(idp + (4 * k * set) as u64),
+            Arg::P(wp + (4 * k * set) as u64),
+            Arg::P(rcp),
+            Arg::P(actp),
+            Arg::I(i_dim as i32),
+            Arg::I(h as i32),
+            Arg::I(k as i32),
+        ]
+    };
+    let old = |set: usize| {
+        dev.launch(
+            K::GateUpQQ4K,
+            (blocks(i_dim, 4), k as u32 + 1),
+            128,
+            &common(set),
+        )
+    };
+    old(0)?;
+    let want = s.clone_dtoh(&act)?;
+    let us = time_us(dev, reps, |i| Ok(old(i % SETS)?))?;
+    row("moe_gate_up_q_q4_K", us);
+    let pairs = (k + 1) * i_dim;
+    let max_warps = dev.sm_count()? as usize * MVS_WARPS_PER_SM;
+    for ppw in [1, 2, pairs.div_ceil(max_warps)] {
+        let new = |set: usize| {
+            let mut a = common(set).to_vec();
+            a.push(Arg::I(ppw as i32));
+            dev.launch(K::LabGateUpSQ4K, (blocks(pairs, 4 * ppw), 1), 128, &a)
+        };
+        new(0)?;
+        let got = s.clone_dtoh(&act)?;
+        let d = rel_diff(&got, &want);
+        let us = time_us(dev, reps, |i| Ok(new(i % SETS)?))?;
+        row(
+            &format!("moe_gate_up_s_q4_K ppw {ppw} (vs old: {d:.1e})"),
+            us,
+        );
+    }
+    let half = |set: usize| {
+        dev.launch(
+            K::LabGateUpHQ4K,
+            (blocks(i_dim, 4), k as u32 + 1),
+            128,
+            &common(set),
+        )
+    };
+    half(0)?;
+    let d = rel_diff(&s.clone_dtoh(&act)?, &want);
+    let us = time_us(dev, reps, |i| Ok(half(i % SETS)?))?;
+    row(&format!("moe_gate_up_h_q4_K (vs old: {d:.1e})"), us);
+    s.synchronize()?;
     Ok(())
 }

@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("flash.cu", include_str!("../kernels/flash.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
+    ("lab.cu", include_str!("../kernels/lab.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),

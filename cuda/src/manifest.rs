@@ -90,6 +90,13 @@ manifest! {
     MvSwigluQ8_0 => "mmvq.cu", "mv_swiglu_q8_0";
     MvSwigluQ4K => "mmvq.cu", "mv_swiglu_q4_K";
     MvSwigluQ6K => "mmvq.cu", "mv_swiglu_q6_K";
+    LabMvsQ4K => "lab.cu", "mvs_q4_K";
+    LabMvsMemOnlyQ4K => "lab.cu", "mvs_memonly_q4_K";
+    LabMvhQ4K => "lab.cu", "mvh_q4_K";
+    LabMvwQ4K => "lab.cu", "mvw_q4_K";
+    LabMvwpQ4K => "lab.cu", "mvwp_q4_K";
+    LabGateUpSQ4K => "lab.cu", "moe_gate_up_s_q4_K";
+    LabGateUpHQ4K => "lab.cu", "moe_gate_up_h_q4_K";
     RmsNormQ8K => "fused.cu", "rms_norm_q8_K";
     RmsNormQ8_0 => "fused.cu", "rms_norm_q8_0";
     QkNormRopeStore => "fused.cu", "qk_norm_rope_store";

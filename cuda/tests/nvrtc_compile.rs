@@ -57,7 +57,11 @@ fn assemble(file: &str, ptx: &str) {
         println!("{file}: ptxas not run (LAGOON_PTXAS unset)");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("lagoon-ptxas-{}", std::process::id()));
+    // LAGOON_PTXAS_KEEP=DIR keeps the PTX and the cubin there (for `cuobjdump -sass`).
+    let keep = std::env::var_os("LAGOON_PTXAS_KEEP").map(std::path::PathBuf::from);
+    let dir = keep.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("lagoon-ptxas-{}", std::process::id()))
+    });
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join(format!("{file}.ptx"));
     std::fs::write(&src, ptx).unwrap();
@@ -80,7 +84,9 @@ fn assemble(file: &str, ptx: &str) {
     if verbose {
         println!("{}", String::from_utf8_lossy(&out.stderr));
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 #[test]

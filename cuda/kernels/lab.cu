@@ -1,0 +1,259 @@
+// Decode mat-vec versions the kernel lab (examples/kernel_lab.rs) times against the ones the
+// backend runs, kept because each answers a question the production kernels raise. Measured
+// on the H200 (BENCHMARKS.md, "Decode mat-vec lab"):
+//
+// - mvs_q4_K: each warp streams its rows' weights into its own ring of shared-memory stages
+//   with cp.async and computes a stage while the next ones load. Faster than the old eight-
+//   lane register kernel (Q projection 18.1 -> 11.1 us) but not than four lanes per
+//   super-block in registers (9.5 us): ncu shows it issue-bound (0.75 warp instructions per
+//   scheduler cycle at 57% of DRAM bandwidth).
+// - mvs_memonly_q4_K: the same stream with the arithmetic replaced by a checksum, the ceiling
+//   of this copy pattern: 80-89% of the read floor on the lm_head shape.
+// - mvh_q4_K: half-warp rows (two rows per warp, four lanes per super-block); slower than
+//   whole-warp rows on 9216 rows (12.7 us: 1.1 waves of blocks).
+// - moe_gate_up_s_q4_K / moe_gate_up_h_q4_K: the routed gate/up streamed (22.4 us) and with
+//   half warps (19.6 us), both slower than moe_gate_up_q_q4_K (17.1 us).
+//
+// The copy pattern (per-thread 16-byte cp.async into a multi-stage ring, wait_group N - 1
+// then a barrier before reading) is the one CUTLASS's multistage mainloops and llama.cpp's
+// mma kernels use (ggml/src/ggml-cuda/cp-async.cuh); restated here for one warp. Terms and
+// their order in the streamed kernels are warp_dot_q4k_rows's (mmvq.cuh): a stage is MVS_CH
+// super-blocks, a multiple of the four lane groups, so their results are that loop's bit
+// for bit.
+#include "mmvq.cuh"
+
+#define MVS_WARPS 4
+#define MVS_CH 12
+#define MVS_STAGES 4
+#define MVS_STAGE_BYTES (MVS_CH * 144)
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// One warp's copy of `bytes` (a multiple of 16, both ends 16-byte aligned) into dst.
+__device__ __forceinline__ void warp_copy(u8* dst, const u8* src, int bytes, int lane) {
+    for (int o = 16 * lane; o < bytes; o += 512) cp_async16(dst + o, src + o);
+}
+
+// acc += this lane's terms of stage `st` (super-blocks b0 .. b0 + n of a row).
+__device__ __forceinline__ float mvs_stage_acc(float acc, const u8* st, int n, int b0, const u8* __restrict__ a,
+                                               const float* __restrict__ ad, const short* __restrict__ bs,
+                                               int lane) {
+    int p = lane & 7;
+    for (int j = lane >> 3; j < n; j += 4) {
+        const u8* blk = st + j * 144;
+        Q4kLoad l;
+        l.hd = *(const uint4*)blk;
+        l.qs = *(const uint4*)(blk + 16 + 16 * p);
+        int b = b0 + j;
+        acc = q4k_acc(acc, l, p, a + (size_t)b * QK_K, bs + 16 * b, ad[b]);
+    }
+    return acc;
+}
+
+// out[r] = W[r] . a (+ res[r]) for Q4_K rows of `cols` (a multiple of 256): warp w of the
+// grid takes rows [w·rpw, (w + 1)·rpw), one stage of MVS_CH super-blocks at a time, with S
+// stages in its ring. (COMPUTE false: the kernel lab's memory-only twin, which streams the
+// same bytes and only folds them into a checksum.) Grid ceil(rows / (rpw · MVS_WARPS)).
+template <int S, bool COMPUTE>
+__device__ __forceinline__ void mvs_dense(const u8* __restrict__ W, u64 row_bytes, const u8* __restrict__ aq,
+                                          int cols, float* __restrict__ out, const float* __restrict__ res,
+                                          int rows, int rpw) {
+    __shared__ __align__(16) u8 ring[MVS_WARPS][S][MVS_STAGE_BYTES];
+    pdl_trigger();
+    int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    int r0 = (blockIdx.x * MVS_WARPS + wi) * rpw;
+    int nr = min(rpw, rows - r0);
+    if (nr <= 0) return;
+    int nb = cols / QK_K;
+    int spr = (nb + MVS_CH - 1) / MVS_CH;  // stages per row
+    int n = nr * spr;
+    u8(*buf)[MVS_STAGE_BYTES] = ring[wi];
+    auto issue = [&](int i) {
+        int r = r0 + i / spr, c = i % spr;
+        int b0 = c * MVS_CH, m = min(MVS_CH, nb - b0);
+        warp_copy(buf[i % S], W + (size_t)r * row_bytes + (size_t)b0 * 144, m * 144, lane);
+    };
+    #pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n) issue(s);
+        cp_async_commit();
+    }
+    pdl_wait();
+    const float* ad = q8k_d(aq, cols);
+    const short* bs = q8k_bsums(aq, cols);
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (i + S - 1 < n) issue(i + S - 1);
+        cp_async_commit();
+        cp_async_wait<S - 1>();
+        __syncwarp();
+        int c = i % spr, b0 = c * MVS_CH;
+        if constexpr (COMPUTE) {
+            acc = mvs_stage_acc(acc, buf[i % S], min(MVS_CH, nb - b0), b0, aq, ad, bs, lane);
+        } else {
+            const u8* st = buf[i % S];
+            for (int j = lane >> 3; j < min(MVS_CH, nb - b0); j += 4) {
+                uint4 v = *(const uint4*)(st + j * 144 + 16 + 16 * (lane & 7));
+                acc += (float)((v.x ^ v.y ^ v.z ^ v.w) & 0xFF);
+            }
+        }
+        __syncwarp();
+        if (c == spr - 1) {
+            int r = r0 + i / spr;
+            float y = warp_sum(acc);
+            if (lane == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
+            acc = 0.0f;
+        }
+    }
+}
+
+#define MVS_DENSE_ARGS                                                                                     \
+    const u8 *__restrict__ W, u64 row_bytes, const u8 *__restrict__ aq, int cols, float *__restrict__ out, \
+        const float *__restrict__ res, int rows, int rpw
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) mvs_q4_K(MVS_DENSE_ARGS) {
+    mvs_dense<MVS_STAGES, true>(W, row_bytes, aq, cols, out, res, rows, rpw);
+}
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) mvs_memonly_q4_K(MVS_DENSE_ARGS) {
+    mvs_dense<MVS_STAGES, false>(W, row_bytes, aq, cols, out, res, rows, rpw);
+}
+
+// Half-warp rows: lanes 0-15 take row r, 16-31 row r + 1, four lanes per super-block
+// (group_dot_q4k<4>). Grid ceil(rows / (2 · MVS_WARPS)).
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) mvh_q4_K(MVS_DENSE_ARGS) {
+    pdl_trigger();
+    int r = 2 * (blockIdx.x * MVS_WARPS + (threadIdx.x >> 5)) + ((threadIdx.x >> 4) & 1);
+    bool on = r < rows;
+    int rr = on ? r : rows - 1;
+    pdl_wait();
+    float y = group_dot_q4k<4>(W + (size_t)rr * row_bytes, aq, cols);
+    if (on && (threadIdx.x & 15) == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
+}
+
+// Whole-warp rows, four lanes per super-block (group_dot_q4k<8>), with lane 0 asking L2 for
+// the row first when PREFETCH (cp.async.bulk.prefetch, as the production mat-vec did).
+// Grid ceil(rows / MVS_WARPS).
+template <bool PREFETCH>
+__device__ __forceinline__ void mvw(MVS_DENSE_ARGS) {
+    pdl_trigger();
+    int r = blockIdx.x * MVS_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    if (PREFETCH && (threadIdx.x & 31) == 0) prefetch_l2(W + (size_t)r * row_bytes, row_bytes);
+    pdl_wait();
+    float y = group_dot_q4k<8>(W + (size_t)r * row_bytes, aq, cols);
+    if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
+}
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) mvw_q4_K(MVS_DENSE_ARGS) {
+    mvw<false>(W, row_bytes, aq, cols, out, res, rows, rpw);
+}
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) mvwp_q4_K(MVS_DENSE_ARGS) {
+    mvw<true>(W, row_bytes, aq, cols, out, res, rows, rpw);
+}
+
+// moe_gate_up_q with half warps: lanes 0-15 the gate row, 16-31 the up row.
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS)
+moe_gate_up_h_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes, u64 row_bytes,
+                   const u8* __restrict__ Sg, const u8* __restrict__ Su, const u8* __restrict__ xq,
+                   const float* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ route_copy,
+                   float* __restrict__ act, int I, int H, int K) {
+    pdl_trigger();
+    int r = blockIdx.x * MVS_WARPS + threadIdx.x / 32;
+    int k = blockIdx.y;
+    bool up = (threadIdx.x >> 4) & 1;
+    if (k == K && r < I && (threadIdx.x & 15) == 0) prefetch_l2((up ? Su : Sg) + (size_t)r * row_bytes, row_bytes);
+    pdl_wait();
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
+        route_copy[threadIdx.x] = ids[threadIdx.x];
+        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+    }
+    if (r >= I) return;
+    const u8* w;
+    if (k < K) w = (up ? Wu : Wg) + (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
+    else w = (up ? Su : Sg) + (size_t)r * row_bytes;
+    float y = group_dot_q4k<4>(w, xq, H);
+    float u = __shfl_sync(0xffffffffu, y, 16);
+    if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(y) * u;
+}
+
+// moe_gate_up_q's product (mmvq.cu) streamed: act[k, r] = silu(gate_e[r] . x) · (up_e[r] . x)
+// for slot k < K (e = ids[k]) and the shared expert as slot K (Sg, Su). The (K + 1)·I
+// (slot, row) pairs are dealt out in runs of ppw to the grid's warps; a pair is its gate
+// row's stages then its up row's. Block 0 copies ids and weights to route_copy as
+// moe_gate_up_q does. Grid ceil((K + 1)·I / (ppw · MVS_WARPS)).
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS)
+moe_gate_up_s_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes, u64 row_bytes,
+                   const u8* __restrict__ Sg, const u8* __restrict__ Su, const u8* __restrict__ xq,
+                   const float* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ route_copy,
+                   float* __restrict__ act, int I, int H, int K, int ppw) {
+    __shared__ __align__(16) u8 ring[MVS_WARPS][MVS_STAGES][MVS_STAGE_BYTES];
+    pdl_trigger();
+    int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    int q0 = (blockIdx.x * MVS_WARPS + wi) * ppw;
+    int nq = min(ppw, (K + 1) * I - q0);
+    int nb = H / QK_K;
+    int spr = (nb + MVS_CH - 1) / MVS_CH;
+    int n = 2 * nq * spr;
+    u8(*buf)[MVS_STAGE_BYTES] = ring[wi];
+    // Stage i: pair q0 + i / (2 spr), its gate (h = 0) or up (h = 1) row, stage c.
+    auto src = [&](int i, bool routed_ok) -> const u8* {
+        int q = q0 + i / (2 * spr), h = (i / spr) & 1, c = i % spr;
+        int k = q / I, r = q % I;
+        size_t off = (size_t)r * row_bytes + (size_t)c * MVS_CH * 144;
+        if (k == K) return (h ? Su : Sg) + off;
+        if (!routed_ok) return nullptr;
+        return (h ? Wu : Wg) + (size_t)__float_as_uint(ids[k]) * expert_bytes + off;
+    };
+    auto issue = [&](int i, const u8* s) {
+        int c = i % spr, m = min(MVS_CH, nb - c * MVS_CH);
+        warp_copy(buf[i % MVS_STAGES], s, m * 144, lane);
+    };
+    // Before pdl_wait only the shared expert's rows are known (ids come from the router).
+    int pre = 0;
+    if (nq > 0) {
+        for (; pre < MVS_STAGES - 1 && pre < n; pre++) {
+            const u8* s = src(pre, false);
+            if (!s) break;
+            issue(pre, s);
+            cp_async_commit();
+        }
+    }
+    pdl_wait();
+    if (blockIdx.x == 0 && threadIdx.x < K) {
+        route_copy[threadIdx.x] = ids[threadIdx.x];
+        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+    }
+    if (nq <= 0) return;
+    for (int s = pre; s < MVS_STAGES - 1; s++) {
+        if (s < n) issue(s, src(s, true));
+        cp_async_commit();
+    }
+    const float* ad = q8k_d(xq, H);
+    const short* bs = q8k_bsums(xq, H);
+    float acc = 0.0f, g = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (i + MVS_STAGES - 1 < n) issue(i + MVS_STAGES - 1, src(i + MVS_STAGES - 1, true));
+        cp_async_commit();
+        cp_async_wait<MVS_STAGES - 1>();
+        __syncwarp();
+        int c = i % spr, b0 = c * MVS_CH;
+        acc = mvs_stage_acc(acc, buf[i % MVS_STAGES], min(MVS_CH, nb - b0), b0, xq, ad, bs, lane);
+        __syncwarp();
+        if (c == spr - 1) {
+            float y = warp_sum(acc);
+            acc = 0.0f;
+            if (((i / spr) & 1) == 0) {
+                g = y;
+            } else {
+                int q = q0 + i / (2 * spr);
+                if (lane == 0) act[q] = silu_f(g) * y;
+            }
+        }
+    }
+}
