@@ -6,6 +6,8 @@
 
 #define ATT_WARPS 4
 #define ATT_MAX_D 256
+// Keys whose value rows attention_decode loads together.
+#define ATT_VB 4
 
 // Writes the step's K and V rows at their positions. One thread per element.
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
@@ -174,6 +176,9 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ kc, cons
             const float4* kr = (const float4*)(kc + (size_t)(j % cap) * row + (size_t)kvh * d);
             const float4* q4 = (const float4*)qs;
             float a0 = 0.0f, a1 = 0.0f;
+            // Unrolled so that eight iterations' key loads are in flight together (the key
+            // row is 512 bytes of one lane's; rolled, each iteration waited for its own).
+            #pragma unroll 8
             for (int i = 0; i < d / 4; i += 2) {
                 float4 kv = kr[i], qv = q4[i];
                 a0 += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
@@ -191,7 +196,32 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ kc, cons
         #pragma unroll
         for (int i = 0; i < ATT_MAX_D / 32; i++) acc[i] *= corr;
         int nk = min(32, last - base + 1);
-        for (int jj = 0; jj < nk; jj++) {
+        // Four keys' value rows are loaded before any is added (rolled, each key's loads
+        // waited for their own round trip: 32 per chunk of keys); the additions keep the
+        // one-key-at-a-time order.
+        int jj = 0;
+        for (; jj + ATT_VB <= nk; jj += ATT_VB) {
+            float pv[ATT_VB], xv[ATT_VB][ATT_MAX_D / 32];
+            #pragma unroll
+            for (int u = 0; u < ATT_VB; u++) {
+                pv[u] = __shfl_sync(0xffffffffu, p, jj + u);
+                const float* vr = vc + (size_t)((base + jj + u) % cap) * row + (size_t)kvh * d;
+                #pragma unroll
+                for (int i = 0; i < ATT_MAX_D / 32; i++) {
+                    int k = lane + 32 * i;
+                    xv[u][i] = k < d ? vr[k] : 0.0f;
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < ATT_VB; u++) {
+                #pragma unroll
+                for (int i = 0; i < ATT_MAX_D / 32; i++) {
+                    int k = lane + 32 * i;
+                    if (k < d) acc[i] += pv[u] * xv[u][i];
+                }
+            }
+        }
+        for (; jj < nk; jj++) {
             float pj = __shfl_sync(0xffffffffu, p, jj);
             const float* vr = vc + (size_t)((base + jj) % cap) * row + (size_t)kvh * d;
             #pragma unroll

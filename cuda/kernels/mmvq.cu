@@ -141,16 +141,17 @@ __device__ __forceinline__ void moe_down_q4k_short(const u8* __restrict__ Wd, u6
                 const u8* a = actq + (size_t)k * astride;
                 float part = on ? q4k_acc(0.0f, l[u], p, a + (size_t)b * QK_K, q8k_bsums(a, I) + 16 * b, q8k_d(a, I)[b])
                                 : 0.0f;
-                acc = __fadd_rn(acc, __fmul_rn(warp_sum(part), weights[k]));
+                acc = __fadd_rn(acc, __fmul_rn(part, weights[k]));
             }
         }
     }
-    float y = __fmul_rn(acc, scale);
+    float v = __fmul_rn(acc, scale);
     if (Sd) {
         const u8* a = actq + (size_t)K * astride;
         float part = on ? q4k_acc(0.0f, ls, p, a + (size_t)b * QK_K, q8k_bsums(a, I) + 16 * b, q8k_d(a, I)[b]) : 0.0f;
-        y = __fadd_rn(y, warp_sum(part));
+        v = __fadd_rn(v, part);
     }
+    float y = warp_sum(v);
     if (res) y = __fadd_rn(res[r], y);
     if (lane == 0) out[r] = y;
 }
@@ -158,8 +159,10 @@ __device__ __forceinline__ void moe_down_q4k_short(const u8* __restrict__ Wd, u6
 // out[r] = scale * sum_k weights[k] * (down_{ids[k]}[r] . act[k]), the experts taken in
 // ascending (id, slot) order as moe_combine does. With Sd (the shared expert's down, its
 // activation in row K of actq) the shared output is added, and with res the residual:
-// out = res + (routed + shared), the graph's two adds. One warp per output row. Grid
-// ceil(H / MV_WARPS).
+// out = res + (routed + shared), the graph's two adds. One warp per output row. Each lane
+// adds its shares of every expert's product, weighted, and the warp is reduced once at the
+// end (one reduction instead of one per expert: five dependent shuffles each); the float
+// rounding differs from per-expert sums by a few ulp. Grid ceil(H / MV_WARPS).
 template <int T>
 __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                            const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
@@ -201,42 +204,72 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     for (int s = 0; s < K; s++) {
         int k = __shfl_sync(0xffffffffu, order, s);
         u32 e = id[k];
-        float y = warp_dot_q<T>(Wd + (size_t)e * expert_bytes + (size_t)r * row_bytes,
-                                actq + (size_t)k * astride, I);
-        acc = __fadd_rn(acc, __fmul_rn(y, weights[k]));
+        float part = lane_part_q<T>(Wd + (size_t)e * expert_bytes + (size_t)r * row_bytes,
+                                    actq + (size_t)k * astride, I);
+        acc = __fadd_rn(acc, __fmul_rn(part, weights[k]));
     }
-    float y = __fmul_rn(acc, scale);
-    if (Sd) y = __fadd_rn(y, warp_dot_q<T>(Sd + (size_t)r * row_bytes, actq + (size_t)K * astride, I));
+    float v = __fmul_rn(acc, scale);
+    if (Sd) v = __fadd_rn(v, lane_part_q<T>(Sd + (size_t)r * row_bytes, actq + (size_t)K * astride, I));
+    float y = warp_sum(v);
     if (res) y = __fadd_rn(res[r], y);
     if (lane == 0) out[r] = y;
 }
 
-// out[r] = W[r] . x for f32 weights (the router) at batch 1: one warp per row, 16-byte
-// loads, two accumulators. Rows start 16-byte aligned and cols % 4 == 0. Grid
-// ceil(rows / MV_WARPS).
-extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
+// out[r] = W[r] . x for f32 weights (the router) at batch 1: one block of MVF_WARPS warps
+// per row, warp w taking the w-th quarter of the row's float4s with MVF_BATCH of them per
+// lane loaded before any is used, then the warps' sums added in shared memory. (One warp
+// per row, two loads in flight per lane, ran 5.8 us for S 2.1's 256×3072 router: 64 blocks
+// for 132 SMs, latency-bound.) Rows start 16-byte aligned and cols % 4 == 0. Grid rows.
+#define MVF_WARPS 4
+#define MVF_BATCH 8
+extern "C" __global__ void __launch_bounds__(32 * MVF_WARPS)
 mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, float* __restrict__ out,
        int rows, int cols) {
     pdl_trigger();
-    int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
-    int lane = threadIdx.x & 31;
+    int r = blockIdx.x;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (r >= rows) return;
-    if (lane == 0) prefetch_l2((const u8*)W + (size_t)r * row_bytes, row_bytes);
-    pdl_wait();
     const float4* w4 = (const float4*)((const u8*)W + (size_t)r * row_bytes);
     const float4* x4 = (const float4*)x;
     int n4 = cols / 4;
-    float a0 = 0.0f, a1 = 0.0f;
-    for (int i = lane; i < n4; i += 64) {
-        float4 w = __ldg(w4 + i), v = x4[i];
-        a0 += w.x * v.x + w.y * v.y + w.z * v.z + w.w * v.w;
-        if (i + 32 < n4) {
-            float4 w2 = __ldg(w4 + i + 32), v2 = x4[i + 32];
-            a1 += w2.x * v2.x + w2.y * v2.y + w2.z * v2.z + w2.w * v2.w;
+    int per = (n4 + MVF_WARPS - 1) / MVF_WARPS;
+    int lo = warp * per, hi = min(n4, lo + per);
+    // The weights are never written by a kernel: the first batch is requested before waiting.
+    float4 w[MVF_BATCH];
+    #pragma unroll
+    for (int u = 0; u < MVF_BATCH; u++) {
+        int i = lo + lane + 32 * u;
+        if (i < hi) w[u] = __ldg(w4 + i);
+    }
+    pdl_wait();
+    float acc = 0.0f;
+    for (int i0 = lo + lane; i0 < hi; i0 += 32 * MVF_BATCH) {
+        if (i0 != lo + lane) {
+            #pragma unroll
+            for (int u = 0; u < MVF_BATCH; u++) {
+                int i = i0 + 32 * u;
+                if (i < hi) w[u] = __ldg(w4 + i);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < MVF_BATCH; u++) {
+            int i = i0 + 32 * u;
+            if (i < hi) {
+                float4 v = x4[i];
+                acc += w[u].x * v.x + w[u].y * v.y + w[u].z * v.z + w[u].w * v.w;
+            }
         }
     }
-    float y = warp_sum(a0 + a1);
-    if (lane == 0) out[r] = y;
+    acc = warp_sum(acc);
+    __shared__ float part[MVF_WARPS];
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float y = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < MVF_WARPS; k++) y += part[k];
+        out[r] = y;
+    }
 }
 
 #define MVQ_TYPES(X) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K)

@@ -248,9 +248,10 @@ __device__ __forceinline__ float group_sum(float v) {
 // One Q4_K row dotted with one Q8_K activation row by G groups of four lanes (G = 8: the
 // whole warp on this row; G = 4: each half warp on its own row, the caller passing each
 // half its row). Group j (lanes 4j .. 4j + 3 of the 4G) takes super-blocks j, j + G, ...,
-// fetching Q4K_BATCH of them before computing any. The result is in every lane of the group.
+// fetching Q4K_BATCH of them before computing any. group_part_q4k returns the lane's share,
+// group_dot_q4k the group's sum (in every lane of the group).
 template <int G>
-__device__ __forceinline__ float group_dot_q4k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+__device__ __forceinline__ float group_part_q4k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & (4 * G - 1);
     int g = lane & 3;
     int nb = cols / QK_K;
@@ -270,7 +271,12 @@ __device__ __forceinline__ float group_dot_q4k(const u8* __restrict__ row, const
             if (b < nb) acc = q4k_acc4(acc, l[u], g, a + (size_t)b * QK_K, bs + 16 * b, ad[b]);
         }
     }
-    return group_sum<G>(acc);
+    return acc;
+}
+
+template <int G>
+__device__ __forceinline__ float group_dot_q4k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    return group_sum<G>(group_part_q4k<G>(row, a, cols));
 }
 
 // Warp dot of Q6_K row `row` (cols = 256 nb, 210-byte super-blocks) with the Q8_K
@@ -280,7 +286,7 @@ __device__ __forceinline__ float group_dot_q4k(const u8* __restrict__ row, const
 // independent and their loads can be in flight together (the exact-per-super-block variant
 // ran at ~20–35% of the read floor on S 2.1 shapes). Rounding differs from the CPU's
 // per-super-block float terms by a few ulp of each partial.
-__device__ __forceinline__ float warp_dot_q6k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+__device__ __forceinline__ float lane_part_q6k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     int p = lane & 7;
     int nb = cols / QK_K;
@@ -294,7 +300,11 @@ __device__ __forceinline__ float warp_dot_q6k(const u8* __restrict__ row, const 
         float d = f16_to_f32(__ldg((const unsigned short*)(blk + 208)));
         acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(ad[b], d), (float)sumi));
     }
-    return warp_sum(acc);
+    return acc;
+}
+
+__device__ __forceinline__ float warp_dot_q6k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    return warp_sum(lane_part_q6k(row, a, cols));
 }
 
 // Two Q6_K rows (a SwiGLU's gate and up) dotted with the same activation row in one loop,
@@ -327,7 +337,7 @@ __device__ __forceinline__ float2 warp_dot2_q6k(const u8* __restrict__ r0, const
 // lane fetches Q8_BATCH blocks' bytes (d and the aligned words covering the quants) before
 // computing them, as warp_dot_q4k_rows does.
 #define Q8_BATCH 4
-__device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+__device__ __forceinline__ float lane_part_q8_0(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     int nb = cols / QK;
     const float* ad = q8_0_d(a, cols);
@@ -364,7 +374,11 @@ __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const
             }
         }
     }
-    return warp_sum(acc);
+    return acc;
+}
+
+__device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    return warp_sum(lane_part_q8_0(row, a, cols));
 }
 
 // Dispatch by weight type: Q4_K/Q6_K against Q8_K, Q8_0 against Q8_0.
@@ -377,6 +391,15 @@ __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8
     // measured faster for gate/up: 17.1 us against 19.6 with half warps of four-lane groups).
     else if constexpr (T == WT_Q4_K) return group_dot_q4k<8>(row, a, cols);
     else return warp_dot_q6k(row, a, cols);
+}
+
+// A lane's share of warp_dot_q (the warp's sum of these is warp_dot_q's result): for callers
+// that add several products' shares per lane and reduce the warp once.
+template <int T>
+__device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    if constexpr (T == WT_Q8_0) return lane_part_q8_0(row, a, cols);
+    else if constexpr (T == WT_Q4_K) return group_part_q4k<8>(row, a, cols);
+    else return lane_part_q6k(row, a, cols);
 }
 
 // Gate and up rows against one activation: the Q4_K / Q6_K pair loops, or two Q8_0 dots.

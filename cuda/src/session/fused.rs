@@ -141,7 +141,7 @@ impl CudaSession {
                     // f32 weights (the router) at batch 1.
                     dev.launch(
                         K::MvF32,
-                        (blocks(m.rows, 4), 1),
+                        (m.rows as u32, 1),
                         128,
                         &[
                             P(m.ptr),
