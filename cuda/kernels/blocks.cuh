@@ -30,6 +30,26 @@ struct block_q6_K {
     unsigned short d;
 };
 
+// ggml block_q5_K (176 B): Q4_K plus a 5th bit per weight; element 32j + l of sub-block j
+// takes bit j of qh[l]; y = (d * sc) * q - dmin * m with q = nibble + 16 * bit.
+struct block_q5_K {
+    unsigned short d;
+    unsigned short dmin;
+    unsigned char scales[12];
+    unsigned char qh[QK_K / 8];
+    unsigned char qs[QK_K / 2];
+};
+
+// ggml block_iq4_xs (136 B): 8 sub-blocks of 32 with 6-bit scales biased by 32 (low 4 bits in
+// scales_l, high 2 in scales_h), codebook indices split by half-sub-block as in IQ4_NL;
+// y = (d * (ls - 32)) * kvalues_iq4nl[q].
+struct block_iq4_xs {
+    unsigned short d;
+    unsigned short scales_h;
+    unsigned char scales_l[QK_K / 64];
+    unsigned char qs[QK_K / 2];
+};
+
 // The device form of a 4-bit compressed-tensors (W4A16) matrix, repacked at upload
 // (lagoon_cuda::weights::CT4_BLOCK_BYTES): 32 elements sharing one scale and zero point,
 // y = rnd(rnd((q - 8) - z) * s) with rnd the scale dtype's rounding (compressed-tensors'
@@ -45,6 +65,8 @@ static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_ct4) == 20, "block_ct4 size");
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
+static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 
 // Weight encodings the kernels decode; the numbering is `lagoon_cuda::WType`'s.
 #define WT_F32 0
@@ -54,3 +76,5 @@ static_assert(sizeof(block_ct4) == 20, "block_ct4 size");
 #define WT_Q4_K 4
 #define WT_Q6_K 5
 #define WT_CT4 6
+#define WT_Q5_K 7
+#define WT_IQ4_XS 8

@@ -37,6 +37,22 @@ template <> struct ChunkRaw<WT_Q4_K> { uint4 hd, lo, hi; int j; };
 template <> struct ChunkRaw<WT_Q6_K> { u32 ql[9], qh[9]; u32 shl, shh; int s0, s1; unsigned short d; int j; };
 // CT4: the block's five words (header, then the 16 code bytes).
 template <> struct ChunkRaw<WT_CT4> { u32 w[5]; };
+// Q5_K: the 16-byte header, all 32 bytes of fifth bits, the 32 bytes of packed nibbles.
+template <> struct ChunkRaw<WT_Q5_K> { uint4 hd, h0, h1, lo, hi; int j; };
+// IQ4_XS: the 8-byte header (d, scales_h, scales_l) and the sub-block's 16 index bytes.
+template <> struct ChunkRaw<WT_IQ4_XS> { uint2 hd, q0, q1; int j; };
+
+// kvalues_iq4nl (core/src/quant/tables/kvalues.rs) as four little-endian words of int8.
+#define IQ4NL_W0 0xBFAD9881u  // -127 -104 -83 -65
+#define IQ4NL_W1 0xF6EADDCFu  // -49 -35 -22 -10
+#define IQ4NL_W2 0x26190D01u  // 1 13 25 38
+#define IQ4NL_W3 0x71594535u  // 53 69 89 113
+
+// kvalues_iq4nl[q] for q in 0..16 (two byte permutes and a select).
+__device__ __forceinline__ int iq4nl_value(u32 q) {
+    u32 lo = __byte_perm(IQ4NL_W0, IQ4NL_W1, q & 7), hi = __byte_perm(IQ4NL_W2, IQ4NL_W3, q & 7);
+    return (int)(signed char)((q & 8 ? hi : lo) & 0xFF);
+}
 
 // x rounded to bf16 (round to nearest even, as half::bf16::from_f32 for finite values) and
 // back.
@@ -85,6 +101,23 @@ __device__ __forceinline__ void chunk_fetch(const u8* __restrict__ row, int c, C
         const u32* b = (const u32*)(row + 20 * (size_t)c);
         #pragma unroll
         for (int i = 0; i < 5; i++) r.w[i] = b[i];
+    } else if constexpr (T == WT_Q5_K) {
+        const u8* b = row + 176 * (size_t)(c / 8);
+        r.j = c % 8;
+        const uint4* p = (const uint4*)b;
+        r.hd = p[0];
+        r.h0 = p[1];
+        r.h1 = p[2];
+        const uint4* q4 = (const uint4*)(b + 48 + 32 * (r.j / 2));
+        r.lo = q4[0];
+        r.hi = q4[1];
+    } else if constexpr (T == WT_IQ4_XS) {
+        const u8* b = row + 136 * (size_t)(c / 8);
+        r.j = c % 8;
+        r.hd = *(const uint2*)b;
+        const uint2* q = (const uint2*)(b + 8 + 16 * r.j);
+        r.q0 = q[0];
+        r.q1 = q[1];
     } else if constexpr (T == WT_Q4_K) {
         const u8* b = row + 144 * (size_t)(c / 8);
         r.j = c % 8;
@@ -147,6 +180,41 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
             t = bf ? round_bf16(t) : round_f16(t);
             float y = __fmul_rn(t, s);
             w[i] = bf ? round_bf16(y) : round_f16(y);
+        }
+    } else if constexpr (T == WT_Q5_K) {
+        // lagoon_core::quant::q5_k: y = d1 * (nibble | bit << 4) - min1, d1 = d * sc,
+        // min1 = dmin * m (no fused multiply-add, as the reference).
+        int j = r.j, sc, m;
+        if (j < 4) {
+            sc = q4k_scale_byte(r.hd, j) & 63;
+            m = q4k_scale_byte(r.hd, j + 4) & 63;
+        } else {
+            sc = (q4k_scale_byte(r.hd, j + 4) & 0xF) | ((q4k_scale_byte(r.hd, j - 4) >> 6) << 4);
+            m = (q4k_scale_byte(r.hd, j + 4) >> 4) | ((q4k_scale_byte(r.hd, j) >> 6) << 4);
+        }
+        float d1 = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x & 0xFFFF)), (float)sc);
+        float m1 = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x >> 16)), (float)m);
+        u32 q[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+        u32 h[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+        int shift = 4 * (j & 1);
+        #pragma unroll
+        for (int l = 0; l < 32; l++) {
+            u32 v = ((byte_of(q, l) >> shift) & 0xF) | (((byte_of(h, l) >> j) & 1) << 4);
+            w[l] = __fsub_rn(__fmul_rn(d1, (float)v), m1);
+        }
+    } else if constexpr (T == WT_IQ4_XS) {
+        // lagoon_core::quant::iq4: dl = d * (ls - 32), y = dl * kvalues[q].
+        int ib = r.j;
+        u32 sl = (r.hd.y >> (8 * (ib / 2))) & 0xFF;
+        u32 low4 = (sl >> (4 * (ib % 2))) & 0xF;
+        u32 high2 = ((r.hd.x >> 16) >> (2 * ib)) & 3;
+        float dl = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x & 0xFFFF)), (float)((int)(low4 | (high2 << 4)) - 32));
+        u32 q[4] = {r.q0.x, r.q0.y, r.q1.x, r.q1.y};
+        #pragma unroll
+        for (int l = 0; l < 16; l++) {
+            u32 b = (q[l >> 2] >> (8 * (l & 3))) & 0xFF;
+            w[l] = __fmul_rn(dl, (float)iq4nl_value(b & 0xF));
+            w[l + 16] = __fmul_rn(dl, (float)iq4nl_value(b >> 4));
         }
     } else if constexpr (T == WT_Q4_K) {
         int j = r.j, sc, m;
@@ -228,8 +296,10 @@ __device__ __forceinline__ void decode_chunk(const u8* __restrict__ row, int c, 
         // nibble (j & 1) of qs[32 (j / 2) + l], y = (d * sc) * q - dmin * m (Q4_K); half
         // n = j / 4, group g = j % 4, low 4 bits from ql[64 n + l + 32 (g & 1)] (high nibble
         // for g >= 2), high 2 bits (qh[32 n + l] >> 2 g) & 3, y = d * scales[i / 16] * (q - 32)
-        // (Q6_K); rnd(rnd((q - 8) - z) * s) (CT4). Blocks: Q4_K 144 B (qs 16-byte aligned),
-        // Q6_K 210 B and Q8_0 34 B (2-byte), CT4 20 B (4-byte).
+        // (Q6_K); rnd(rnd((q - 8) - z) * s) (CT4); Q4_K's with a fifth bit from qh (Q5_K);
+        // (d * (ls - 32)) * kvalues_iq4nl[q] (IQ4_XS). Blocks: Q4_K 144 B and Q5_K 176 B
+        // (16-byte aligned), IQ4_XS 136 B (8-byte), Q6_K 210 B and Q8_0 34 B (2-byte), CT4
+        // 20 B (4-byte).
         ChunkRaw<T> r;
         chunk_fetch<T>(row, c, r);
         chunk_unpack<T>(r, w);

@@ -29,6 +29,8 @@ manifest! {
     MatmulQ4K => "matmul.cu", "matmul_q4_K";
     MatmulQ6K => "matmul.cu", "matmul_q6_K";
     MatmulCt4 => "matmul.cu", "matmul_ct4";
+    MatmulQ5K => "matmul.cu", "matmul_q5_K";
+    MatmulIq4Xs => "matmul.cu", "matmul_iq4_xs";
     EmbedF32 => "matmul.cu", "embed_f32";
     EmbedF16 => "matmul.cu", "embed_f16";
     EmbedBf16 => "matmul.cu", "embed_bf16";
@@ -36,6 +38,8 @@ manifest! {
     EmbedQ4K => "matmul.cu", "embed_q4_K";
     EmbedQ6K => "matmul.cu", "embed_q6_K";
     EmbedCt4 => "matmul.cu", "embed_ct4";
+    EmbedQ5K => "matmul.cu", "embed_q5_K";
+    EmbedIq4Xs => "matmul.cu", "embed_iq4_xs";
     GateUpF32 => "moe.cu", "moe_gate_up_f32";
     GateUpF16 => "moe.cu", "moe_gate_up_f16";
     GateUpBf16 => "moe.cu", "moe_gate_up_bf16";
@@ -43,6 +47,8 @@ manifest! {
     GateUpQ4K => "moe.cu", "moe_gate_up_q4_K";
     GateUpQ6K => "moe.cu", "moe_gate_up_q6_K";
     GateUpCt4 => "moe.cu", "moe_gate_up_ct4";
+    GateUpQ5K => "moe.cu", "moe_gate_up_q5_K";
+    GateUpIq4Xs => "moe.cu", "moe_gate_up_iq4_xs";
     DownF32 => "moe.cu", "moe_down_f32";
     DownF16 => "moe.cu", "moe_down_f16";
     DownBf16 => "moe.cu", "moe_down_bf16";
@@ -50,6 +56,8 @@ manifest! {
     DownQ4K => "moe.cu", "moe_down_q4_K";
     DownQ6K => "moe.cu", "moe_down_q6_K";
     DownCt4 => "moe.cu", "moe_down_ct4";
+    DownQ5K => "moe.cu", "moe_down_q5_K";
+    DownIq4Xs => "moe.cu", "moe_down_iq4_xs";
     GateUpGroupedF32 => "moe.cu", "moe_gate_up_grouped_f32";
     GateUpGroupedF16 => "moe.cu", "moe_gate_up_grouped_f16";
     GateUpGroupedBf16 => "moe.cu", "moe_gate_up_grouped_bf16";
@@ -57,6 +65,8 @@ manifest! {
     GateUpGroupedQ4K => "moe.cu", "moe_gate_up_grouped_q4_K";
     GateUpGroupedQ6K => "moe.cu", "moe_gate_up_grouped_q6_K";
     GateUpGroupedCt4 => "moe.cu", "moe_gate_up_grouped_ct4";
+    GateUpGroupedQ5K => "moe.cu", "moe_gate_up_grouped_q5_K";
+    GateUpGroupedIq4Xs => "moe.cu", "moe_gate_up_grouped_iq4_xs";
     DownGroupedF32 => "moe.cu", "moe_down_grouped_f32";
     DownGroupedF16 => "moe.cu", "moe_down_grouped_f16";
     DownGroupedBf16 => "moe.cu", "moe_down_grouped_bf16";
@@ -64,6 +74,8 @@ manifest! {
     DownGroupedQ4K => "moe.cu", "moe_down_grouped_q4_K";
     DownGroupedQ6K => "moe.cu", "moe_down_grouped_q6_K";
     DownGroupedCt4 => "moe.cu", "moe_down_grouped_ct4";
+    DownGroupedQ5K => "moe.cu", "moe_down_grouped_q5_K";
+    DownGroupedIq4Xs => "moe.cu", "moe_down_grouped_iq4_xs";
     MoeGroup => "moe.cu", "moe_group";
     Route => "moe.cu", "route";
     RouteBlock => "moe.cu", "route_block";
@@ -114,6 +126,8 @@ manifest! {
     GemmQ4K => "gemm.cu", "gemm_q4_K";
     GemmQ6K => "gemm.cu", "gemm_q6_K";
     GemmCt4 => "gemm.cu", "gemm_ct4";
+    GemmQ5K => "gemm.cu", "gemm_q5_K";
+    GemmIq4Xs => "gemm.cu", "gemm_iq4_xs";
     GemmGateUpF32 => "gemm.cu", "gemm_gate_up_f32";
     GemmGateUpF16 => "gemm.cu", "gemm_gate_up_f16";
     GemmGateUpBf16 => "gemm.cu", "gemm_gate_up_bf16";
@@ -121,6 +135,8 @@ manifest! {
     GemmGateUpQ4K => "gemm.cu", "gemm_gate_up_q4_K";
     GemmGateUpQ6K => "gemm.cu", "gemm_gate_up_q6_K";
     GemmGateUpCt4 => "gemm.cu", "gemm_gate_up_ct4";
+    GemmGateUpQ5K => "gemm.cu", "gemm_gate_up_q5_K";
+    GemmGateUpIq4Xs => "gemm.cu", "gemm_gate_up_iq4_xs";
     GemmDownF32 => "gemm.cu", "gemm_down_f32";
     GemmDownF16 => "gemm.cu", "gemm_down_f16";
     GemmDownBf16 => "gemm.cu", "gemm_down_bf16";
@@ -128,6 +144,8 @@ manifest! {
     GemmDownQ4K => "gemm.cu", "gemm_down_q4_K";
     GemmDownQ6K => "gemm.cu", "gemm_down_q6_K";
     GemmDownCt4 => "gemm.cu", "gemm_down_ct4";
+    GemmDownQ5K => "gemm.cu", "gemm_down_q5_K";
+    GemmDownIq4Xs => "gemm.cu", "gemm_down_iq4_xs";
     ToF16 => "gemm.cu", "to_f16";
     Gemm32F32 => "gemm.cu", "gemm32_f32";
     Gemm32F16 => "gemm.cu", "gemm32_f16";
@@ -136,6 +154,8 @@ manifest! {
     Gemm32Q4K => "gemm.cu", "gemm32_q4_K";
     Gemm32Q6K => "gemm.cu", "gemm32_q6_K";
     Gemm32Ct4 => "gemm.cu", "gemm32_ct4";
+    Gemm32Q5K => "gemm.cu", "gemm32_q5_K";
+    Gemm32Iq4Xs => "gemm.cu", "gemm32_iq4_xs";
     GemmGateUp32F32 => "gemm.cu", "gemm_gate_up32_f32";
     GemmGateUp32F16 => "gemm.cu", "gemm_gate_up32_f16";
     GemmGateUp32Bf16 => "gemm.cu", "gemm_gate_up32_bf16";
@@ -143,6 +163,8 @@ manifest! {
     GemmGateUp32Q4K => "gemm.cu", "gemm_gate_up32_q4_K";
     GemmGateUp32Q6K => "gemm.cu", "gemm_gate_up32_q6_K";
     GemmGateUp32Ct4 => "gemm.cu", "gemm_gate_up32_ct4";
+    GemmGateUp32Q5K => "gemm.cu", "gemm_gate_up32_q5_K";
+    GemmGateUp32Iq4Xs => "gemm.cu", "gemm_gate_up32_iq4_xs";
     GemmDown32F32 => "gemm.cu", "gemm_down32_f32";
     GemmDown32F16 => "gemm.cu", "gemm_down32_f16";
     GemmDown32Bf16 => "gemm.cu", "gemm_down32_bf16";
@@ -150,6 +172,8 @@ manifest! {
     GemmDown32Q4K => "gemm.cu", "gemm_down32_q4_K";
     GemmDown32Q6K => "gemm.cu", "gemm_down32_q6_K";
     GemmDown32Ct4 => "gemm.cu", "gemm_down32_ct4";
+    GemmDown32Q5K => "gemm.cu", "gemm_down32_q5_K";
+    GemmDown32Iq4Xs => "gemm.cu", "gemm_down32_iq4_xs";
 }
 
 impl K {
@@ -181,6 +205,8 @@ pub enum WType {
     Q6K,
     /// A 4-bit compressed-tensors matrix in 32-element blocks (`block_ct4`).
     Ct4,
+    Q5K,
+    Iq4Xs,
 }
 
 impl WType {
@@ -193,6 +219,8 @@ impl WType {
             K::MatmulQ4K,
             K::MatmulQ6K,
             K::MatmulCt4,
+            K::MatmulQ5K,
+            K::MatmulIq4Xs,
         ][self as usize]
     }
     pub fn embed(self) -> K {
@@ -204,6 +232,8 @@ impl WType {
             K::EmbedQ4K,
             K::EmbedQ6K,
             K::EmbedCt4,
+            K::EmbedQ5K,
+            K::EmbedIq4Xs,
         ][self as usize]
     }
     pub fn gate_up(self) -> K {
@@ -215,6 +245,8 @@ impl WType {
             K::GateUpQ4K,
             K::GateUpQ6K,
             K::GateUpCt4,
+            K::GateUpQ5K,
+            K::GateUpIq4Xs,
         ][self as usize]
     }
     pub fn gate_up_grouped(self) -> K {
@@ -226,6 +258,8 @@ impl WType {
             K::GateUpGroupedQ4K,
             K::GateUpGroupedQ6K,
             K::GateUpGroupedCt4,
+            K::GateUpGroupedQ5K,
+            K::GateUpGroupedIq4Xs,
         ][self as usize]
     }
     pub fn down_grouped(self) -> K {
@@ -237,13 +271,15 @@ impl WType {
             K::DownGroupedQ4K,
             K::DownGroupedQ6K,
             K::DownGroupedCt4,
+            K::DownGroupedQ5K,
+            K::DownGroupedIq4Xs,
         ][self as usize]
     }
     /// The activation format of the quantised mat-vec path, `None` for float and CT4 weights
     /// (which keep the f32 kernels at decode).
     pub fn act(self) -> Option<ActQ> {
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 | WType::Ct4 => None,
+            WType::F32 | WType::F16 | WType::Bf16 | WType::Ct4 | WType::Q5K | WType::Iq4Xs => None,
             WType::Q8_0 => Some(ActQ::Q8_0),
             WType::Q4K | WType::Q6K => Some(ActQ::Q8K),
         }
@@ -257,7 +293,7 @@ impl WType {
             down,
         };
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 | WType::Ct4 => None,
+            WType::F32 | WType::F16 | WType::Bf16 | WType::Ct4 | WType::Q5K | WType::Iq4Xs => None,
             WType::Q8_0 => Some(k(K::MvQ8_0, K::MvSwigluQ8_0, K::GateUpQQ8_0, K::DownQQ8_0)),
             WType::Q4K => Some(k(K::MvQ4K, K::MvSwigluQ4K, K::GateUpQQ4K, K::DownQQ4K)),
             WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
@@ -279,6 +315,8 @@ impl WType {
             (WType::Q4K, false) => k(GemmQ4K, GemmGateUpQ4K, GemmDownQ4K),
             (WType::Q6K, false) => k(GemmQ6K, GemmGateUpQ6K, GemmDownQ6K),
             (WType::Ct4, false) => k(GemmCt4, GemmGateUpCt4, GemmDownCt4),
+            (WType::Q5K, false) => k(GemmQ5K, GemmGateUpQ5K, GemmDownQ5K),
+            (WType::Iq4Xs, false) => k(GemmIq4Xs, GemmGateUpIq4Xs, GemmDownIq4Xs),
             (WType::F32, true) => k(Gemm32F32, GemmGateUp32F32, GemmDown32F32),
             (WType::F16, true) => k(Gemm32F16, GemmGateUp32F16, GemmDown32F16),
             (WType::Bf16, true) => k(Gemm32Bf16, GemmGateUp32Bf16, GemmDown32Bf16),
@@ -286,6 +324,8 @@ impl WType {
             (WType::Q4K, true) => k(Gemm32Q4K, GemmGateUp32Q4K, GemmDown32Q4K),
             (WType::Q6K, true) => k(Gemm32Q6K, GemmGateUp32Q6K, GemmDown32Q6K),
             (WType::Ct4, true) => k(Gemm32Ct4, GemmGateUp32Ct4, GemmDown32Ct4),
+            (WType::Q5K, true) => k(Gemm32Q5K, GemmGateUp32Q5K, GemmDown32Q5K),
+            (WType::Iq4Xs, true) => k(Gemm32Iq4Xs, GemmGateUp32Iq4Xs, GemmDown32Iq4Xs),
         }
     }
     pub fn down(self) -> K {
@@ -297,6 +337,8 @@ impl WType {
             K::DownQ4K,
             K::DownQ6K,
             K::DownCt4,
+            K::DownQ5K,
+            K::DownIq4Xs,
         ][self as usize]
     }
 }

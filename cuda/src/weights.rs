@@ -90,6 +90,8 @@ pub fn wtype(ty: GgmlType) -> Option<WType> {
         GgmlType::Q8_0 => WType::Q8_0,
         GgmlType::Q4K => WType::Q4K,
         GgmlType::Q6K => WType::Q6K,
+        GgmlType::Q5K => WType::Q5K,
+        GgmlType::IQ4XS => WType::Iq4Xs,
         _ => return None,
     })
 }
@@ -175,6 +177,8 @@ fn row_bytes(ty: WType, cols: usize) -> u64 {
         WType::Q8_0 => cols / 32 * 34,
         WType::Q4K => cols / 256 * 144,
         WType::Q6K => cols / 256 * 210,
+        WType::Q5K => cols / 256 * 176,
+        WType::Iq4Xs => cols / 256 * 136,
         WType::Ct4 => cols / 32 * CT4_BLOCK_BYTES,
     };
     b as u64

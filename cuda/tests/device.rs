@@ -31,6 +31,8 @@ fn matmul_and_embed_match_reference_for_every_type() {
         GgmlType::Q8_0,
         GgmlType::Q4K,
         GgmlType::Q6K,
+        GgmlType::Q5K,
+        GgmlType::IQ4XS,
     ];
     for ty in types {
         for (rows, cols) in [(37usize, 512usize), (5, 1024)] {

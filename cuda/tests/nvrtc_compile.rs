@@ -117,13 +117,13 @@ fn sources_list_matches_the_kernels_directory() {
 #[test]
 fn block_layouts_agree_with_rust() {
     use core::mem::{offset_of, size_of};
-    use lagoon_core::quant::{BlockQ4K, BlockQ6K, BlockQ8_0};
+    use lagoon_core::quant::{BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0};
     if !nvrtc_present() {
         return;
     }
     /// A CUDA struct name, the Rust size, and the fields with their Rust offsets.
     type Layout = (&'static str, usize, Vec<(&'static str, usize)>);
-    let structs: [Layout; 3] = [
+    let structs: [Layout; 5] = [
         (
             "block_q8_0",
             size_of::<BlockQ8_0>(),
@@ -150,6 +150,27 @@ fn block_layouts_agree_with_rust() {
                 ("qh", offset_of!(BlockQ6K, qh)),
                 ("scales", offset_of!(BlockQ6K, scales)),
                 ("d", offset_of!(BlockQ6K, d)),
+            ],
+        ),
+        (
+            "block_q5_K",
+            size_of::<BlockQ5K>(),
+            vec![
+                ("d", offset_of!(BlockQ5K, d)),
+                ("dmin", offset_of!(BlockQ5K, dmin)),
+                ("scales", offset_of!(BlockQ5K, scales)),
+                ("qh", offset_of!(BlockQ5K, qh)),
+                ("qs", offset_of!(BlockQ5K, qs)),
+            ],
+        ),
+        (
+            "block_iq4_xs",
+            size_of::<BlockIQ4XS>(),
+            vec![
+                ("d", offset_of!(BlockIQ4XS, d)),
+                ("scales_h", offset_of!(BlockIQ4XS, scales_h)),
+                ("scales_l", offset_of!(BlockIQ4XS, scales_l)),
+                ("qs", offset_of!(BlockIQ4XS, qs)),
             ],
         ),
     ];

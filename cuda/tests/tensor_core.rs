@@ -27,13 +27,15 @@ const BOUND: f32 = 2e-5;
 /// on top of BOUND.
 const ACT_BOUND: f32 = 5.1e-4;
 
-const TYPES: [GgmlType; 6] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q8_0,
     GgmlType::Q4K,
     GgmlType::Q6K,
+    GgmlType::Q5K,
+    GgmlType::IQ4XS,
 ];
 
 fn f16r(v: f32) -> f64 {
@@ -115,7 +117,7 @@ fn to_f16_rounds_to_nearest_and_saturates_finite_values() {
 /// an odd number of 32-chunks where the type allows, so the last K stage is half empty.
 fn widths(ty: GgmlType) -> [usize; 2] {
     match ty {
-        GgmlType::Q4K | GgmlType::Q6K => [256, 768],
+        GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q5K | GgmlType::IQ4XS => [256, 768],
         _ => [256, 544],
     }
 }
@@ -236,7 +238,7 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
     {
         let (_gb, sorted, tiles, max_tiles) = group(&dev, &ids, n_experts, tile);
         let (h, i) = match ty {
-            GgmlType::Q4K | GgmlType::Q6K => (512usize, 256usize),
+            GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q5K | GgmlType::IQ4XS => (512usize, 256usize),
             _ => (288, 160),
         };
         let silu = |z: f64| z / (1.0 + (-z).exp());

@@ -70,6 +70,19 @@ pub fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec
                     out.extend(f16b(0.001 + 0.002 * rng.f().abs()));
                 }
             }
+            GgmlType::Q5K => {
+                for _ in 0..cols / 256 {
+                    out.extend(f16b(0.005 + 0.01 * rng.f().abs()));
+                    out.extend(f16b(0.01 + 0.02 * rng.f().abs()));
+                    (0..172).for_each(|_| out.push(rng.byte()));
+                }
+            }
+            GgmlType::IQ4XS => {
+                for _ in 0..cols / 256 {
+                    out.extend(f16b(0.0002 + 0.0004 * rng.f().abs()));
+                    (0..134).for_each(|_| out.push(rng.byte()));
+                }
+            }
             _ => unreachable!(),
         }
     }

@@ -58,6 +58,9 @@ pub enum TypeMix {
     /// llama.cpp Q4_K_M: Q4_K, with Q6_K for `output`, and for `attn_v` and the FFN down
     /// projections on the `use_more_bits` layers.
     Q4KM,
+    /// llama.cpp Q5_K_M: Q4_K_M's recipe one step up, Q5_K with Q6_K for `output` and for
+    /// `attn_v` and the FFN down projections on the `use_more_bits` layers.
+    Q5KM,
     /// Q8_0 for every matrix.
     Q8_0,
     /// unsloth UD-Q3_K_M-like: routed experts IQ3_XXS (down Q4_K on `use_more_bits`
@@ -73,8 +76,9 @@ pub enum TypeMix {
 }
 
 impl TypeMix {
-    pub const ALL: [TypeMix; 6] = [
+    pub const ALL: [TypeMix; 7] = [
         TypeMix::Q4KM,
+        TypeMix::Q5KM,
         TypeMix::Q8_0,
         TypeMix::UdQ3KM,
         TypeMix::Iq2M,
@@ -86,6 +90,7 @@ impl TypeMix {
     pub fn name(self) -> &'static str {
         match self {
             TypeMix::Q4KM => "q4_k_m",
+            TypeMix::Q5KM => "q5_k_m",
             TypeMix::Q8_0 => "q8_0",
             TypeMix::UdQ3KM => "ud-q3_k_m",
             TypeMix::Iq2M => "iq2_m",
@@ -104,6 +109,7 @@ impl TypeMix {
     pub fn file_type(self) -> Option<u32> {
         match self {
             TypeMix::Q4KM => Some(15),
+            TypeMix::Q5KM => Some(17),
             TypeMix::Q8_0 => Some(7),
             TypeMix::UdQ3KM => Some(12),
             TypeMix::Iq2M => Some(29),
@@ -128,6 +134,11 @@ impl TypeMix {
                 Output => Q6K,
                 V | DenseDown | ExpDown | ShDown if more => Q6K,
                 _ => Q4K,
+            },
+            TypeMix::Q5KM => match role {
+                Output => Q6K,
+                V | DenseDown | ExpDown | ShDown if more => Q6K,
+                _ => Q5K,
             },
             TypeMix::UdQ3KM => match role {
                 TokenEmbd => Q4K,
