@@ -346,14 +346,11 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
             Arg::I(k as i32),
         ]
     };
-    let old = |set: usize| {
-        dev.launch(
-            K::GateUpQQ4K,
-            (blocks(i_dim, 4), k as u32 + 1),
-            128,
-            &common(set),
-        )
+    // The kernels with moe_gate_up_q's grid and arguments.
+    let per_row = |kernel: K, set: usize| {
+        dev.launch(kernel, (blocks(i_dim, 4), k as u32 + 1), 128, &common(set))
     };
+    let old = |set: usize| per_row(K::GateUpQQ4K, set);
     old(0)?;
     let want = s.clone_dtoh(&act)?;
     let us = time_us(dev, reps, |i| Ok(old(i % SETS)?))?;
@@ -375,14 +372,7 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
             us,
         );
     }
-    let half = |set: usize| {
-        dev.launch(
-            K::LabGateUpHQ4K,
-            (blocks(i_dim, 4), k as u32 + 1),
-            128,
-            &common(set),
-        )
-    };
+    let half = |set: usize| per_row(K::LabGateUpHQ4K, set);
     half(0)?;
     let d = rel_diff(&s.clone_dtoh(&act)?, &want);
     let us = time_us(dev, reps, |i| Ok(half(i % SETS)?))?;

@@ -83,6 +83,21 @@ __device__ __forceinline__ int q4k_scale_byte(uint4 hd, int i) {
     return (int)((w >> (8 * (i & 3))) & 0xFF);
 }
 
+// Sub-block j's d·sc and dmin·m from a Q4_K / Q5_K header (d, dmin, scales[12]) held as one
+// uint4: scale_min_k4 on the header's scale bytes, then the reference's two products.
+__device__ __forceinline__ void k4_sub_scales(const uint4& hd, int j, float* d1, float* m1) {
+    int sc, m;
+    if (j < 4) {
+        sc = q4k_scale_byte(hd, j) & 63;
+        m = q4k_scale_byte(hd, j + 4) & 63;
+    } else {
+        sc = (q4k_scale_byte(hd, j + 4) & 0xF) | ((q4k_scale_byte(hd, j - 4) >> 6) << 4);
+        m = (q4k_scale_byte(hd, j + 4) >> 4) | ((q4k_scale_byte(hd, j) >> 6) << 4);
+    }
+    *d1 = __fmul_rn(f16_to_f32((unsigned short)(hd.x & 0xFFFF)), (float)sc);
+    *m1 = __fmul_rn(f16_to_f32((unsigned short)(hd.x >> 16)), (float)m);
+}
+
 template <int T>
 __device__ __forceinline__ void chunk_fetch(const u8* __restrict__ row, int c, ChunkRaw<T>& r) {
     if constexpr (T == WT_F32) {
@@ -184,16 +199,9 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
     } else if constexpr (T == WT_Q5_K) {
         // lagoon_core::quant::q5_k: y = d1 * (nibble | bit << 4) - min1, d1 = d * sc,
         // min1 = dmin * m (no fused multiply-add, as the reference).
-        int j = r.j, sc, m;
-        if (j < 4) {
-            sc = q4k_scale_byte(r.hd, j) & 63;
-            m = q4k_scale_byte(r.hd, j + 4) & 63;
-        } else {
-            sc = (q4k_scale_byte(r.hd, j + 4) & 0xF) | ((q4k_scale_byte(r.hd, j - 4) >> 6) << 4);
-            m = (q4k_scale_byte(r.hd, j + 4) >> 4) | ((q4k_scale_byte(r.hd, j) >> 6) << 4);
-        }
-        float d1 = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x & 0xFFFF)), (float)sc);
-        float m1 = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x >> 16)), (float)m);
+        int j = r.j;
+        float d1, m1;
+        k4_sub_scales(r.hd, j, &d1, &m1);
         u32 q[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
         u32 h[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
         int shift = 4 * (j & 1);
@@ -217,17 +225,9 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
             w[l + 16] = __fmul_rn(dl, (float)iq4nl_value(b >> 4));
         }
     } else if constexpr (T == WT_Q4_K) {
-        int j = r.j, sc, m;
-        // scale_min_k4 on the header's scale bytes.
-        if (j < 4) {
-            sc = q4k_scale_byte(r.hd, j) & 63;
-            m = q4k_scale_byte(r.hd, j + 4) & 63;
-        } else {
-            sc = (q4k_scale_byte(r.hd, j + 4) & 0xF) | ((q4k_scale_byte(r.hd, j - 4) >> 6) << 4);
-            m = (q4k_scale_byte(r.hd, j + 4) >> 4) | ((q4k_scale_byte(r.hd, j) >> 6) << 4);
-        }
-        float d1 = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x & 0xFFFF)), (float)sc);
-        float m1 = __fmul_rn(f16_to_f32((unsigned short)(r.hd.x >> 16)), (float)m);
+        int j = r.j;
+        float d1, m1;
+        k4_sub_scales(r.hd, j, &d1, &m1);
         u32 q[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
         int shift = 4 * (j & 1);
         #pragma unroll

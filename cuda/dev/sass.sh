@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The SASS (sm_90 machine code) of one kernel, without a GPU: `cuda/dev/sass.sh KERNEL`.
+# Compiles every kernel source through the NVRTC test with LAGOON_PTXAS_KEEP (the nvrtc venv
+# that .ci/run makes), fetches cuobjdump and nvdisasm from NVIDIA's PyPI wheels once into
+# ~/.cache/lagoon/cuobjdump, and prints the kernel's SASS: to count a loop's instructions or
+# check that a refactor left the machine code unchanged (diff two dumps).
+set -eu
+name=$1
+root=$(git rev-parse --show-toplevel)
+cache=~/.cache/lagoon/cuobjdump
+v=~/.cache/lagoon/nvrtc-venv
+if [ ! -x "$cache/nvidia/cu13/bin/cuobjdump" ]; then
+  mkdir -p "$cache/whl"
+  "$v/bin/pip" download -q --no-deps -d "$cache/whl" nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
+  (cd "$cache" && for w in whl/*.whl; do python3 -m zipfile -e "$w" .; done && chmod +x nvidia/cu13/bin/*)
+fi
+cu13=$(cd / && "$v/bin/python" -c 'import nvidia,os;print(os.path.join(nvidia.__path__[0],"cu13"))')
+keep=$(mktemp -d)
+(cd "$root" && LAGOON_CUDA_INCLUDE=$cu13/include LD_LIBRARY_PATH=$cu13/lib LAGOON_PTXAS=$cu13/bin/ptxas \
+  LAGOON_PTXAS_KEEP=$keep cargo test -q -p lagoon-cuda --test nvrtc_compile every_kernel > /dev/null 2>&1)
+found=0
+for c in "$keep"/*.cubin; do
+  if PATH=$cache/nvidia/cu13/bin:$PATH cuobjdump -sass -fun "$name" "$c" > "$keep/out" 2> /dev/null \
+     && grep -q "Function : $name\$" "$keep/out"; then
+    echo "// $(basename "$c" .cubin)"; cat "$keep/out"; found=1
+  fi
+done
+rm -rf "$keep"
+[ "$found" = 1 ] || { echo "no kernel named $name" >&2; exit 1; }
