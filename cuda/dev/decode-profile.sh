@@ -43,6 +43,9 @@ timeout 200 ncu --metrics gpu__time_duration.sum --cache-control none --clock-co
   .device/bin/bench --model "$model" --device cuda -p 0 -n 3 -d 0 -r 1 --no-warmup \
   > "$out/ncu-decode.csv" 2> "$out/ncu-decode.err"
 lap "ncu rc=$? rows=$(wc -l < "$out/ncu-decode.csv")"
+# The last decode step's kernels, by total time (cuda/dev/ncu-summary.py; also runs here on
+# the fetched CSV).
+command -v python3 > /dev/null && python3 cuda/dev/ncu-summary.py "$out/ncu-decode.csv" | tee "$out/ncu-summary.md"
 if command -v nsys > /dev/null; then
   timeout 150 nsys profile --cuda-graph-trace=node -t cuda -o /tmp/decode -f true \
     .device/bin/bench --model "$model" --device cuda -p 0 -n 16 -d 0 -r 1 --no-warmup > /dev/null 2>&1
