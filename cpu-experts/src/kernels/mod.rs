@@ -44,47 +44,57 @@ pub(crate) type RowDot = fn(w: &[u8], a: &[u8], n: usize) -> f32;
 /// `out[t] = w · acts[t]`, `out.len() == acts.len()`, each result bit-identical to the
 /// type's [`RowDot`] on that token alone.
 pub(crate) type MultiDot = fn(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]);
-/// Several weight rows × several tokens at once (prefill): `out[t·out_stride + i] =
-/// W[i] · act_t` for `i < n_rows`, `t < n_act`, where `w` holds the `n_rows` rows of `rb`
-/// bytes and `act_t = acts[t·act_stride..]` (`cols` elements in the type's format). Each
-/// result bit-identical to the table's [`RowDot`] on that row and token alone. Returns
-/// `false` with nothing written when it does not take the call (malformed rows or
-/// activations, a shape it has no room for): the caller then takes the one-row path.
-pub(crate) type Gemm = fn(
-    w: &[u8],
-    rb: usize,
-    n_rows: usize,
-    acts: &[u8],
-    act_stride: usize,
-    n_act: usize,
-    cols: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) -> bool;
-/// The bounds every [`Gemm`] checks before it touches memory: at least one row and one
-/// token, `n_rows` rows of `rb` bytes in `w`, `n_act` activation rows of `ab` bytes
-/// `act_stride` apart in `acts` and as many output rows of `n_rows` values `out_stride`
-/// apart in `out`; then `valid` holds for every activation row (its format's own checks).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_bounds_ok(
-    w: &[u8],
-    rb: usize,
-    n_rows: usize,
-    acts: &[u8],
-    act_stride: usize,
-    ab: usize,
-    n_act: usize,
-    out: &[f32],
-    out_stride: usize,
-    valid: impl Fn(&[u8]) -> bool,
-) -> bool {
-    n_rows > 0
-        && n_act > 0
-        && w.len() >= n_rows * rb
-        && (n_act - 1) * act_stride + ab <= acts.len()
-        && (n_act - 1) * out_stride + n_rows <= out.len()
-        && (0..n_act).all(|t| valid(&acts[t * act_stride..t * act_stride + ab]))
+/// Several weight rows × several tokens at once (prefill), see [`GemmArgs`]. Each result
+/// bit-identical to the table's [`RowDot`] on that row and token alone. Returns `false`
+/// with nothing written when it does not take the call (malformed rows or activations, a
+/// shape it has no room for): the caller then takes the one-row path.
+pub(crate) type Gemm = fn(g: GemmArgs<'_>) -> bool;
+
+/// One [`Gemm`] call: `out[t·out_stride + i] = W[i] · act_t` for `i < n_rows`, `t < n_act`,
+/// where `w` holds the `n_rows` rows of `rb` bytes and `act_t = acts[t·act_stride..]`
+/// (`cols` elements in the type's format).
+pub(crate) struct GemmArgs<'a> {
+    pub w: &'a [u8],
+    pub rb: usize,
+    pub n_rows: usize,
+    pub acts: &'a [u8],
+    pub act_stride: usize,
+    pub n_act: usize,
+    pub cols: usize,
+    pub out: &'a mut [f32],
+    pub out_stride: usize,
 }
+
+impl GemmArgs<'_> {
+    /// The bounds every [`Gemm`] checks before it touches memory: at least one row and one
+    /// token, `n_rows` rows of `rb` bytes in `w`, `n_act` activation rows of `ab` bytes
+    /// `act_stride` apart in `acts` and as many output rows of `n_rows` values `out_stride`
+    /// apart in `out`; then `valid` holds for every activation row (its format's own checks).
+    pub(crate) fn bounds_ok(&self, ab: usize, valid: impl Fn(&[u8]) -> bool) -> bool {
+        let (n_rows, n_act, act_stride) = (self.n_rows, self.n_act, self.act_stride);
+        n_rows > 0
+            && n_act > 0
+            && self.w.len() >= n_rows * self.rb
+            && (n_act - 1) * act_stride + ab <= self.acts.len()
+            && (n_act - 1) * self.out_stride + n_rows <= self.out.len()
+            && (0..n_act).all(|t| valid(&self.acts[t * act_stride..t * act_stride + ab]))
+    }
+
+    /// For a type of `block`-byte super-blocks paired with Q8_K activations: the
+    /// super-blocks per row when `cols` is a positive multiple of 256, the rows are
+    /// `block` bytes per super-block and [`Self::bounds_ok`] holds with Q8_K rows.
+    pub(crate) fn q8k_blocks(&self, block: usize) -> Option<usize> {
+        let (cols, nb) = (self.cols, self.cols / 256);
+        (cols.is_multiple_of(256)
+            && nb > 0
+            && self.rb == block * nb
+            && self.bounds_ok(act::q8k_row_bytes(cols), |a| {
+                act::Q8KAct::new(a, cols).is_some()
+            }))
+        .then_some(nb)
+    }
+}
+
 /// The attention of the query heads that share one KV head, for one token (see
 /// [`Kernels::attend_group`]); `false` with nothing written for shapes it does not take.
 pub(crate) type AttendGroup = fn(a: &AttnGroup<'_>, scores: &mut [f32], out: &mut [f32]) -> bool;
@@ -479,9 +489,17 @@ impl Kernels {
         } = &plan
             && n_act >= GEMM_MIN_TOKENS
             && let Some(wd) = data.get(r0 * rb..(r0 + n_rows) * rb)
-            && g(
-                wd, *rb, n_rows, acts, act_stride, n_act, cols, out, out_stride,
-            )
+            && g(GemmArgs {
+                w: wd,
+                rb: *rb,
+                n_rows,
+                acts,
+                act_stride,
+                n_act,
+                cols,
+                out: &mut out[..],
+                out_stride,
+            })
         {
             return;
         }

@@ -59,35 +59,22 @@ fn f32_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// of four, and for each group every row in turn, so the group's activation rows stay in
 /// L1 while the rows stream from L2 (rather than every token row streamed from L2 once per
 /// weight row). Each result is [`f32_f32`]'s, bit for bit.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn f32_f32_gemm(
-    w: &[u8],
-    rb: usize,
-    n_rows: usize,
-    acts: &[u8],
-    act_stride: usize,
-    n_act: usize,
-    cols: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) -> bool {
-    let ab = 4 * cols;
-    let ok = rb == ab
-        && crate::kernels::gemm_bounds_ok(
-            w,
-            rb,
-            n_rows,
-            acts,
-            act_stride,
-            ab,
-            n_act,
-            out,
-            out_stride,
-            |_| true,
-        );
-    if !ok {
+pub(super) fn f32_f32_gemm(g: crate::kernels::GemmArgs<'_>) -> bool {
+    let ab = 4 * g.cols;
+    if !(g.rb == ab && g.bounds_ok(ab, |_| true)) {
         return false;
     }
+    let crate::kernels::GemmArgs {
+        w,
+        rb,
+        n_rows,
+        acts,
+        act_stride,
+        n_act,
+        cols,
+        out,
+        out_stride,
+    } = g;
     let act = |t: usize| &acts[t * act_stride..t * act_stride + ab];
     for t0 in (0..n_act).step_by(4) {
         let nt = 4.min(n_act - t0);

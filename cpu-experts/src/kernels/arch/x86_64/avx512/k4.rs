@@ -25,6 +25,7 @@ use core::arch::x86_64::*;
 use super::super::avx2::k4::scales_mins;
 use super::super::avx2::{at, f16_at, hsum_ps, ld128, ld256};
 use super::join256;
+use crate::kernels::GemmArgs;
 use crate::kernels::act::Q8KAct;
 
 /// Rows per micro-tile.
@@ -98,39 +99,21 @@ fn decode(blk: &[u8; 144], out: &mut Dec) {
 /// than [`MAX_NB`] super-blocks; the caller then takes the one-row path.
 macro_rules! gemm_q8k {
     ($name:ident, $B:literal, $dec:ty, $zero:expr, $decode:ident, $tile:ident) => {
-        #[allow(clippy::too_many_arguments)]
-        pub(super) fn $name(
-            w: &[u8],
-            rb: usize,
-            n_rows: usize,
-            acts: &[u8],
-            act_stride: usize,
-            n_act: usize,
-            cols: usize,
-            out: &mut [f32],
-            out_stride: usize,
-        ) -> bool {
-            use $crate::kernels::act::{Q8KAct, q8k_row_bytes};
-            let nb = cols / 256;
-            let ab = q8k_row_bytes(cols);
-            let ok = cols.is_multiple_of(256)
-                && nb > 0
-                && rb == $B * nb
-                && $crate::kernels::gemm_bounds_ok(
-                    w,
-                    rb,
-                    n_rows,
-                    acts,
-                    act_stride,
-                    ab,
-                    n_act,
-                    out,
-                    out_stride,
-                    |a| Q8KAct::new(a, cols).is_some(),
-                );
-            if !ok {
+        pub(super) fn $name(g: $crate::kernels::GemmArgs<'_>) -> bool {
+            let Some(nb) = g.q8k_blocks($B) else {
                 return false;
-            }
+            };
+            let $crate::kernels::GemmArgs {
+                w,
+                rb,
+                n_rows,
+                acts,
+                act_stride,
+                n_act,
+                out,
+                out_stride,
+                ..
+            } = g;
             // SAFETY: the driver only needs the features `Avx512Vnni::detect`
             // checks. This wrapper is reachable only through the table built by
             // `avx512::table`, which requires an `Avx512Vnni` token.
@@ -223,39 +206,21 @@ const MIN_TOKENS_CHUNKED: usize = 4 * T;
 /// Unlike them, its driver forms each token group's per-super-block operands once and
 /// runs every row group of up to [`ROWS`] decoded rows with them, instead of re-forming
 /// them per row group; the arithmetic of each result is unchanged.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn q4k_q8k_gemm(
-    w: &[u8],
-    rb: usize,
-    n_rows: usize,
-    acts: &[u8],
-    act_stride: usize,
-    n_act: usize,
-    cols: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) -> bool {
-    use crate::kernels::act::q8k_row_bytes;
-    let nb = cols / 256;
-    let ab = q8k_row_bytes(cols);
-    let ok = cols.is_multiple_of(256)
-        && nb > 0
-        && rb == 144 * nb
-        && crate::kernels::gemm_bounds_ok(
-            w,
-            rb,
-            n_rows,
-            acts,
-            act_stride,
-            ab,
-            n_act,
-            out,
-            out_stride,
-            |a| Q8KAct::new(a, cols).is_some(),
-        );
-    if !ok {
+pub(super) fn q4k_q8k_gemm(g: GemmArgs<'_>) -> bool {
+    let Some(nb) = g.q8k_blocks(144) else {
         return false;
-    }
+    };
+    let GemmArgs {
+        w,
+        rb,
+        n_rows,
+        acts,
+        act_stride,
+        n_act,
+        out,
+        out_stride,
+        ..
+    } = g;
     // SAFETY: the driver only needs the features `Avx512Vnni::detect` checks. This wrapper
     // is reachable only through the table built by `avx512::table`, which requires an
     // `Avx512Vnni` token.
@@ -516,16 +481,34 @@ mod tests {
                 quantize_row_q8k(&x, a);
             }
             let mut all = vec![f32::NAN; toks * rows];
-            assert!(q4k_q8k_gemm(
-                &w, rb, rows, &acts, ab, toks, cols, &mut all, rows
-            ));
+            assert!(q4k_q8k_gemm(GemmArgs {
+                w: &w,
+                rb,
+                n_rows: rows,
+                acts: &acts,
+                act_stride: ab,
+                n_act: toks,
+                cols,
+                out: &mut all,
+                out_stride: rows,
+            }));
             assert!(all.iter().all(|x| x.is_finite()) && all.iter().any(|&x| x != 0.0));
             for r in 0..rows {
                 for t in 0..toks {
                     let mut one = [f32::NAN];
                     let wr = &w[r * rb..(r + 1) * rb];
                     let a = &acts[t * ab..(t + 1) * ab];
-                    assert!(q4k_q8k_gemm(wr, rb, 1, a, ab, 1, cols, &mut one, 1));
+                    assert!(q4k_q8k_gemm(GemmArgs {
+                        w: wr,
+                        rb,
+                        n_rows: 1,
+                        acts: a,
+                        act_stride: ab,
+                        n_act: 1,
+                        cols,
+                        out: &mut one,
+                        out_stride: 1,
+                    }));
                     assert_eq!(
                         all[t * rows + r].to_bits(),
                         one[0].to_bits(),

@@ -26,6 +26,7 @@
 //!   per block pair 4 weight registers (shared by the tokens) and 3 per token (shared by
 //!   the rows).
 
+use crate::kernels::GemmArgs;
 use core::arch::x86_64::*;
 
 use super::super::avx2::{f16_at, hsum_ps, ld256};
@@ -41,39 +42,29 @@ const T: usize = 4;
 /// `i < n_rows`, `t < n_act`, where `w` holds `n_rows` rows of `rb = 34·cols/32` bytes and
 /// `act_t = acts[t·act_stride..][..q8_0_row_bytes(cols)]`. `false` (nothing written) when a
 /// shape or an activation row is malformed; the caller then takes the one-row path.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn q8_0_q8_0_gemm(
-    w: &[u8],
-    rb: usize,
-    n_rows: usize,
-    acts: &[u8],
-    act_stride: usize,
-    n_act: usize,
-    cols: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) -> bool {
+pub(super) fn q8_0_q8_0_gemm(g: GemmArgs<'_>) -> bool {
+    let cols = g.cols;
     let nb = cols / 32;
     let ab = q8_0_row_bytes(cols);
     let ok = cols.is_multiple_of(32)
         && nb > 0
-        && rb == 34 * nb
-        && act_stride >= ab
-        && crate::kernels::gemm_bounds_ok(
-            w,
-            rb,
-            n_rows,
-            acts,
-            act_stride,
-            ab,
-            n_act,
-            out,
-            out_stride,
-            |a| Q8_0Act::new(a, cols).is_some(),
-        );
+        && g.rb == 34 * nb
+        && g.act_stride >= ab
+        && g.bounds_ok(ab, |a| Q8_0Act::new(a, cols).is_some());
     if !ok {
         return false;
     }
+    let GemmArgs {
+        w,
+        rb,
+        n_rows,
+        acts,
+        act_stride,
+        n_act,
+        out,
+        out_stride,
+        ..
+    } = g;
     // SAFETY: the driver only needs the features `Avx512Vnni::detect` checks. This wrapper
     // is reachable only through the table built by `avx512::table`, which requires an
     // `Avx512Vnni` token.
