@@ -10,7 +10,8 @@
 // - mvs_memonly_q4_K: the same stream with the arithmetic replaced by a checksum, the ceiling
 //   of this copy pattern: 80-89% of the read floor on the lm_head shape.
 // - mvh_q4_K: half-warp rows (two rows per warp, four lanes per super-block); slower than
-//   whole-warp rows on 9216 rows (12.7 us: 1.1 waves of blocks).
+//   whole-warp rows on 9216 rows (12.7 against 9.5 us; its 1,152 blocks make ~1.1 waves
+//   at the 8 resident per SM its 64 registers allow, a likely cause not yet checked).
 // - moe_gate_up_s_q4_K / moe_gate_up_h_q4_K: the routed gate/up streamed (22.4 us) and with
 //   half warps (19.6 us), both slower than moe_gate_up_q_q4_K (17.1 us).
 //

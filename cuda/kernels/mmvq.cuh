@@ -173,9 +173,10 @@ __device__ __forceinline__ void warp_dot_q4k_rows(const u8* const* rows, const u
 // sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles) whole: the header (d, dmin and the
 // scale bytes) is decoded once per 64 weights instead of once per 32 as with eight lanes,
 // the scale bytes of all eight sub-blocks are unpacked with word-wide masks (no per-lane
-// branch), and the bsums come as one pair of words. ~2x fewer instructions per weight byte
-// than the eight-lane loop, which ncu found issue-bound (0.75 warp instructions per
-// scheduler cycle at 57% of DRAM bandwidth, kernel lab, lm_head shape).
+// branch), and the bsums come as one pair of words: ~3.5 instead of ~6.3 SASS instructions
+// per weight byte in the loop (cuda/dev/sass.sh). Why that matters: with the eight-lane
+// loop fed from shared memory (the lab's mvs_q4_K), ncu found the kernel issue-bound (0.75
+// warp instructions per scheduler cycle at 57% of DRAM bandwidth, lm_head shape).
 struct Q4kLoad4 {
     uint4 hd;
     uint4 q0, q1;
