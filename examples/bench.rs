@@ -2,7 +2,8 @@
 //! figure next to the machine's own memory-bandwidth floor.
 //!
 //! `bench --model PATH [-p N[,N..]] [-n N[,N..]] [-ub N] [-d N[,N..]] [-r N] [--threads N]
-//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--profile N] [--profile-prefill N]`
+//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--kv f32|f16] [--profile N]
+//!  [--profile-prefill N]`
 //!
 //! Semantics follow llama-bench: `pp N` evaluates a prompt of N random tokens (in ubatches
 //! of `-ub`, default 512; `-b` is accepted as a synonym), `tg N` generates N tokens one at a
@@ -13,7 +14,8 @@
 //! scalar reference path (on CUDA: f32 activations and exactly dequantised weights instead
 //! of quantised activations). `--device cuda[:N]` runs on CUDA device N (decode steps
 //! replayed as a CUDA graph); its floor is the device's streaming-read bandwidth, measured
-//! at start by a read kernel over a 4 GiB buffer. `--profile N` (CUDA) then times every
+//! at start by a read kernel over a 4 GiB buffer; `--kv f16` keeps its KV cache in f16
+//! (llama-bench's `-ctk f16 -ctv f16`; default f32). `--profile N` (CUDA) then times every
 //! kernel of N decode steps (after the last test, at its depth) and prints where a token's
 //! time goes; `--profile-prefill N` does the same for one prefill step of N tokens.
 //!
@@ -114,6 +116,15 @@ fn main() -> anyhow::Result<()> {
     let warmup = !a.flag("no-warmup");
     let as_json = a.flag("json");
     let device = a.device()?;
+    let kv_f16 = match a.get("kv").unwrap_or("f32") {
+        "f32" => false,
+        "f16" => true,
+        other => anyhow::bail!("--kv `{other}`: the KV cache types are f32 and f16"),
+    };
+    anyhow::ensure!(
+        !kv_f16 || device.is_some(),
+        "--kv f16 is a CUDA option (the CPU backend keeps its KV cache in f32)"
+    );
     let profile_steps: usize = a.num("profile", 0)?;
     let profile_prefill: usize = a.num("profile-prefill", 0)?;
 
@@ -164,6 +175,7 @@ fn main() -> anyhow::Result<()> {
                 device,
                 cuda_graphs: true,
                 quantized_activations: !reference,
+                kv_f16,
                 ..Default::default()
             },
         )?),
@@ -178,7 +190,9 @@ fn main() -> anyhow::Result<()> {
         );
     }
     let backend = match (device, reference) {
+        (Some(d), true) if kv_f16 => format!("cuda:{d} kv f16 (reference)"),
         (Some(d), true) => format!("cuda:{d} (reference)"),
+        (Some(d), false) if kv_f16 => format!("cuda:{d} kv f16"),
         (Some(d), false) => format!("cuda:{d}"),
         (None, true) => "cpu (reference)".to_string(),
         (None, false) => "cpu".to_string(),

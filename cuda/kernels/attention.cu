@@ -1,7 +1,8 @@
 // The KV cache store and causal (optionally sliding-window) GQA attention over it.
 //
-// Layer caches are rings of `cap` rows of `row = n_kv * d` f32: position p lives in row
-// p % cap (full layers: cap = n_ctx; sliding: window - 1 + ubatch, see cpu-experts/kv.rs).
+// Layer caches are rings of `cap` rows of `row = n_kv * d` elements, f32 or f16 (KV, see
+// common.cuh's Kv; every kernel here has an `_f16` twin): position p lives in row p % cap
+// (full layers: cap = n_ctx; sliding: window - 1 + ubatch, see cpu-experts/kv.rs).
 #include "common.cuh"
 
 #define ATT_WARPS 4
@@ -10,15 +11,16 @@
 #define ATT_VB 4
 
 // Writes the step's K and V rows at their positions. One thread per element.
-extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
-                                    float* __restrict__ kc, float* __restrict__ vc, int cap, int row,
-                                    int n, const u32* __restrict__ params) { PDL_ENTRY();
+template <typename KV>
+__device__ void kv_store_t(const float* __restrict__ k, const float* __restrict__ v, KV* __restrict__ kc,
+                           KV* __restrict__ vc, int cap, int row, int n, const u32* __restrict__ params) {
+    PDL_ENTRY();
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)n * row) return;
     int t = (int)(idx / row), e = (int)(idx % row);
     size_t dst = (size_t)((params[P_POS0] + t) % cap) * row + e;
-    kc[dst] = k[idx];
-    vc[dst] = v[idx];
+    Kv<KV>::st(kc + dst, k[idx]);
+    Kv<KV>::st(vc + dst, v[idx]);
 }
 
 // One (query head h, token t) per block (grid (hq, n)); query position p = pos0 + t sees keys
@@ -34,10 +36,11 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 // to part[((t hq + h) S + s) (d + 2) ..]; attention_merge combines the S states. The number
 // of visible keys is read from device memory, so a captured graph stays valid as the
 // context grows.
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
-attention(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-          float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,
-          int window, const u32* __restrict__ params) { PDL_ENTRY();
+template <typename KV>
+__device__ void attention_t(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,
+                            float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,
+                            int window, const u32* __restrict__ params) {
+    PDL_ENTRY();
     int h = blockIdx.x, t = blockIdx.y;
     int split = blockIdx.z, n_split = gridDim.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -63,13 +66,13 @@ attention(const float* __restrict__ q, const float* __restrict__ kc, const float
     }
     float m = -LG_INF, l = 0.0f;
     for (int j = first + warp; j <= last; j += ATT_WARPS) {
-        const float* kr = kc + (size_t)(j % cap) * row + (size_t)kvh * d;
-        const float* vr = vc + (size_t)(j % cap) * row + (size_t)kvh * d;
+        const KV* kr = kc + (size_t)(j % cap) * row + (size_t)kvh * d;
+        const KV* vr = vc + (size_t)(j % cap) * row + (size_t)kvh * d;
         float s = 0.0f;
         #pragma unroll
         for (int i = 0; i < ATT_MAX_D / 32; i++) {
             int k = lane + 32 * i;
-            if (k < d) s += qr[i] * kr[k];
+            if (k < d) s += qr[i] * Kv<KV>::ld(kr + k);
         }
         s = warp_sum(s) * scale;
         float mn = fmaxf(m, s);
@@ -78,7 +81,7 @@ attention(const float* __restrict__ q, const float* __restrict__ kc, const float
         #pragma unroll
         for (int i = 0; i < ATT_MAX_D / 32; i++) {
             int k = lane + 32 * i;
-            if (k < d) acc[i] = acc[i] * corr + p * vr[k];
+            if (k < d) acc[i] = acc[i] * corr + p * Kv<KV>::ld(vr + k);
         }
         m = mn;
     }
@@ -142,10 +145,12 @@ extern "C" __global__ void attention_merge(const float* __restrict__ part, float
 // differs from `attention` (and the CPU), so this kernel is not on the exact path. With one
 // split and a gate g (not null), the output is multiplied by softplus(g[c / per]) as
 // gate_mul does (per = hq d / gcols), fusing that node.
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
-attention_decode(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-                 float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,
-                 int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols) { PDL_ENTRY();
+template <typename KV>
+__device__ void attention_decode_t(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,
+                                   float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv,
+                                   int d, int window, const u32* __restrict__ params, const float* __restrict__ g,
+                                   int gcols) {
+    PDL_ENTRY();
     int h = blockIdx.x;
     int split = blockIdx.z, n_split = gridDim.z;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -173,17 +178,17 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ kc, cons
         bool live = j <= last;
         float s = -LG_INF;
         if (live) {
-            const float4* kr = (const float4*)(kc + (size_t)(j % cap) * row + (size_t)kvh * d);
+            const KV* kr = kc + (size_t)(j % cap) * row + (size_t)kvh * d;
             const float4* q4 = (const float4*)qs;
             float a0 = 0.0f, a1 = 0.0f;
             // Unrolled so that eight iterations' key loads are in flight together (the key
             // row is 512 bytes of one lane's; rolled, each iteration waited for its own).
             #pragma unroll 8
             for (int i = 0; i < d / 4; i += 2) {
-                float4 kv = kr[i], qv = q4[i];
+                float4 kv = Kv<KV>::ld4(kr + 4 * i), qv = q4[i];
                 a0 += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
                 if (i + 1 < d / 4) {
-                    float4 kv2 = kr[i + 1], qv2 = q4[i + 1];
+                    float4 kv2 = Kv<KV>::ld4(kr + 4 * i + 4), qv2 = q4[i + 1];
                     a1 += kv2.x * qv2.x + kv2.y * qv2.y + kv2.z * qv2.z + kv2.w * qv2.w;
                 }
             }
@@ -205,11 +210,11 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ kc, cons
             #pragma unroll
             for (int u = 0; u < ATT_VB; u++) {
                 pv[u] = __shfl_sync(0xffffffffu, p, jj + u);
-                const float* vr = vc + (size_t)((base + jj + u) % cap) * row + (size_t)kvh * d;
+                const KV* vr = vc + (size_t)((base + jj + u) % cap) * row + (size_t)kvh * d;
                 #pragma unroll
                 for (int i = 0; i < ATT_MAX_D / 32; i++) {
                     int k = lane + 32 * i;
-                    xv[u][i] = k < d ? vr[k] : 0.0f;
+                    xv[u][i] = k < d ? Kv<KV>::ld(vr + k) : 0.0f;
                 }
             }
             #pragma unroll
@@ -223,11 +228,11 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ kc, cons
         }
         for (; jj < nk; jj++) {
             float pj = __shfl_sync(0xffffffffu, p, jj);
-            const float* vr = vc + (size_t)((base + jj) % cap) * row + (size_t)kvh * d;
+            const KV* vr = vc + (size_t)((base + jj) % cap) * row + (size_t)kvh * d;
             #pragma unroll
             for (int i = 0; i < ATT_MAX_D / 32; i++) {
                 int k = lane + 32 * i;
-                if (k < d) acc[i] += pj * vr[k];
+                if (k < d) acc[i] += pj * Kv<KV>::ld(vr + k);
             }
         }
         m = mn;
@@ -259,3 +264,25 @@ attention_decode(const float* __restrict__ q, const float* __restrict__ kc, cons
         oh[d + 1] = L;
     }
 }
+
+// The f32-cache and f16-cache instantiations of the kernels above.
+#define KV_KERNELS(sfx, KV)                                                                          \
+    extern "C" __global__ void kv_store##sfx(const float* __restrict__ k, const float* __restrict__ v, \
+                                             KV* __restrict__ kc, KV* __restrict__ vc, int cap, int row, \
+                                             int n, const u32* __restrict__ params) {                \
+        kv_store_t<KV>(k, v, kc, vc, cap, row, n, params);                                           \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)                                     \
+        attention##sfx(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc, \
+                       float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv,  \
+                       int d, int window, const u32* __restrict__ params) {                          \
+        attention_t<KV>(q, kc, vc, out, part, cap, hq, n_kv, d, window, params);                     \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention_decode##sfx(              \
+        const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,           \
+        float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,         \
+        int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols) {         \
+        attention_decode_t<KV>(q, kc, vc, out, part, cap, hq, n_kv, d, window, params, g, gcols);    \
+    }
+KV_KERNELS(, float)
+KV_KERNELS(_f16, unsigned short)

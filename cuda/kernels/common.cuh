@@ -44,6 +44,36 @@ __device__ __forceinline__ float sigmoid_f(float z) { return 1.0f / (1.0f + expf
 // z * sigmoid(z) written as z / (1 + exp(-z)), as lagoon_core::ops::silu.
 __device__ __forceinline__ float silu_f(float z) { return z / (1.0f + expf(-z)); }
 
+// x with finite values beyond f16's range saturated to +-65504 (so that rounding to f16 gives
+// the largest finite f16, not infinity); infinities and NaN pass through.
+__device__ __forceinline__ float f16_sat(float v) {
+    float a = fabsf(v);
+    return a > 65504.0f && a < LG_INF ? copysignf(65504.0f, v) : v;
+}
+
+// An element of the KV cache: f32 (`float`) or f16 bits (`unsigned short`; the session's
+// kv_f16 option). f16 stores round to nearest from f16_sat(v), as the tensor-core kernels
+// round their operands, so an f16 cache holds exactly the values flash.cu computed with.
+template <typename KV> struct Kv;
+template <> struct Kv<float> {
+    static __device__ __forceinline__ float ld(const float* p) { return *p; }
+    static __device__ __forceinline__ void st(float* p, float v) { *p = v; }
+    // Four consecutive values (p 16-byte aligned).
+    static __device__ __forceinline__ float4 ld4(const float* p) { return *(const float4*)p; }
+};
+template <> struct Kv<unsigned short> {
+    static __device__ __forceinline__ float ld(const unsigned short* p) { return f16_to_f32(*p); }
+    static __device__ __forceinline__ void st(unsigned short* p, float v) {
+        *p = __half_as_ushort(__float2half_rn(f16_sat(v)));
+    }
+    // Four consecutive values (p 8-byte aligned).
+    static __device__ __forceinline__ float4 ld4(const unsigned short* p) {
+        uint2 u = *(const uint2*)p;
+        return make_float4(f16_to_f32((unsigned short)(u.x & 0xFFFF)), f16_to_f32((unsigned short)(u.x >> 16)),
+                           f16_to_f32((unsigned short)(u.y & 0xFFFF)), f16_to_f32((unsigned short)(u.y >> 16)));
+    }
+};
+
 // Programmatic dependent launch (sm_90; see device.rs): a kernel launched with the
 // programmatic-serialization attribute may start while the kernel before it in the stream
 // is still running. pdl_wait blocks until that kernel has finished and its writes are

@@ -23,13 +23,8 @@
 #define FA_KLD (FA_D + 8)
 #define FA_VLD (FA_BK + 8)
 
-__device__ __forceinline__ float fa_f16_range(float v) {
-    float a = fabsf(v);
-    return a > 65504.0f && a < LG_INF ? copysignf(65504.0f, v) : v;
-}
-
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(fa_f16_range(lo), fa_f16_range(hi));
+    __half2 h = __floats2half2_rn(f16_sat(lo), f16_sat(hi));
     return *(u32*)&h;
 }
 
@@ -42,10 +37,12 @@ __device__ __forceinline__ void fa_mma(float d[4], u32 a0, u32 a1, u32 a2, u32 a
 }
 
 // Grid (hq, ceil(n / FA_BQ)), block 128. Arguments as attention.cu's attention (no split).
-extern "C" __global__ void __launch_bounds__(128)
-attention_prefill(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-                  float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
-                  const u32* __restrict__ params) {
+// With an f16 cache (KV = unsigned short) the staged values are the cache's own: it holds
+// what fa_pack would make of the f32 values, so both caches give the same bits.
+template <typename KV>
+__device__ void attention_prefill_t(const float* __restrict__ q, const KV* __restrict__ kc,
+                                    const KV* __restrict__ vc, float* __restrict__ out, int cap, int hq,
+                                    int n_kv, int window, int n, const u32* __restrict__ params) {
     __shared__ __align__(16) unsigned short ks[FA_BK * FA_KLD];
     __shared__ __align__(16) unsigned short vt[FA_D * FA_VLD];
     int h = blockIdx.x, t0 = blockIdx.y * FA_BQ;
@@ -91,8 +88,9 @@ attention_prefill(const float* __restrict__ q, const float* __restrict__ kc, con
             int j = kb + key;
             uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
             if (j <= p_last) {
-                const float4* src = (const float4*)(kc + (size_t)(j % cap) * row + (size_t)kvh * FA_D + 16 * dc);
-                float4 v0 = src[0], v1 = src[1], v2 = src[2], v3 = src[3];
+                const KV* src = kc + (size_t)(j % cap) * row + (size_t)kvh * FA_D + 16 * dc;
+                float4 v0 = Kv<KV>::ld4(src), v1 = Kv<KV>::ld4(src + 4), v2 = Kv<KV>::ld4(src + 8),
+                       v3 = Kv<KV>::ld4(src + 12);
                 lo = make_uint4(fa_pack(v0.x, v0.y), fa_pack(v0.z, v0.w), fa_pack(v1.x, v1.y), fa_pack(v1.z, v1.w));
                 hi = make_uint4(fa_pack(v2.x, v2.y), fa_pack(v2.z, v2.w), fa_pack(v3.x, v3.y), fa_pack(v3.z, v3.w));
             }
@@ -108,18 +106,18 @@ attention_prefill(const float* __restrict__ q, const float* __restrict__ kc, con
             #pragma unroll
             for (int e = 0; e < 16; e++) a[e] = b[e] = 0.0f;
             if (j <= p_last) {
-                const float4* src = (const float4*)(vc + (size_t)(j % cap) * row + (size_t)kvh * FA_D + 16 * dc);
+                const KV* src = vc + (size_t)(j % cap) * row + (size_t)kvh * FA_D + 16 * dc;
                 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float4 v = src[e];
+                    float4 v = Kv<KV>::ld4(src + 4 * e);
                     a[4 * e] = v.x; a[4 * e + 1] = v.y; a[4 * e + 2] = v.z; a[4 * e + 3] = v.w;
                 }
             }
             if (j + 1 <= p_last) {
-                const float4* src = (const float4*)(vc + (size_t)((j + 1) % cap) * row + (size_t)kvh * FA_D + 16 * dc);
+                const KV* src = vc + (size_t)((j + 1) % cap) * row + (size_t)kvh * FA_D + 16 * dc;
                 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float4 v = src[e];
+                    float4 v = Kv<KV>::ld4(src + 4 * e);
                     b[4 * e] = v.x; b[4 * e + 1] = v.y; b[4 * e + 2] = v.z; b[4 * e + 3] = v.w;
                 }
             }
@@ -209,4 +207,18 @@ attention_prefill(const float* __restrict__ q, const float* __restrict__ kc, con
         if (ta < n) *(float2*)(out + ((size_t)ta * hq + h) * FA_D + d0) = make_float2(o[dt][0] * ia, o[dt][1] * ia);
         if (tb < n) *(float2*)(out + ((size_t)tb * hq + h) * FA_D + d0) = make_float2(o[dt][2] * ib, o[dt][3] * ib);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+attention_prefill(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+                  float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
+                  const u32* __restrict__ params) {
+    attention_prefill_t<float>(q, kc, vc, out, cap, hq, n_kv, window, n, params);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+attention_prefill_f16(const float* __restrict__ q, const unsigned short* __restrict__ kc,
+                      const unsigned short* __restrict__ vc, float* __restrict__ out, int cap, int hq, int n_kv,
+                      int window, int n, const u32* __restrict__ params) {
+    attention_prefill_t<unsigned short>(q, kc, vc, out, cap, hq, n_kv, window, n, params);
 }

@@ -82,11 +82,14 @@ rms_norm_q8_0(const float* x, const float* w, float* out, u8* xq, int glen, floa
 // q_out; a key head likewise with kw, written straight into the cache row of the step's
 // position, and the matching value head copied next to it. Grid ceil((hq + n_kv) /
 // QKR_WARPS), block 32 * QKR_WARPS; d <= QKR_MAX_D.
-extern "C" __global__ void __launch_bounds__(32 * QKR_WARPS)
-qk_norm_rope_store(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                   const float* __restrict__ qw, const float* __restrict__ kw, float* __restrict__ q_out,
-                   float* __restrict__ kc, float* __restrict__ vc, int cap, const float* __restrict__ inv_freq,
-                   float scale, int rd, int d, int hq, int n_kv, float eps, const u32* __restrict__ params) { PDL_ENTRY();
+// The cache is f32 (qk_norm_rope_store) or f16 (qk_norm_rope_store_f16, common.cuh's Kv).
+template <typename KV>
+__device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* __restrict__ k,
+                                     const float* __restrict__ v, const float* __restrict__ qw,
+                                     const float* __restrict__ kw, float* __restrict__ q_out, KV* __restrict__ kc,
+                                     KV* __restrict__ vc, int cap, const float* __restrict__ inv_freq, float scale,
+                                     int rd, int d, int hq, int n_kv, float eps, const u32* __restrict__ params) {
+    PDL_ENTRY();
     __shared__ float ys[QKR_WARPS][QKR_MAX_D];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h = blockIdx.x * QKR_WARPS + warp;
@@ -96,7 +99,11 @@ qk_norm_rope_store(const float* __restrict__ q, const float* __restrict__ k, con
     const float* x = is_q ? q + (size_t)h * d : k + (size_t)hk * d;
     const float* w = is_q ? qw : kw;
     u32 pos = params[P_POS0];
-    float* dst = is_q ? q_out + (size_t)h * d : kc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
+    // An f32 cache takes the query's and the key's values through one pointer; an f16 cache
+    // stores the key's rounded (Kv).
+    KV* kd = kc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
+    float* qd = q_out + (size_t)h * d;
+    if constexpr (sizeof(KV) == 4) qd = is_q ? qd : (float*)kd;
     float ss = 0.0f;
     for (int i = lane; i < d; i += 32) ss += x[i] * x[i];
     ss = warp_sum(ss);
@@ -117,13 +124,27 @@ qk_norm_rope_store(const float* __restrict__ q, const float* __restrict__ k, con
             o = i < half ? __fsub_rn(__fmul_rn(y[i], c), __fmul_rn(y[i + half], s))
                          : __fadd_rn(__fmul_rn(y[i], c), __fmul_rn(y[i - half], s));
         }
-        dst[i] = o;
+        if constexpr (sizeof(KV) == 4) qd[i] = o;
+        else if (is_q) qd[i] = o;
+        else Kv<KV>::st(kd + i, o);
     }
     if (!is_q) {
-        float* vd = vc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
-        for (int i = lane; i < d; i += 32) vd[i] = v[(size_t)hk * d + i];
+        KV* vd = vc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
+        for (int i = lane; i < d; i += 32) Kv<KV>::st(vd + i, v[(size_t)hk * d + i]);
     }
 }
+
+#define QKR_KERNEL(sfx, KV)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * QKR_WARPS) qk_norm_rope_store##sfx(            \
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,       \
+        const float* __restrict__ qw, const float* __restrict__ kw, float* __restrict__ q_out,       \
+        KV* __restrict__ kc, KV* __restrict__ vc, int cap, const float* __restrict__ inv_freq,       \
+        float scale, int rd, int d, int hq, int n_kv, float eps, const u32* __restrict__ params) {   \
+        qk_norm_rope_store_t<KV>(q, k, v, qw, kw, q_out, kc, vc, cap, inv_freq, scale, rd, d, hq,    \
+                                 n_kv, eps, params);                                                 \
+    }
+QKR_KERNEL(, float)
+QKR_KERNEL(_f16, unsigned short)
 
 // attention_merge followed by the softplus output gate (GateMul): out = merged *
 // softplus(g[c / per]) for element c of the token's hq * d outputs, per = hq * d / gcols.

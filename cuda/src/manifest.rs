@@ -88,10 +88,14 @@ manifest! {
     GateMul => "elementwise.cu", "gate_mul";
     Copy => "elementwise.cu", "copy_f32";
     KvStore => "attention.cu", "kv_store";
+    KvStoreF16 => "attention.cu", "kv_store_f16";
     Attention => "attention.cu", "attention";
+    AttentionF16 => "attention.cu", "attention_f16";
     AttentionMerge => "attention.cu", "attention_merge";
     AttentionDecode => "attention.cu", "attention_decode";
+    AttentionDecodeF16 => "attention.cu", "attention_decode_f16";
     AttentionPrefill => "flash.cu", "attention_prefill";
+    AttentionPrefillF16 => "flash.cu", "attention_prefill_f16";
     Spin => "elementwise.cu", "spin";
     ReadStream => "elementwise.cu", "read_stream";
     QuantizeQ8K => "act.cu", "quantize_q8_K";
@@ -112,6 +116,7 @@ manifest! {
     RmsNormQ8K => "fused.cu", "rms_norm_q8_K";
     RmsNormQ8_0 => "fused.cu", "rms_norm_q8_0";
     QkNormRopeStore => "fused.cu", "qk_norm_rope_store";
+    QkNormRopeStoreF16 => "fused.cu", "qk_norm_rope_store_f16";
     AttentionMergeGate => "fused.cu", "attention_merge_gate";
     GateUpQQ8_0 => "mmvq.cu", "moe_gate_up_q_q8_0";
     GateUpQQ4K => "mmvq.cu", "moe_gate_up_q_q4_K";

@@ -53,6 +53,11 @@ pub struct CudaSessionOptions {
     /// BENCHMARKS.md) with logits bitwise equal to plain launches (device test).
     /// `LAGOON_CUDA_PDL=0` / `=1` overrides it.
     pub programmatic_launch: bool,
+    /// Keep the KV cache in f16 instead of f32 (llama.cpp's `-ctk f16 -ctv f16`): half the
+    /// cache memory and half the bytes attention reads per key. Values are rounded to
+    /// nearest, finite values beyond f16's range saturating; the tensor-core prefill
+    /// attention already rounds K and V so, and gives the same results with either cache.
+    pub kv_f16: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -85,6 +90,7 @@ impl Default for CudaSessionOptions {
             attn_split_keys: 0,
             quantized_activations: true,
             programmatic_launch: true,
+            kv_f16: false,
         }
     }
 }
@@ -247,9 +253,11 @@ impl CudaSession {
                 }
             })
             .collect();
+        // Bytes per cached element; the buffer is allocated as f32 words either way.
+        let kv_elem = if opts.kv_f16 { 2 } else { 4 };
         let kv_len: usize = caps.iter().map(|c| 2 * c * row).sum();
         let kv_buf = s
-            .alloc_zeros::<f32>(kv_len.max(1))
+            .alloc_zeros::<f32>((kv_len * kv_elem).div_ceil(4).max(1))
             .during("allocating the KV cache")?;
         let act_buf = s
             .alloc_zeros::<f32>((opts.ubatch.max(2) * cfg.n_experts_used * cfg.expert_ffn).max(1))
@@ -329,7 +337,7 @@ impl CudaSession {
         let mut kv = Vec::with_capacity(cfg.n_layers);
         let mut off = 0u64;
         for &cap in &caps {
-            let bytes = (cap * row * 4) as u64;
+            let bytes = (cap * row * kv_elem) as u64;
             kv.push(LayerKv {
                 k: kv_base + off,
                 v: kv_base + off + bytes,
@@ -582,7 +590,7 @@ impl CudaSession {
         };
         if self.prefill_attention(n, split) {
             return self.dev.launch(
-                K::AttentionPrefill,
+                self.kv_kernel(K::AttentionPrefill, K::AttentionPrefillF16),
                 (c.n_heads[layer] as u32, n.div_ceil(FLASH_TILE) as u32),
                 128,
                 &[
@@ -618,9 +626,15 @@ impl CudaSession {
             I(gate.map_or(0, |g| g.1 as i32)),
         ];
         let (kernel, n_args) = if decode {
-            (K::AttentionDecode, args.len())
+            (
+                self.kv_kernel(K::AttentionDecode, K::AttentionDecodeF16),
+                args.len(),
+            )
         } else {
-            (K::Attention, args.len() - 2)
+            (
+                self.kv_kernel(K::Attention, K::AttentionF16),
+                args.len() - 2,
+            )
         };
         self.dev.launch3(
             kernel,
@@ -628,6 +642,11 @@ impl CudaSession {
             128,
             &args[..n_args],
         )
+    }
+
+    /// The kernel for the session's KV cache element type: `f32` or its `_f16` twin.
+    fn kv_kernel(&self, f32: K, f16: K) -> K {
+        if self.opts.kv_f16 { f16 } else { f32 }
     }
 
     /// Rounds `len` f32 values at `x` to f16 into the activation scratch (`to_f16`; `len` is a
@@ -920,7 +939,7 @@ impl CudaSession {
                     let kv = self.kv[layer];
                     let row = c.n_kv_heads * d;
                     dev.launch(
-                        K::KvStore,
+                        self.kv_kernel(K::KvStore, K::KvStoreF16),
                         (blocks(n * row, 256), 1),
                         256,
                         &[

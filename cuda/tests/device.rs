@@ -291,6 +291,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         attn_split_keys: if ubatch == 1 { 8 } else { 0 },
                         quantized_activations: false,
                         programmatic_launch: false,
+                        kv_f16: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -500,6 +501,65 @@ fn decode_graph_replay_equals_eager_steps() {
             "graph {graphs} / programmatic launch {pdl} differs from eager launches"
         );
     }
+}
+
+/// The f16 KV cache (`kv_f16`) on a whole tiny model: every attention kernel and both cache
+/// writers, in prefill, chunked and decode steps (split-K at decode), against the f32
+/// cache; K and V rounded to f16 move the logits by about f16 rounding, far below the
+/// quantised-activation paths' own distance. Decode with it replays as a graph bitwise.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn kv_f16_cache_matches_the_f32_cache() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/models/xs2_style/model-q8_0.gguf"
+    );
+    let ckpt = Checkpoint::open(path).unwrap();
+    let w = weights(&ckpt);
+    let toks: Vec<u32> = (0..40u32)
+        .map(|i| (i * 37 + 5) % ckpt.config.vocab_size as u32)
+        .collect();
+    let run = |ubatch: usize, quantized: bool, kv_f16: bool, graphs: bool| {
+        let mut s = CudaSession::new(
+            &ckpt.config,
+            &w,
+            CudaSessionOptions {
+                n_ctx: toks.len(),
+                ubatch,
+                all_logits: true,
+                cuda_graphs: graphs,
+                attn_split_keys: if ubatch == 1 { 8 } else { 0 },
+                quantized_activations: quantized,
+                kv_f16,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
+        out
+    };
+    for quantized in [false, true] {
+        for ubatch in [toks.len(), 7, 1] {
+            let f32_cache = run(ubatch, quantized, false, true);
+            let f16_cache = run(ubatch, quantized, true, true);
+            let e = rel_l2(&f16_cache, &f32_cache);
+            println!("kv f16 vs f32, quantised {quantized}, ubatch {ubatch}: rel L2 {e:.3e}");
+            assert!(
+                e > 0.0 && e < 1e-2,
+                "kv f16 (quantised {quantized}, ubatch {ubatch}): {e:.3e}"
+            );
+        }
+    }
+    let eager = run(1, true, true, false);
+    let graph = run(1, true, true, true);
+    assert!(
+        graph
+            .iter()
+            .zip(&eager)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "kv f16: graph replay differs from eager steps"
+    );
 }
 
 /// The quantiser kernels through the session's launch path: `rows` rows of `cols` into rows

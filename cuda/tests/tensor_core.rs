@@ -439,6 +439,42 @@ fn prefill_attention_matches_the_f32_kernel() {
         println!("attention_prefill window {window} pos0 {pos0} n {n}: max rel err {e:.2e}");
         // f16 queries, keys, values and probabilities: ~1e-3 of the output scale.
         assert!(e < 4e-3, "window {window} pos0 {pos0} n {n}: {e:.2e}");
+        // The same rings stored as an f16 cache (the session's kv_f16; round to nearest,
+        // as the kernel rounds what it stages): bitwise the f32 cache's result.
+        let h16 = |x: &[f32]| -> Vec<u16> {
+            x.iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect()
+        };
+        let (_k16, kp16) = upload(&dev, &h16(&kc));
+        let (_v16, vp16) = upload(&dev, &h16(&vc));
+        let ob16 = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
+        dev.launch(
+            K::AttentionPrefillF16,
+            (hq as u32, n.div_ceil(64) as u32),
+            128,
+            &[
+                Arg::P(qp),
+                Arg::P(kp16),
+                Arg::P(vp16),
+                Arg::P(ob16.device_ptr(&dev.stream).0),
+                Arg::I(cap as i32),
+                Arg::I(hq as i32),
+                Arg::I(n_kv as i32),
+                Arg::I(window as i32),
+                Arg::I(n as i32),
+                Arg::P(pp),
+            ],
+        )
+        .unwrap();
+        let got16 = download(&dev, &ob16);
+        assert!(
+            got16
+                .iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "attention_prefill_f16 differs from the f32 cache's result (window {window} pos0 {pos0} n {n})"
+        );
     }
 }
 

@@ -76,7 +76,7 @@ impl CudaSession {
                     let hq = c.n_heads[layer];
                     let (freq, scale, rd) = self.ropes[sliding as usize];
                     dev.launch(
-                        K::QkNormRopeStore,
+                        self.kv_kernel(K::QkNormRopeStore, K::QkNormRopeStoreF16),
                         (blocks(hq + c.n_kv_heads, 4), 1),
                         128,
                         &[
