@@ -116,15 +116,7 @@ fn main() -> anyhow::Result<()> {
     let warmup = !a.flag("no-warmup");
     let as_json = a.flag("json");
     let device = a.device()?;
-    let kv_f16 = match a.get("kv").unwrap_or("f32") {
-        "f32" => false,
-        "f16" => true,
-        other => anyhow::bail!("--kv `{other}`: the KV cache types are f32 and f16"),
-    };
-    anyhow::ensure!(
-        !kv_f16 || device.is_some(),
-        "--kv f16 is a CUDA option (the CPU backend keeps its KV cache in f32)"
-    );
+    let kv_f16 = a.kv_f16(device)?;
     let profile_steps: usize = a.num("profile", 0)?;
     let profile_prefill: usize = a.num("profile-prefill", 0)?;
 

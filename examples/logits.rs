@@ -1,7 +1,7 @@
 //! Evaluates a token sequence and writes the logits of every position.
 //!
 //! `logits --model PATH --tokens 1,2,3 [--out FILE] [--ubatch N] [--decode] [--reference]
-//!  [--threads N] [--device cpu|cuda[:N]]`
+//!  [--threads N] [--device cpu|cuda[:N]] [--kv f32|f16]`
 //!
 //! PATH is a `.gguf` file or a HF / compressed-tensors directory. FILE receives raw
 //! little-endian f32, row-major `[n_tokens, vocab]`. The argmax of each position is printed.
@@ -9,7 +9,8 @@
 //! scalar reference path (weights decoded to f32, f32 math), the baseline for bisecting any
 //! numerical question about the fast kernels. `--device cuda[:N]` runs on CUDA device N
 //! (default 0) instead of the CPU (`--threads` then does not apply; `--reference` selects
-//! the CUDA kernels' f32-activation path, whose numerics are the reference's).
+//! the CUDA kernels' f32-activation path, whose numerics are the reference's; `--kv f16`
+//! keeps its KV cache in f16).
 
 #[path = "common/args.rs"]
 mod args;
@@ -41,7 +42,9 @@ fn main() -> anyhow::Result<()> {
         reference,
     };
     let mut all = Vec::with_capacity(tokens.len() * vocab);
-    match a.device()? {
+    let device = a.device()?;
+    let kv_f16 = a.kv_f16(device)?;
+    match device {
         None => {
             let mut session = Session::new(&ckpt.config, &weights, opts);
             session.prefill(&tokens, |l| all.extend_from_slice(l))?;
@@ -54,6 +57,7 @@ fn main() -> anyhow::Result<()> {
                 device,
                 cuda_graphs: true,
                 quantized_activations: !reference,
+                kv_f16,
                 ..Default::default()
             };
             let mut session = CudaSession::new(&ckpt.config, &weights, copts)?;

@@ -82,7 +82,23 @@ impl Args {
         }
     }
 
-    /// Comma-separated token ids.
+    /// `--kv f32|f16` (default f32): whether a CUDA session keeps its KV cache in f16
+    /// (llama.cpp's `-ctk f16 -ctv f16`). An error on the CPU (`device` `None`), whose cache
+    /// is f32 only.
+    #[allow(dead_code)] // not every example that includes this file takes --kv
+    pub fn kv_f16(&self, device: Option<usize>) -> anyhow::Result<bool> {
+        let f16 = match self.get("kv").unwrap_or("f32") {
+            "f32" => false,
+            "f16" => true,
+            other => anyhow::bail!("--kv `{other}`: the KV cache types are f32 and f16"),
+        };
+        anyhow::ensure!(
+            !f16 || device.is_some(),
+            "--kv f16 is a CUDA option (the CPU backend keeps its KV cache in f32)"
+        );
+        Ok(f16)
+    }
+
     /// `--device`: `cpu` (the default) → `None`, `cuda` / `cuda:N` → `Some(N)`.
     pub fn device(&self) -> anyhow::Result<Option<usize>> {
         match self.get("device").unwrap_or("cpu") {
