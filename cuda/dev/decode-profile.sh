@@ -6,7 +6,8 @@
 # step's timeline (kernel starts and ends, so the gaps between kernels show). Stage first:
 #   ../shared/device/stage.sh tests -p lagoon-cuda && ../shared/device/stage.sh example bench synth
 # then run `cuda/dev/decode-profile.sh` with carry [".device"]. Logs and CSVs land in $OUT.
-# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out; VARIANTS and FULL: below.
+# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out; VARIANTS, KV_AB and
+# FULL: below.
 set -u
 out=${OUT:-/tmp}
 t0=$(date +%s)
@@ -28,6 +29,15 @@ for v in ${VARIANTS:-LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1 LAGOON_CUDA_PDL=0 LAGOO
     | grep -E "^\||floor" | tail -4
   lap "bench $v"
 done
+# KV_AB=1: decode at depth 0, 4k and 32k with the f32 and the f16 KV cache, interleaved.
+if [ "${KV_AB:-0}" = 1 ]; then
+  for kv in f32 f16 f32 f16; do
+    echo "== --kv $kv"
+    timeout 150 .device/bin/bench --model "$model" --device cuda --kv "$kv" -p 0 -n 64 -d 0,4096,32768 -r 2 2>&1 \
+      | grep -E "^\|.*tg" | tail -3
+    lap "bench --kv $kv"
+  done
+fi
 # FULL=1: the whole table once (decode at depth 0, 4k, 32k; pp512 and pp4096).
 if [ "${FULL:-0}" = 1 ]; then
   timeout 200 .device/bin/bench --model "$model" --device cuda -p 512,4096 -n 64 -d 0,4096,32768 -r 2 -ub 2048 2>&1 \
