@@ -12,8 +12,9 @@
 //!   its own, then the integer mat-vec).
 //!
 //! - for Q4_K, the versions in `cuda/kernels/lab.cu` (streamed through shared memory, its
-//!   memory-only twin, half-warp rows, whole-warp rows with and without an L2 prefetch), each
-//!   with its largest relative difference from `mv_q4_K`'s output;
+//!   memory-only twin, half-warp rows, whole-warp rows with and without an L2 prefetch), and
+//!   for Q6_K the four-lane whole-warp rows, each with its largest relative difference from
+//!   the production `mv_*` output;
 //! - the routed experts' gate/up at S 2.1's shape (256 experts, top 10 + shared): the
 //!   production `moe_gate_up_q_q4_K` against the lab's streamed and half-warp versions.
 //!
@@ -206,7 +207,7 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             })?;
             row(&format!("{:?}", mvq.mv), mv, bytes);
-            if ty == GgmlType::Q4K {
+            if ty == GgmlType::Q6K || ty == GgmlType::Q4K {
                 dev.mv(
                     mvq.mv,
                     qp,
@@ -222,13 +223,17 @@ fn main() -> anyhow::Result<()> {
                 let want = s.clone_dtoh(&ob)?;
                 let max_warps = dev.sm_count()? as usize * MVS_WARPS_PER_SM;
                 let auto = rows.div_ceil(max_warps);
-                let variants = [
-                    (K::LabMvsQ4K, vec![1, 2, auto]),
-                    (K::LabMvsMemOnlyQ4K, vec![1, 2]),
-                    (K::LabMvhQ4K, vec![2]),
-                    (K::LabMvwQ4K, vec![1]),
-                    (K::LabMvwpQ4K, vec![1]),
-                ];
+                let variants = if ty == GgmlType::Q6K {
+                    vec![(K::LabMvwQ6K, vec![1])]
+                } else {
+                    vec![
+                        (K::LabMvsQ4K, vec![1, 2, auto]),
+                        (K::LabMvsMemOnlyQ4K, vec![1, 2]),
+                        (K::LabMvhQ4K, vec![2]),
+                        (K::LabMvwQ4K, vec![1]),
+                        (K::LabMvwpQ4K, vec![1]),
+                    ]
+                };
                 for (kernel, rpws) in variants {
                     for rpw in rpws {
                         let launch = |w: u64| {

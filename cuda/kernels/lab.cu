@@ -158,6 +158,62 @@ extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) mvwp_q4_K(MVS_DENSE
     mvw<true>(W, row_bytes, aq, cols, out, res, rows, rpw);
 }
 
+// ---- Q6_K, four lanes per super-block (not yet timed) ----
+// Lane part g (0..3) takes half n = g / 2, columns 16 (g % 2) .. + 16 of both 32-column
+// groups e = 0, 1 of that half: q6k_part's parts (n, e, h) for e = 0 and 1, whose high bits
+// share the same 16 qh bytes, so a lane loads ql twice and qh once (three 16-byte windows
+// against the eight-lane loop's four per 64 weights) and scales by d once per 64 weights.
+// Its integer sum is the two parts' sum exactly; the float steps differ from the eight-lane
+// loop's by the grouping.
+__device__ __forceinline__ int q6k_part4(const u8* __restrict__ blk, int g, const u8* __restrict__ aq,
+                                         const short* __restrict__ bs) {
+    int n = g >> 1, h = g & 1;
+    u32 ql[2][4], qh[4];
+    load16_a2(blk + 64 * n + 16 * h, ql[0]);
+    load16_a2(blk + 64 * n + 32 + 16 * h, ql[1]);
+    load16_a2(blk + 128 + 32 * n + 16 * h, qh);
+    const signed char* sc = (const signed char*)(blk + 192);
+    int sum = 0;
+    #pragma unroll
+    for (int e = 0; e < 2; e++) {
+        u32 lo[4], hi[4];
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            lo[k] = (ql[e][k] & 0x0F0F0F0Fu) | (((qh[k] >> (2 * e)) & 0x03030303u) << 4);
+            hi[k] = ((ql[e][k] >> 4) & 0x0F0F0F0Fu) | (((qh[k] >> (2 * e + 4)) & 0x03030303u) << 4);
+        }
+        int jlo = 8 * n + 2 * e + h, jhi = jlo + 4;
+        int dlo = dp4a4(lo, *(const int4*)(aq + 16 * jlo), 0) - 32 * (int)bs[jlo];
+        int dhi = dp4a4(hi, *(const int4*)(aq + 16 * jhi), 0) - 32 * (int)bs[jhi];
+        sum += (int)sc[jlo] * dlo + (int)sc[jhi] * dhi;
+    }
+    return sum;
+}
+
+// One Q6_K row by the whole warp in groups of four lanes: group j (lanes 4j .. 4j + 3) takes
+// super-blocks j, j + 8, ... Grid ceil(rows / MVS_WARPS).
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) mvw_q6_K(MVS_DENSE_ARGS) {
+    pdl_trigger();
+    int r = blockIdx.x * MVS_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    pdl_wait();
+    int lane = threadIdx.x & 31, g = lane & 3;
+    int nb = cols / QK_K;
+    const float* ad = q8k_d(aq, cols);
+    const short* bs = q8k_bsums(aq, cols);
+    const u8* row = W + (size_t)r * row_bytes;
+    float acc = 0.0f;
+    #pragma unroll 2
+    for (int b = lane >> 2; b < nb; b += 8) {
+        const u8* blk = row + (size_t)b * 210;
+        int sumi = q6k_part4(blk, g, aq + (size_t)b * QK_K, bs + 16 * b);
+        float d = f16_to_f32(__ldg((const unsigned short*)(blk + 208)));
+        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(ad[b], d), (float)sumi));
+    }
+    float y = warp_sum(acc);
+    if (lane == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
+}
+
 // moe_gate_up_q with half warps: lanes 0-15 the gate row, 16-31 the up row.
 extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS)
 moe_gate_up_h_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes, u64 row_bytes,

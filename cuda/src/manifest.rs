@@ -111,6 +111,7 @@ manifest! {
     LabMvhQ4K => "lab.cu", "mvh_q4_K";
     LabMvwQ4K => "lab.cu", "mvw_q4_K";
     LabMvwpQ4K => "lab.cu", "mvwp_q4_K";
+    LabMvwQ6K => "lab.cu", "mvw_q6_K";
     LabGateUpSQ4K => "lab.cu", "moe_gate_up_s_q4_K";
     LabGateUpHQ4K => "lab.cu", "moe_gate_up_h_q4_K";
     RmsNormQ8K => "fused.cu", "rms_norm_q8_K";
