@@ -415,26 +415,30 @@ fn prefill_attention_matches_the_f32_kernel() {
         let (_q, qp) = upload(&dev, &q);
         let (_p, pp) = upload(&dev, &params);
         let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, window, n, pp);
-        let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
-        dev.launch(
-            K::AttentionPrefill,
-            (hq as u32, n.div_ceil(64) as u32),
-            128,
-            &[
-                Arg::P(qp),
-                Arg::P(kp),
-                Arg::P(vp),
-                Arg::P(ob.device_ptr(&dev.stream).0),
-                Arg::I(cap as i32),
-                Arg::I(hq as i32),
-                Arg::I(n_kv as i32),
-                Arg::I(window as i32),
-                Arg::I(n as i32),
-                Arg::P(pp),
-            ],
-        )
-        .unwrap();
-        let got = download(&dev, &ob);
+        // The kernel (f32 or f16 cache) on the rings at kp / vp.
+        let run = |kernel: K, kp: u64, vp: u64| {
+            let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
+            dev.launch(
+                kernel,
+                (hq as u32, n.div_ceil(64) as u32),
+                128,
+                &[
+                    Arg::P(qp),
+                    Arg::P(kp),
+                    Arg::P(vp),
+                    Arg::P(ob.device_ptr(&dev.stream).0),
+                    Arg::I(cap as i32),
+                    Arg::I(hq as i32),
+                    Arg::I(n_kv as i32),
+                    Arg::I(window as i32),
+                    Arg::I(n as i32),
+                    Arg::P(pp),
+                ],
+            )
+            .unwrap();
+            download(&dev, &ob)
+        };
+        let got = run(K::AttentionPrefill, kp, vp);
         let e = max_rel(&got, &want);
         println!("attention_prefill window {window} pos0 {pos0} n {n}: max rel err {e:.2e}");
         // f16 queries, keys, values and probabilities: ~1e-3 of the output scale.
@@ -448,26 +452,7 @@ fn prefill_attention_matches_the_f32_kernel() {
         };
         let (_k16, kp16) = upload(&dev, &h16(&kc));
         let (_v16, vp16) = upload(&dev, &h16(&vc));
-        let ob16 = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
-        dev.launch(
-            K::AttentionPrefillF16,
-            (hq as u32, n.div_ceil(64) as u32),
-            128,
-            &[
-                Arg::P(qp),
-                Arg::P(kp16),
-                Arg::P(vp16),
-                Arg::P(ob16.device_ptr(&dev.stream).0),
-                Arg::I(cap as i32),
-                Arg::I(hq as i32),
-                Arg::I(n_kv as i32),
-                Arg::I(window as i32),
-                Arg::I(n as i32),
-                Arg::P(pp),
-            ],
-        )
-        .unwrap();
-        let got16 = download(&dev, &ob16);
+        let got16 = run(K::AttentionPrefillF16, kp16, vp16);
         assert!(
             got16
                 .iter()
