@@ -17,7 +17,7 @@ use lagoon_gguf::Checkpoint;
 
 mod common;
 
-use common::{Rng, device, download, max_rel, random_rows, upload};
+use common::{Rng, device, download, max_rel, random_rows, same_bits, upload};
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -449,48 +449,57 @@ fn bad_steps_are_typed_errors() {
     ));
 }
 
+/// The xs2_style Q8_0 tiny model, for comparisons of session options on one sequence.
+const XS2_Q8: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/models/xs2_style/model-q8_0.gguf"
+);
+
+/// 40 deterministic tokens of `ckpt`'s vocabulary.
+fn xs2_tokens(ckpt: &Checkpoint) -> Vec<u32> {
+    (0..40u32)
+        .map(|i| (i * 37 + 5) % ckpt.config.vocab_size as u32)
+        .collect()
+}
+
+/// The logits a session with `opts` (its `n_ctx` set to the sequence) gives for `toks`.
+fn session_logits(
+    ckpt: &Checkpoint,
+    w: &ModelWeights<'_>,
+    toks: &[u32],
+    opts: CudaSessionOptions,
+) -> Vec<f32> {
+    let opts = CudaSessionOptions {
+        n_ctx: toks.len(),
+        ..opts
+    };
+    let mut s = CudaSession::new(&ckpt.config, w, opts).unwrap();
+    let mut out = Vec::new();
+    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
+    out
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn decode_graph_replay_equals_eager_steps() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/models/xs2_style/model-q8_0.gguf"
-    );
-    let ckpt = Checkpoint::open(path).unwrap();
+    let ckpt = Checkpoint::open(XS2_Q8).unwrap();
     let w = weights(&ckpt);
-    let toks: Vec<u32> = (0..40u32)
-        .map(|i| (i * 37 + 5) % ckpt.config.vocab_size as u32)
-        .collect();
+    let toks = xs2_tokens(&ckpt);
     let run = |graphs: bool, pdl: bool| {
-        let mut s = CudaSession::new(
-            &ckpt.config,
-            &w,
-            CudaSessionOptions {
-                n_ctx: toks.len(),
-                ubatch: 1,
-                all_logits: false,
-                device: 0,
-                cuda_graphs: graphs,
-                attn_split_keys: 8,
-                programmatic_launch: pdl,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let mut out = Vec::new();
-        s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
-        out
+        let opts = CudaSessionOptions {
+            ubatch: 1,
+            cuda_graphs: graphs,
+            attn_split_keys: 8,
+            programmatic_launch: pdl,
+            ..Default::default()
+        };
+        session_logits(&ckpt, &w, &toks, opts)
     };
     let eager = run(false, false);
     // Programmatic dependent launch changes when kernels start, never what they compute: a
     // missing wait would show here as a race.
     for (graphs, pdl) in [(true, false), (false, true), (true, true)] {
-        let got = run(graphs, pdl);
-        assert_eq!(got.len(), eager.len());
-        let same = got
-            .iter()
-            .zip(&eager)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = same_bits(&run(graphs, pdl), &eager);
         println!(
             "decode (graph {graphs}, programmatic launch {pdl}) vs eager over {} steps: \
              bitwise equal = {same}",
@@ -510,34 +519,20 @@ fn decode_graph_replay_equals_eager_steps() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn kv_f16_cache_matches_the_f32_cache() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/models/xs2_style/model-q8_0.gguf"
-    );
-    let ckpt = Checkpoint::open(path).unwrap();
+    let ckpt = Checkpoint::open(XS2_Q8).unwrap();
     let w = weights(&ckpt);
-    let toks: Vec<u32> = (0..40u32)
-        .map(|i| (i * 37 + 5) % ckpt.config.vocab_size as u32)
-        .collect();
+    let toks = xs2_tokens(&ckpt);
     let run = |ubatch: usize, quantized: bool, kv_f16: bool, graphs: bool| {
-        let mut s = CudaSession::new(
-            &ckpt.config,
-            &w,
-            CudaSessionOptions {
-                n_ctx: toks.len(),
-                ubatch,
-                all_logits: true,
-                cuda_graphs: graphs,
-                attn_split_keys: if ubatch == 1 { 8 } else { 0 },
-                quantized_activations: quantized,
-                kv_f16,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let mut out = Vec::new();
-        s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
-        out
+        let opts = CudaSessionOptions {
+            ubatch,
+            all_logits: true,
+            cuda_graphs: graphs,
+            attn_split_keys: if ubatch == 1 { 8 } else { 0 },
+            quantized_activations: quantized,
+            kv_f16,
+            ..Default::default()
+        };
+        session_logits(&ckpt, &w, &toks, opts)
     };
     for quantized in [false, true] {
         for ubatch in [toks.len(), 7, 1] {
@@ -551,13 +546,8 @@ fn kv_f16_cache_matches_the_f32_cache() {
             );
         }
     }
-    let eager = run(1, true, true, false);
-    let graph = run(1, true, true, true);
     assert!(
-        graph
-            .iter()
-            .zip(&eager)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        same_bits(&run(1, true, true, true), &run(1, true, true, false)),
         "kv f16: graph replay differs from eager steps"
     );
 }

@@ -19,7 +19,7 @@ use lagoon_cuda::weights::wtype;
 
 mod common;
 
-use common::{Rng, device, download, max_rel, random_rows, upload};
+use common::{Rng, device, download, max_rel, random_rows, same_bits, upload};
 
 /// Relative to the largest output: f32 accumulation over ≤ 3072 terms.
 const BOUND: f32 = 2e-5;
@@ -454,10 +454,7 @@ fn prefill_attention_matches_the_f32_kernel() {
         let (_v16, vp16) = upload(&dev, &h16(&vc));
         let got16 = run(K::AttentionPrefillF16, kp16, vp16);
         assert!(
-            got16
-                .iter()
-                .zip(&got)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            same_bits(&got16, &got),
             "attention_prefill_f16 differs from the f32 cache's result (window {window} pos0 {pos0} n {n})"
         );
     }

@@ -89,6 +89,12 @@ pub fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec
     out
 }
 
+/// Whether two outputs are equal bit for bit (and of one length).
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
     a.iter()
