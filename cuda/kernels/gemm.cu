@@ -21,6 +21,7 @@
 // ldmatrix phase hit 32 distinct banks.
 // (Fragment layouts: PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point type".)
 #include "quant.cuh"
+#include "tc.cuh"
 
 // Weight rows per warp (GM_MW), per block (4 warps along the rows), and 16-row mma tiles per
 // warp; each thread stages GM_CPT 32-element chunks of one weight row per stage.
@@ -31,36 +32,6 @@
 #define GM_BK 64
 #define GM_LDS (GM_BK + 8)
 #define GM_THREADS 256
-
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *(u32*)&h;
-}
-
-// An activation rounded to f16, finite values saturating at +-65504 (NaN and +-inf pass).
-__device__ __forceinline__ float f16_range(float v) {
-    float a = fabsf(v);
-    return a > 65504.0f && a < LG_INF ? copysignf(65504.0f, v) : v;
-}
-
-// D += A B for one m16n8k16 tile: A row-major f16 (4 regs), B column-major f16 (2 regs).
-__device__ __forceinline__ void mma_16816(float d[4], const u32 a[4], const u32 b[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// Four 8x8 f16 matrices from shared memory (ldmatrix.x4): lane l gives the address of row
-// l % 8 of matrix l / 8 and receives, of each matrix i, row l / 4, columns 2 (l % 4) .. + 2 in
-// r[i] -- the mma fragment layout.
-__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const unsigned short* p) {
-    u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 
 // The accumulators of one thread for a BN-token tile: v[mt][nt] is the m16n8 tile (rows
 // GM_MW (w % 4) + 16 mt, tokens (BN / 2) (w / 4) + 8 nt); element e holds row + g + 8 (e / 2),

@@ -22,21 +22,12 @@
 // super-blocks, a multiple of the four lane groups, so their results are that loop's bit
 // for bit.
 #include "mmvq.cuh"
+#include "tc.cuh"
 
 #define MVS_WARPS 4
 #define MVS_CH 12
 #define MVS_STAGES 4
 #define MVS_STAGE_BYTES (MVS_CH * 144)
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    u32 s = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // One warp's copy of `bytes` (a multiple of 16, both ends 16-byte aligned) into dst.
 __device__ __forceinline__ void warp_copy(u8* dst, const u8* src, int bytes, int lane) {

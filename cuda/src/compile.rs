@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("flash.cu", include_str!("../kernels/flash.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
+    ("gemm_rf.cu", include_str!("../kernels/gemm_rf.cu")),
     ("lab.cu", include_str!("../kernels/lab.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
@@ -35,6 +36,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("mmvq.cuh", include_str!("../kernels/mmvq.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
+    ("tc.cuh", include_str!("../kernels/tc.cuh")),
 ];
 
 /// Options every kernel is compiled with. No fast math: the kernels are held to the CPU

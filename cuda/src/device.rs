@@ -164,7 +164,7 @@ impl Device {
         let cfg = LaunchConfig {
             grid_dim: (grid.0.max(1), grid.1.max(1), grid.2.max(1)),
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: k.dyn_smem(),
         };
         // SAFETY: the argument list matches the kernel's signature and every pointer is a
         // live allocation sized for the launch (this function's contract, upheld by the
@@ -222,7 +222,7 @@ impl Device {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: k.dyn_smem(),
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,

@@ -180,6 +180,9 @@ manifest! {
     GemmDown32Ct4 => "gemm.cu", "gemm_down32_ct4";
     GemmDown32Q5K => "gemm.cu", "gemm_down32_q5_K";
     GemmDown32Iq4Xs => "gemm.cu", "gemm_down32_iq4_xs";
+    GemmRfQ4K => "gemm_rf.cu", "gemm_rf_q4_K";
+    GemmGateUpRfQ4K => "gemm_rf.cu", "gemm_gate_up_rf_q4_K";
+    GemmDownRfQ4K => "gemm_rf.cu", "gemm_down_rf_q4_K";
 }
 
 impl K {
@@ -194,7 +197,18 @@ impl K {
     /// timing kernels have no wait and always launch in stream order.
     pub fn pdl(self) -> bool {
         let file = MANIFEST[self as usize].1;
-        !matches!(file, "gemm.cu" | "flash.cu") && !matches!(self, K::Spin | K::ReadStream)
+        !matches!(file, "gemm.cu" | "gemm_rf.cu" | "flash.cu")
+            && !matches!(self, K::Spin | K::ReadStream)
+    }
+
+    /// Dynamic shared memory the kernel is launched with (bytes; 0 for all but the
+    /// `gemm_rf.cu` products, whose cp.async ring is larger than the 48 KiB a static
+    /// allocation may take).
+    pub fn dyn_smem(self) -> u32 {
+        match MANIFEST[self as usize].1 {
+            "gemm_rf.cu" => GEMM_RF_SMEM,
+            _ => 0,
+        }
     }
 }
 
@@ -366,8 +380,13 @@ pub const GEMM_TILE_ROWS: usize = 256;
 /// Tokens (or expert pairs) per block of the `gemm.cu` kernels; the `*32` kernels take
 /// tiles of half this.
 pub const GEMM_TILE_TOKENS: usize = 64;
-/// Threads per block of the `gemm.cu` kernels (`GM_THREADS`).
+/// Threads per block of the `gemm.cu` kernels (`GM_THREADS`); the `gemm_rf.cu` kernels take
+/// the same grid and block for the same tile.
 pub const GEMM_THREADS: u32 = 256;
+/// Dynamic shared memory of a `gemm_rf.cu` block (`RF_SMEM_BYTES`): a three-stage ring of
+/// 256 rows' Q4_K super-blocks and 64 tokens' activations, the rows' decoded sub-block
+/// scales, and the pointer tables.
+pub const GEMM_RF_SMEM: u32 = 229_888;
 
 /// The quantised-activation kernels of one weight type (`mmvq.cu`).
 #[derive(Clone, Copy, Debug)]
@@ -473,6 +492,17 @@ impl Kernels {
                     kernel: name,
                     source,
                 })?;
+            let smem = k.dyn_smem();
+            if smem > 0 {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(|source| CudaError::Driver {
+                    what: "allowing a kernel its dynamic shared memory",
+                    source,
+                })?;
+            }
             funcs.push(f);
         }
         Ok(Kernels { funcs })
@@ -493,5 +523,18 @@ mod tests {
             assert_eq!(k as usize, i, "{name}");
             assert!(compile::SOURCES.iter().any(|(f, _)| *f == file), "{file}");
         }
+    }
+
+    #[test]
+    fn gemm_rf_shared_memory_matches_the_kernel_source() {
+        let src = compile::SOURCES
+            .iter()
+            .find(|(f, _)| *f == "gemm_rf.cu")
+            .unwrap()
+            .1;
+        assert!(
+            src.contains(&format!("#define RF_SMEM_BYTES {GEMM_RF_SMEM}\n")),
+            "GEMM_RF_SMEM differs from gemm_rf.cu's RF_SMEM_BYTES"
+        );
     }
 }

@@ -15,7 +15,9 @@ use lagoon_core::rope::RopeTable;
 
 use crate::device::{Arg, Device, KernelTime, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
-use crate::manifest::{ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, K};
+use crate::manifest::{
+    ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType,
+};
 use crate::weights::{DFfn, DeviceWeights};
 
 mod fused;
@@ -93,6 +95,18 @@ impl Default for CudaSessionOptions {
             kv_f16: false,
         }
     }
+}
+
+/// Which Q4_K prefill products take the `gemm_rf.cu` kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RfUse {
+    /// None: `gemm.cu` for all.
+    Off,
+    /// Those on 64-token tiles; grids too small for two `gemm.cu` blocks per SM keep
+    /// `gemm.cu`'s 32-token tiles.
+    BigGrids,
+    /// Every product of 64 tokens or more (the default).
+    Always,
 }
 
 /// Longest row the fused norm + quantise kernel takes (`NQ_MAX`).
@@ -195,6 +209,10 @@ pub struct CudaSession {
     fuse: bool,
     /// [`CudaSessionOptions::programmatic_launch`], or `LAGOON_CUDA_PDL` when set.
     pdl: bool,
+    /// Where Q4_K prefill products take `gemm_rf.cu` (weights decoded into the mma
+    /// fragments, a cp.async ring) instead of `gemm.cu`; `LAGOON_CUDA_GEMM_RF=0` / `=big`
+    /// select the others (for A/B measurements).
+    gemm_rf: RfUse,
 
     dev: Device,
 }
@@ -416,6 +434,11 @@ impl CudaSession {
             profile: None,
             readers,
             fuse: std::env::var_os("LAGOON_CUDA_NO_FUSE").is_none_or(|v| v != "1"),
+            gemm_rf: match std::env::var_os("LAGOON_CUDA_GEMM_RF") {
+                Some(v) if v == "0" => RfUse::Off,
+                Some(v) if v == "big" => RfUse::BigGrids,
+                _ => RfUse::Always,
+            },
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
                 Some(v) if v == "1" => true,
@@ -644,6 +667,18 @@ impl CudaSession {
         )
     }
 
+    /// The tensor-core prefill kernels for weights of type `ty` on token tiles of `tile`.
+    fn gemm(&self, ty: WType, tile: usize) -> GemmKernels {
+        if self.gemm_rf != RfUse::Off && ty == WType::Q4K && tile == GEMM_TILE_TOKENS {
+            return GemmKernels {
+                dense: K::GemmRfQ4K,
+                gate_up: K::GemmGateUpRfQ4K,
+                down: K::GemmDownRfQ4K,
+            };
+        }
+        ty.gemm(tile)
+    }
+
     /// The kernel for the session's KV cache element type: `f32` or its `_f16` twin.
     fn kv_kernel(&self, f32: K, f16: K) -> K {
         if self.opts.kv_f16 { f16 } else { f32 }
@@ -722,7 +757,10 @@ impl CudaSession {
                 // x in f16 for gate/up, which writes the SwiGLU activations in f16 (into the
                 // expert scratch) for down.
                 self.to_f16(x, n * h)?;
-                let kernels = (gate.ty.gemm(group).gate_up, down.ty.gemm(group).down);
+                let kernels = (
+                    self.gemm(gate.ty, group).gate_up,
+                    self.gemm(down.ty, group).down,
+                );
                 let grids = (
                     (blocks(i, GEMM_TILE_ROWS / 2), tiles as u32),
                     (blocks(h, GEMM_TILE_ROWS), tiles as u32),
@@ -878,14 +916,15 @@ impl CudaSession {
                         // Half-width token tiles where 64-token ones would not fill two
                         // blocks per SM (K/V projections, the shared expert at pp512).
                         let full = m.rows.div_ceil(GEMM_TILE_ROWS) * nt.div_ceil(GEMM_TILE_TOKENS);
-                        let tile = if full < 2 * self.sm_count {
+                        let rf_always = self.gemm_rf == RfUse::Always && m.ty == WType::Q4K;
+                        let tile = if full < 2 * self.sm_count && !rf_always {
                             GEMM_TILE_TOKENS / 2
                         } else {
                             GEMM_TILE_TOKENS
                         };
                         self.to_f16(at(x), nt * m.cols)?;
                         dev.launch(
-                            m.ty.gemm(tile).dense,
+                            self.gemm(m.ty, tile).dense,
                             (blocks(m.rows, GEMM_TILE_ROWS), blocks(nt, tile)),
                             GEMM_THREADS,
                             &[

@@ -14,12 +14,12 @@ use cudarc::driver::DevicePtr;
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device};
-use lagoon_cuda::manifest::{GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, K};
+use lagoon_cuda::manifest::{GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K};
 use lagoon_cuda::weights::wtype;
 
 mod common;
 
-use common::{Rng, device, download, max_rel, random_rows, same_bits, upload};
+use common::{Rng, attention_f32, device, download, max_rel, random_rows, same_bits, upload};
 
 /// Relative to the largest output: f32 accumulation over ≤ 3072 terms.
 const BOUND: f32 = 2e-5;
@@ -115,11 +115,30 @@ fn to_f16_rounds_to_nearest_and_saturates_finite_values() {
 
 /// Widths that are a multiple of 32 for `ty` (block types need whole blocks); the second is
 /// an odd number of 32-chunks where the type allows, so the last K stage is half empty.
-fn widths(ty: GgmlType) -> [usize; 2] {
+/// For the super-block types a third width of nine super-blocks wraps gemm_rf.cu's
+/// three-stage ring three times.
+fn widths(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q5K | GgmlType::IQ4XS => [256, 768],
-        _ => [256, 544],
+        GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q5K | GgmlType::IQ4XS => &[256, 768, 2304],
+        _ => &[256, 544],
     }
+}
+
+/// The kernel sets that take `ty` on token tiles of `tile`: `gemm.cu`'s, and for Q4_K on
+/// 64-token tiles also `gemm_rf.cu`'s (same arguments, grid and block).
+fn kernel_sets(ty: GgmlType, tile: usize) -> Vec<(&'static str, GemmKernels)> {
+    let mut sets = vec![("gemm.cu", wtype(ty).unwrap().gemm(tile))];
+    if ty == GgmlType::Q4K && tile == GEMM_TILE_TOKENS {
+        sets.push((
+            "gemm_rf.cu",
+            GemmKernels {
+                dense: K::GemmRfQ4K,
+                gate_up: K::GemmGateUpRfQ4K,
+                down: K::GemmDownRfQ4K,
+            },
+        ));
+    }
+    sets
 }
 
 #[test]
@@ -128,7 +147,7 @@ fn dense_gemm_matches_f16_rounded_reference() {
     let dev = device();
     let mut rng = Rng(0x6e33_0001);
     for ty in TYPES {
-        for cols in widths(ty) {
+        for &cols in widths(ty) {
             // Rows past one tile and not a multiple of it.
             let rows = GEMM_TILE_ROWS + 45;
             let data = random_rows(&mut rng, ty, rows, cols);
@@ -148,32 +167,36 @@ fn dense_gemm_matches_f16_rounded_reference() {
                     })
                     .collect();
                 let (_xb, xp) = to_f16_on_device(&dev, &x);
-                let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
-                dev.launch(
-                    wtype(ty).unwrap().gemm(tile).dense,
-                    (
-                        rows.div_ceil(GEMM_TILE_ROWS) as u32,
-                        n.div_ceil(tile) as u32,
-                    ),
-                    GEMM_THREADS,
-                    &[
-                        Arg::P(wp),
-                        Arg::P(ty.row_bytes(cols as u64).unwrap()),
-                        Arg::P(xp),
-                        Arg::P(ob.device_ptr(&dev.stream).0),
-                        Arg::I(rows as i32),
-                        Arg::I(cols as i32),
-                        Arg::I(n as i32),
-                    ],
-                )
-                .unwrap();
-                let got = download(&dev, &ob);
-                let e = max_rel(&got, &want);
-                println!("gemm {ty} {rows}x{cols} n={n} tile {tile}: max rel err {e:.2e}");
-                assert!(
-                    e < BOUND,
-                    "gemm {ty} {rows}x{cols} n={n} tile {tile}: {e:.2e}"
-                );
+                for (src, kern) in kernel_sets(ty, tile) {
+                    let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+                    dev.launch(
+                        kern.dense,
+                        (
+                            rows.div_ceil(GEMM_TILE_ROWS) as u32,
+                            n.div_ceil(tile) as u32,
+                        ),
+                        GEMM_THREADS,
+                        &[
+                            Arg::P(wp),
+                            Arg::P(ty.row_bytes(cols as u64).unwrap()),
+                            Arg::P(xp),
+                            Arg::P(ob.device_ptr(&dev.stream).0),
+                            Arg::I(rows as i32),
+                            Arg::I(cols as i32),
+                            Arg::I(n as i32),
+                        ],
+                    )
+                    .unwrap();
+                    let got = download(&dev, &ob);
+                    let e = max_rel(&got, &want);
+                    println!(
+                        "{src} gemm {ty} {rows}x{cols} n={n} tile {tile}: max rel err {e:.2e}"
+                    );
+                    assert!(
+                        e < BOUND,
+                        "{src} gemm {ty} {rows}x{cols} n={n} tile {tile}: {e:.2e}"
+                    );
+                }
             }
         }
     }
@@ -273,112 +296,82 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
         let (_d, dp) = upload(&dev, &cat(&d));
         let (_x, xp) = to_f16_on_device(&dev, &x);
         let (_a, ap) = upload(&dev, &f16_bits(&a_in));
-        let act = dev.stream.alloc_zeros::<u16>(n * k * i).unwrap();
-        let ys = dev.stream.alloc_zeros::<f32>(n * k * h).unwrap();
         let row_g = ty.row_bytes(h as u64).unwrap();
         let row_d = ty.row_bytes(i as u64).unwrap();
-        let kern = wtype(ty).unwrap().gemm(tile);
-        dev.launch(
-            kern.gate_up,
-            (i.div_ceil(GEMM_TILE_ROWS / 2) as u32, max_tiles as u32),
-            GEMM_THREADS,
-            &[
-                Arg::P(gp),
-                Arg::P(up),
-                Arg::P(row_g * i as u64),
-                Arg::P(row_g),
-                Arg::P(xp),
-                Arg::P(sorted),
-                Arg::P(tiles),
-                Arg::P(act.device_ptr(&dev.stream).0),
-                Arg::I(i as i32),
-                Arg::I(h as i32),
-                Arg::I(k as i32),
-            ],
-        )
-        .unwrap();
-        dev.launch(
-            kern.down,
-            (h.div_ceil(GEMM_TILE_ROWS) as u32, max_tiles as u32),
-            GEMM_THREADS,
-            &[
-                Arg::P(dp),
-                Arg::P(row_d * h as u64),
-                Arg::P(row_d),
-                Arg::P(ap),
-                Arg::P(sorted),
-                Arg::P(tiles),
-                Arg::P(ys.device_ptr(&dev.stream).0),
-                Arg::I(h as i32),
-                Arg::I(i as i32),
-            ],
-        )
-        .unwrap();
-        let got_act: Vec<f32> = dev
-            .stream
-            .clone_dtoh(&act)
-            .unwrap()
-            .into_iter()
-            .map(|b| half::f16::from_bits(b).to_f32())
-            .collect();
-        let got_ys = download(&dev, &ys);
-        let mut want_act = vec![0.0f32; n * k * i];
-        let mut want_ys = vec![0.0f32; n * k * h];
-        for (p, &e) in ids.iter().enumerate() {
-            let (e, xt) = (e as usize, &x[(p / k) * h..(p / k + 1) * h]);
-            for r in 0..i {
-                // Stored in f16 for down: finite values beyond its range saturate.
-                let v = (silu(dot(&gr[e][r], xt)) * dot(&ur[e][r], xt)) as f32;
-                want_act[p * i + r] = v.clamp(-65504.0, 65504.0);
+        for (src, kern) in kernel_sets(ty, tile) {
+            // Fresh (zeroed) outputs per kernel set, so a set that skips an entry cannot pass on
+            // the previous set's results.
+            let act = dev.stream.alloc_zeros::<u16>(n * k * i).unwrap();
+            let ys = dev.stream.alloc_zeros::<f32>(n * k * h).unwrap();
+            dev.launch(
+                kern.gate_up,
+                (i.div_ceil(GEMM_TILE_ROWS / 2) as u32, max_tiles as u32),
+                GEMM_THREADS,
+                &[
+                    Arg::P(gp),
+                    Arg::P(up),
+                    Arg::P(row_g * i as u64),
+                    Arg::P(row_g),
+                    Arg::P(xp),
+                    Arg::P(sorted),
+                    Arg::P(tiles),
+                    Arg::P(act.device_ptr(&dev.stream).0),
+                    Arg::I(i as i32),
+                    Arg::I(h as i32),
+                    Arg::I(k as i32),
+                ],
+            )
+            .unwrap();
+            dev.launch(
+                kern.down,
+                (h.div_ceil(GEMM_TILE_ROWS) as u32, max_tiles as u32),
+                GEMM_THREADS,
+                &[
+                    Arg::P(dp),
+                    Arg::P(row_d * h as u64),
+                    Arg::P(row_d),
+                    Arg::P(ap),
+                    Arg::P(sorted),
+                    Arg::P(tiles),
+                    Arg::P(ys.device_ptr(&dev.stream).0),
+                    Arg::I(h as i32),
+                    Arg::I(i as i32),
+                ],
+            )
+            .unwrap();
+            let got_act: Vec<f32> = dev
+                .stream
+                .clone_dtoh(&act)
+                .unwrap()
+                .into_iter()
+                .map(|b| half::f16::from_bits(b).to_f32())
+                .collect();
+            let got_ys = download(&dev, &ys);
+            let mut want_act = vec![0.0f32; n * k * i];
+            let mut want_ys = vec![0.0f32; n * k * h];
+            for (p, &e) in ids.iter().enumerate() {
+                let (e, xt) = (e as usize, &x[(p / k) * h..(p / k + 1) * h]);
+                for r in 0..i {
+                    // Stored in f16 for down: finite values beyond its range saturate.
+                    let v = (silu(dot(&gr[e][r], xt)) * dot(&ur[e][r], xt)) as f32;
+                    want_act[p * i + r] = v.clamp(-65504.0, 65504.0);
+                }
+                let at = &a_in[p * i..(p + 1) * i];
+                for r in 0..h {
+                    want_ys[p * h + r] = dot(&dr[e][r], at) as f32;
+                }
             }
-            let at = &a_in[p * i..(p + 1) * i];
-            for r in 0..h {
-                want_ys[p * h + r] = dot(&dr[e][r], at) as f32;
-            }
+            let (ea, ed) = (max_rel(&got_act, &want_act), max_rel(&got_ys, &want_ys));
+            println!(
+                "{src} grouped {ty} tile {tile}: gate/up+SwiGLU {ea:.2e}, down {ed:.2e} (max rel)"
+            );
+            assert!(
+                ea < ACT_BOUND,
+                "{src} gemm_gate_up {ty} tile {tile}: {ea:.2e}"
+            );
+            assert!(ed < BOUND, "{src} gemm_down {ty} tile {tile}: {ed:.2e}");
         }
-        let (ea, ed) = (max_rel(&got_act, &want_act), max_rel(&got_ys, &want_ys));
-        println!("grouped {ty} tile {tile}: gate/up+SwiGLU {ea:.2e}, down {ed:.2e} (max rel)");
-        assert!(ea < ACT_BOUND, "gemm_gate_up {ty} tile {tile}: {ea:.2e}");
-        assert!(ed < BOUND, "gemm_down {ty} tile {tile}: {ed:.2e}");
     }
-}
-
-/// The f32 attention kernel's output for `n` queries at positions `pos0..` (grid (hq, n)).
-#[allow(clippy::too_many_arguments)]
-fn attention_f32(
-    dev: &Device,
-    q: u64,
-    kc: u64,
-    vc: u64,
-    cap: usize,
-    hq: usize,
-    n_kv: usize,
-    window: usize,
-    n: usize,
-    params: u64,
-) -> Vec<f32> {
-    let d = 128;
-    let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
-    dev.launch(
-        K::Attention,
-        (hq as u32, n as u32),
-        128,
-        &[
-            Arg::P(q),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::P(ob.device_ptr(&dev.stream).0),
-            Arg::P(0),
-            Arg::I(cap as i32),
-            Arg::I(hq as i32),
-            Arg::I(n_kv as i32),
-            Arg::I(d as i32),
-            Arg::I(window as i32),
-            Arg::P(params),
-        ],
-    )
-    .unwrap();
-    download(dev, &ob)
 }
 
 #[test]

@@ -4,7 +4,8 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 use lagoon_core::dtype::GgmlType;
-use lagoon_cuda::device::Device;
+use lagoon_cuda::device::{Arg, Device};
+use lagoon_cuda::manifest::K;
 
 /// A small deterministic generator (xorshift64*), so failures reproduce.
 pub struct Rng(pub u64);
@@ -100,4 +101,42 @@ pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs() / scale))
+}
+
+/// The f32 attention kernel's output for `n` queries at positions `pos0..` (grid (hq, n)).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_f32(
+    dev: &Device,
+    q: u64,
+    kc: u64,
+    vc: u64,
+    cap: usize,
+    hq: usize,
+    n_kv: usize,
+    window: usize,
+    n: usize,
+    params: u64,
+) -> Vec<f32> {
+    let d = 128;
+    let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
+    dev.launch(
+        K::Attention,
+        (hq as u32, n as u32),
+        128,
+        &[
+            Arg::P(q),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(ob.device_ptr(&dev.stream).0),
+            Arg::P(0),
+            Arg::I(cap as i32),
+            Arg::I(hq as i32),
+            Arg::I(n_kv as i32),
+            Arg::I(d as i32),
+            Arg::I(window as i32),
+            Arg::P(params),
+        ],
+    )
+    .unwrap();
+    download(dev, &ob)
 }

@@ -1,0 +1,117 @@
+//! The decode attention kernels (`#[ignore = "needs a CUDA device"]`; run on the GPU machine
+//! with `.device/run-tests.sh`): `attention_decode` (one key per lane, the quantised decode
+//! path's kernel) and the generic `attention`, for the f32 and the f16 KV cache, with and
+//! without split-K (then `attention_merge`), against the f32 `attention` kernel on the same
+//! rings (itself checked against the CPU reference through whole models). An f16 ring is
+//! compared with the f32 kernel on the same values widened to f32, so only the summation
+//! order differs (~1e-6 of the output scale); a wrong row, head, window or split gives O(1).
+
+use cudarc::driver::DevicePtr;
+use lagoon_cuda::device::Arg;
+use lagoon_cuda::manifest::K;
+
+mod common;
+
+use common::{Rng, attention_f32, device, download, max_rel, upload};
+
+/// Relative to the largest output: f32 sums over ≤ a few thousand keys.
+const BOUND: f32 = 1e-5;
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn decode_attention_matches_the_f32_kernel_for_both_caches() {
+    let dev = device();
+    let mut rng = Rng(0x6e33_0011);
+    let (hq, n_kv, d) = (6usize, 2usize, 128usize);
+    let row = n_kv * d;
+    // (window, position): full attention at the start and at depth, sliding windows before
+    // and after the ring (cap = window at one token per step) wraps.
+    for (window, pos) in [(0usize, 0usize), (0, 5), (0, 1000), (40, 10), (40, 700)] {
+        let cap = if window == 0 { pos + 1 } else { window };
+        let kc: Vec<f32> = (0..cap * row).map(|_| rng.f()).collect();
+        let vc: Vec<f32> = (0..cap * row).map(|_| rng.f()).collect();
+        let q: Vec<f32> = (0..hq * d).map(|_| 2.0 * rng.f()).collect();
+        let params: Vec<u32> = vec![pos as u32, 1, 0];
+        let (_q, qp) = upload(&dev, &q);
+        let (_p, pp) = upload(&dev, &params);
+        for f16 in [false, true] {
+            // The f16 cache holds the values rounded to nearest; the reference reads the
+            // same values as f32.
+            let round = |x: &[f32]| -> Vec<f32> {
+                x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+            };
+            let (kr, vr) = if f16 {
+                (round(&kc), round(&vc))
+            } else {
+                (kc.clone(), vc.clone())
+            };
+            let (_kr, krp) = upload(&dev, &kr);
+            let (_vr, vrp) = upload(&dev, &vr);
+            let want = attention_f32(&dev, qp, krp, vrp, cap, hq, n_kv, window, 1, pp);
+            let bits = |x: &[f32]| -> Vec<u16> {
+                x.iter()
+                    .map(|&v| half::f16::from_f32(v).to_bits())
+                    .collect()
+            };
+            let (_k16, k16p) = upload(&dev, &bits(&kc));
+            let (_v16, v16p) = upload(&dev, &bits(&vc));
+            let (kp, vp) = if f16 { (k16p, v16p) } else { (krp, vrp) };
+            let (decode, generic) = if f16 {
+                (K::AttentionDecodeF16, K::AttentionF16)
+            } else {
+                (K::AttentionDecode, K::Attention)
+            };
+            for split in [1usize, 3, 8] {
+                let part = dev.stream.alloc_zeros::<f32>(hq * split * (d + 2)).unwrap();
+                let partp = part.device_ptr(&dev.stream).0;
+                for (kernel, fused_gate) in [(decode, true), (generic, false)] {
+                    let ob = dev.stream.alloc_zeros::<f32>(hq * d).unwrap();
+                    let op = ob.device_ptr(&dev.stream).0;
+                    let mut args = vec![
+                        Arg::P(qp),
+                        Arg::P(kp),
+                        Arg::P(vp),
+                        Arg::P(op),
+                        Arg::P(partp),
+                        Arg::I(cap as i32),
+                        Arg::I(hq as i32),
+                        Arg::I(n_kv as i32),
+                        Arg::I(d as i32),
+                        Arg::I(window as i32),
+                        Arg::P(pp),
+                    ];
+                    if fused_gate {
+                        // No gate.
+                        args.extend([Arg::P(0), Arg::I(0)]);
+                    }
+                    dev.launch3(kernel, (hq as u32, 1, split as u32), 128, &args)
+                        .unwrap();
+                    if split > 1 {
+                        dev.launch(
+                            K::AttentionMerge,
+                            (hq as u32, 1),
+                            128,
+                            &[
+                                Arg::P(partp),
+                                Arg::P(op),
+                                Arg::I(hq as i32),
+                                Arg::I(d as i32),
+                                Arg::I(split as i32),
+                            ],
+                        )
+                        .unwrap();
+                    }
+                    let got = download(&dev, &ob);
+                    let e = max_rel(&got, &want);
+                    println!(
+                        "{kernel:?} window {window} pos {pos} split {split}: max rel err {e:.2e}"
+                    );
+                    assert!(
+                        e < BOUND,
+                        "{kernel:?} window {window} pos {pos} split {split}: {e:.2e}"
+                    );
+                }
+            }
+        }
+    }
+}
