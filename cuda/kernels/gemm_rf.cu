@@ -1,11 +1,11 @@
-// Tensor-core Q4_K products for prefill with the weights decoded straight into mma
+// Tensor-core Q4_K and Q6_K products for prefill with the weights decoded straight into mma
 // fragments ("register fragments"): the dense product out[t, r] = x[t] . W[r] and the
 // expert-grouped gate/up (+ SwiGLU) and down products, for 64-token tiles.
 //
-// Numerics: gemm.cu's. Each weight is decoded exactly as the CPU decodes it
-// (fsub(fmul(d·sc, q), dmin·m), no contraction) and rounded to f16; the activations are
-// to_f16's f16 rows; the tensor cores accumulate in f32. Only the order of the f32 sums
-// differs from gemm.cu.
+// Numerics: gemm.cu's. Each weight is decoded exactly as the CPU decodes it (Q4_K
+// fsub(fmul(d·sc, q), dmin·m), Q6_K fmul(d·sc, q - 32); no contraction that changes a value)
+// and rounded to f16; the activations are to_f16's f16 rows; the tensor cores accumulate in
+// f32. Only the order of the f32 sums differs from gemm.cu.
 //
 // Why: gemm.cu decodes each stage's weights into an f16 tile in shared memory and reads it
 // back with ldmatrix, with the stage's global loads not in flight during the mma loop (ncu:
@@ -25,7 +25,8 @@
 // positions 8q + 4 (s % 2) + {0, 1, 2, 3}: the four nibbles of one byte-aligned word. The
 // matching B fragment (logical k rows {2q, 2q + 1} and {2q + 8, 2q + 9} of token g) is then the
 // four consecutive activations at the same positions: one 8-byte half of a 16-byte shared load
-// that serves two steps. (Fragment layouts: PTX ISA, "Matrix fragments for mma.m16n8k16 with
+// that serves two steps. Q6_K's 32-weight groups (ql nibbles plus two qh bits) take the same
+// lane split, one group per two steps. (Fragment layouts: PTX ISA, "Matrix fragments for mma.m16n8k16 with
 // floating point type"; the multi-stage cp.async ring as in CUTLASS's sm80 mainloops and
 // llama.cpp's ggml-cuda/mma.cuh users; the direct-to-register dequantisation as in Marlin
 // (IST-DASLab/marlin), here without a repacked layout.)
@@ -35,141 +36,265 @@
 #define RF_BM 256
 #define RF_BN 64
 #define RF_THREADS 256
-#define RF_STAGES 3
-// One super-block of each row (144 bytes, rows back to back).
-#define RF_A_BYTES (RF_BM * 144)
-// One token's 256 f16 activations (512 bytes, no padding: token t's 16-byte chunk c sits at
-// chunk c ^ 4 (t & 1), so the two tokens of each eight-lane phase of a 16-byte load fall on
-// different banks).
+// One token's 256 f16 activations per stage (512 bytes, no padding: token t's 16-byte chunk c
+// sits at chunk c ^ 4 (t & 1), so the two tokens of each eight-lane phase of a 16-byte load
+// fall on different banks).
 #define RF_B_BYTES (RF_BN * 512)
-#define RF_STAGE_BYTES (RF_A_BYTES + RF_B_BYTES)
-// After the ring: each warp's table of its 32 rows' (d sc, dmin m) for the current
-// super-block, rows RF_SC_STRIDE bytes apart (8 float2 + 8 bytes of padding, so the eight rows
-// one 8-byte load touches fall on distinct banks); then the row and token pointer tables.
-#define RF_SC_STRIDE 72
-#define RF_SC (RF_STAGES * RF_STAGE_BYTES)
-#define RF_TABLES (RF_SC + RF_BM * RF_SC_STRIDE)
-// Dynamic shared memory per block (manifest.rs GEMM_RF_SMEM says the same; a unit test checks).
-#define RF_SMEM_BYTES 229888
-static_assert(RF_SMEM_BYTES == RF_TABLES + 8 * RF_BM + 8 * RF_BN, "RF_SMEM_BYTES");
+// Dynamic shared memory per block and type (manifest.rs GEMM_RF_SMEM_* say the same; a unit
+// test checks).
+#define RF_SMEM_Q4_K 229888
+#define RF_SMEM_Q6_K 199168
 
-// This thread's share of every stage's copies: nine 16-byte pieces of the rows' super-blocks
-// (piece c = t + 256 j of the stage's 2304: row c / 9, bytes 16 (c % 9) .., at stage offset 16 c)
-// and eight of the tokens' activations (token t / 32 + 8 j, bytes 16 (t % 32) ..). The source
-// pointers are taken once from the block's tables; a stage adds its super-block's offset.
-// Rows past the matrix and tokens past the tile point at a valid row or token instead (the
-// tables clamp them): what they load only reaches outputs that are never stored (an mma
-// output row depends on its A row alone, a column on its B column alone).
-struct RfCopies {
-    const u8* a[9];
-    const u8* x[8];
+// Shared-memory layout of a block for a weight format F (F::STAGES stages of F::SLOT bytes
+// per row, F::SC_STRIDE bytes of decoded scales per row): the ring (each stage the rows'
+// super-blocks, then the tokens' activations), each warp's scale table for its 32 rows, the
+// row and token pointer tables.
+template <typename F>
+struct RfLayout {
+    static constexpr int A_BYTES = RF_BM * F::SLOT;
+    static constexpr int STAGE = A_BYTES + RF_B_BYTES;
+    static constexpr int SC = F::STAGES * STAGE;
+    static constexpr int TABLES = SC + RF_BM * F::SC_STRIDE;
+    static constexpr int SMEM = TABLES + 8 * RF_BM + 8 * RF_BN;
 };
 
-__device__ __forceinline__ RfCopies rf_copies(const u8* smem, int t) {
-    const u8* const* arows = (const u8* const*)(smem + RF_TABLES);
-    const u8* const* xrows = (const u8* const*)(smem + RF_TABLES + 8 * RF_BM);
-    RfCopies c;
-    #pragma unroll
-    for (int j = 0; j < 9; j++) {
-        int i = t + RF_THREADS * j, r = i / 9;
-        c.a[j] = arows[r] + 16 * (i - 9 * r);
-    }
-    #pragma unroll
-    for (int j = 0; j < 8; j++) c.x[j] = xrows[(t >> 5) + 8 * j] + 16 * (t & 31);
-    return c;
+// Byte i (0..255) of v as a float plus 2^23, exactly (a byte permute into 0x4B0000xx).
+__device__ __forceinline__ float rf_byte_f(u32 v, int i) {
+    return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i));
 }
 
-// Issues this thread's copies of super-block kb into stage st.
-__device__ __forceinline__ void rf_load(u8* st, const RfCopies& c, int kb, int t) {
-    #pragma unroll
-    for (int j = 0; j < 9; j++) cp_async16(st + 16 * (t + RF_THREADS * j), c.a[j] + 144 * (size_t)kb);
-    // Token (t / 32 + 8 j)'s chunk t % 32, swizzled by the token's parity (t / 32 % 2).
-    u8* sb = st + RF_A_BYTES + 16 * ((t & 31) ^ (((t >> 5) & 1) << 2)) + 512 * (t >> 5);
-    #pragma unroll
-    for (int j = 0; j < 8; j++) cp_async16(sb + 512 * 8 * j, c.x[j] + 512 * (size_t)kb);
+// 8 bytes at a 2-byte-aligned shared address, from three aligned words.
+__device__ __forceinline__ uint2 rf_lds8(const u8* p) {
+    const u32* w = (const u32*)((size_t)p & ~(size_t)3);
+    u32 sh = 8 * ((u32)(size_t)p & 3);
+    u32 w0 = w[0], w1 = w[1], w2 = w[2];
+    return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
 }
 
-// Byte i (a nibble, 0..15) of v as a float, exactly: 2^23 + n built by a byte permute, minus 2^23.
-__device__ __forceinline__ float rf_nib(u32 v, int i) {
-    return __fsub_rn(__uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i)), 8388608.0f);
-}
-
-// Lane l of warp w writes row 32 w + l's eight sub-block scales (d sc, dmin m) of the
-// super-block in stage st into the warp's table (k4_sub_scales: the reference's products).
-__device__ __forceinline__ void rf_scales(const u8* st, u8* sc, int w, int lane) {
-    uint4 hd = *(const uint4*)(st + 144 * (32 * w + lane));
-    float2* dst = (float2*)(sc + RF_SC_STRIDE * (32 * w + lane));
-    #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float d1, m1;
-        k4_sub_scales(hd, j, &d1, &m1);
-        dst[j] = make_float2(d1, m1);
-    }
-}
-
-// acc += this warp's 32 rows x 64 tokens over the super-block in stage st, its scales in sc.
-// A weight is fmaf(d sc, q, -dmin m): the reference's fsub(fmul(d sc, q), dmin m) exactly,
-// since d sc q is exact in f32 (an f16 d of 11 significant bits times a 6-bit scale times a
-// 4-bit q: at most 21 bits), so the multiply-add rounds once where the reference does.
-__device__ __forceinline__ void rf_compute(const u8* st, const u8* sc, float acc[2][8][4], int w, int lane) {
-    int g = lane >> 2, q = lane & 3;
-    const u8* sb = st + RF_A_BYTES;
-    int rows[2][2];
-    #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+// ---- Q4_K ----
+//
+// A stage holds one super-block (144 bytes) of each row, rows back to back. Each thread
+// copies nine 16-byte pieces (piece c = t + 256 j of the stage's 2304: row c / 9, bytes
+// 16 (c % 9) .., at stage offset 16 c) through pointers taken once from the row table. The
+// scale table holds each row's eight (d sc, dmin m) as float2, rows 72 bytes apart (8 bytes
+// of padding, so the eight rows one 8-byte load touches fall on distinct banks).
+struct RfQ4K {
+    static constexpr int STAGES = 3, SLOT = 144, SC_STRIDE = 72;
+    struct Copies {
+        const u8* a[9];
+    };
+    static __device__ __forceinline__ Copies copies(const u8* const* arows, int t) {
+        Copies c;
         #pragma unroll
-        for (int h = 0; h < 2; h++) rows[mt][h] = 32 * w + 16 * mt + 8 * h + g;
-    #pragma unroll
-    for (int grp = 0; grp < 4; grp++) {
-        uint2 qv[2][2];
+        for (int j = 0; j < 9; j++) {
+            int i = t + RF_THREADS * j, r = i / 9;
+            c.a[j] = arows[r] + 16 * (i - 9 * r);
+        }
+        return c;
+    }
+    static __device__ __forceinline__ void load(u8* st, const Copies& c, int kb, int t) {
+        #pragma unroll
+        for (int j = 0; j < 9; j++) cp_async16(st + 16 * (t + RF_THREADS * j), c.a[j] + 144 * (size_t)kb);
+    }
+    // Lane l of warp w: row 32 w + l's eight sub-block scales (k4_sub_scales: the
+    // reference's products).
+    static __device__ __forceinline__ void scales(const u8* st, u8* sc, int w, int lane, int) {
+        uint4 hd = *(const uint4*)(st + 144 * (32 * w + lane));
+        float2* dst = (float2*)(sc + SC_STRIDE * (32 * w + lane));
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float d1, m1;
+            k4_sub_scales(hd, j, &d1, &m1);
+            dst[j] = make_float2(d1, m1);
+        }
+    }
+    // acc += the warp's 32 rows x 64 tokens over the stage's super-block. A weight is
+    // fmaf(d sc, q, -dmin m): the reference's fsub(fmul(d sc, q), dmin m) exactly, since
+    // d sc q is exact in f32 (an f16 d of 11 significant bits times a 6-bit scale times a 4-bit
+    // q: at most 21 bits), so the multiply-add rounds once where the reference does.
+    static __device__ __forceinline__ void compute(const u8* st, const u8* sc, float acc[2][8][4], int w, int lane,
+                                                   int) {
+        int g = lane >> 2, q = lane & 3;
+        const u8* sb = st + RfLayout<RfQ4K>::A_BYTES;
+        int rows[2][2];
         #pragma unroll
         for (int mt = 0; mt < 2; mt++)
             #pragma unroll
-            for (int h = 0; h < 2; h++) qv[mt][h] = *(const uint2*)(st + 144 * rows[mt][h] + 16 + 32 * grp + 8 * q);
+            for (int h = 0; h < 2; h++) rows[mt][h] = 32 * w + 16 * mt + 8 * h + g;
         #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            float2 dm[2][2];
+        for (int grp = 0; grp < 4; grp++) {
+            uint2 qv[2][2];
             #pragma unroll
             for (int mt = 0; mt < 2; mt++)
                 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    dm[mt][h] = *(const float2*)(sc + RF_SC_STRIDE * rows[mt][h] + 8 * (2 * grp + half));
-            uint4 b[8];
-            int chunk = (8 * grp + 4 * half + q) ^ ((g & 1) << 2);
+                for (int h = 0; h < 2; h++) qv[mt][h] = *(const uint2*)(st + 144 * rows[mt][h] + 16 + 32 * grp + 8 * q);
             #pragma unroll
-            for (int nt = 0; nt < 8; nt++) b[nt] = *(const uint4*)(sb + 512 * (8 * nt + g) + 16 * chunk);
-            #pragma unroll
-            for (int s2 = 0; s2 < 2; s2++) {
-                u32 a[2][4];
+            for (int half = 0; half < 2; half++) {
+                float2 dm[2][2];
                 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
                     #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        u32 word = s2 ? qv[mt][h].y : qv[mt][h].x;
-                        u32 nib = (word >> (4 * half)) & 0x0F0F0F0Fu;
-                        float d1 = dm[mt][h].x, nm1 = -dm[mt][h].y;
-                        float w0 = __fmaf_rn(d1, rf_nib(nib, 0), nm1);
-                        float w1 = __fmaf_rn(d1, rf_nib(nib, 1), nm1);
-                        float w2 = __fmaf_rn(d1, rf_nib(nib, 2), nm1);
-                        float w3 = __fmaf_rn(d1, rf_nib(nib, 3), nm1);
-                        a[mt][h] = pack_f16x2(w0, w1);
-                        a[mt][2 + h] = pack_f16x2(w2, w3);
-                    }
+                    for (int h = 0; h < 2; h++)
+                        dm[mt][h] = *(const float2*)(sc + SC_STRIDE * rows[mt][h] + 8 * (2 * grp + half));
+                uint4 b[8];
+                int chunk = (8 * grp + 4 * half + q) ^ ((g & 1) << 2);
                 #pragma unroll
-                for (int nt = 0; nt < 8; nt++) {
-                    u32 bb[2] = {s2 ? b[nt].z : b[nt].x, s2 ? b[nt].w : b[nt].y};
-                    mma_16816(acc[0][nt], a[0], bb);
-                    mma_16816(acc[1][nt], a[1], bb);
+                for (int nt = 0; nt < 8; nt++) b[nt] = *(const uint4*)(sb + 512 * (8 * nt + g) + 16 * chunk);
+                #pragma unroll
+                for (int s2 = 0; s2 < 2; s2++) {
+                    u32 a[2][4];
+                    #pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        #pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            u32 word = s2 ? qv[mt][h].y : qv[mt][h].x;
+                            u32 nib = (word >> (4 * half)) & 0x0F0F0F0Fu;
+                            float d1 = dm[mt][h].x, nm1 = -dm[mt][h].y;
+                            float wv[4];
+                            #pragma unroll
+                            for (int i = 0; i < 4; i++)
+                                wv[i] = __fmaf_rn(d1, __fsub_rn(rf_byte_f(nib, i), 8388608.0f), nm1);
+                            a[mt][h] = pack_f16x2(wv[0], wv[1]);
+                            a[mt][2 + h] = pack_f16x2(wv[2], wv[3]);
+                        }
+                    #pragma unroll
+                    for (int nt = 0; nt < 8; nt++) {
+                        u32 bb[2] = {s2 ? b[nt].z : b[nt].x, s2 ? b[nt].w : b[nt].y};
+                        mma_16816(acc[0][nt], a[0], bb);
+                        mma_16816(acc[1][nt], a[1], bb);
+                    }
                 }
             }
         }
     }
-}
+};
 
-// The K loop over nkb super-blocks, the pointer tables already in shared memory.
+// ---- Q6_K ----
+//
+// Super-blocks are 210 bytes, so a stage's cannot be copied in aligned 16-byte pieces; rows
+// of a multiple of four super-blocks (the session's condition: row_bytes % 8 == 0) keep every
+// super-block at an even offset, 0, 2, 4 or 6 past an 8-byte boundary (sh = 210 kb % 8, the
+// same for every row). Thread t copies row t's 216 bytes from that boundary (27 8-byte
+// pieces; for a row's last super-block sh = 6, so nothing past the row is read) into a
+// 216-byte slot, and the fields are read at slot + sh with rf_lds8. Two stages (88 KiB
+// each). The scale table holds each row's sixteen d sc, rows 80 bytes apart.
+struct RfQ6K {
+    static constexpr int STAGES = 2, SLOT = 216, SC_STRIDE = 80;
+    struct Copies {
+        const u8* a;
+    };
+    static __device__ __forceinline__ Copies copies(const u8* const* arows, int t) { return Copies{arows[t]}; }
+    static __device__ __forceinline__ void load(u8* st, const Copies& c, int kb, int t) {
+        const u8* src = c.a + ((210 * (size_t)kb) & ~(size_t)7);
+        u8* dst = st + 216 * t;
+        #pragma unroll
+        for (int p = 0; p < 27; p++) cp_async8(dst + 8 * p, src + 8 * p);
+    }
+    static __device__ __forceinline__ void scales(const u8* st, u8* sc, int w, int lane, int kb) {
+        const u8* p = st + 216 * (32 * w + lane) + ((210 * kb) & 7);
+        float d = f16_to_f32(*(const unsigned short*)(p + 208));
+        uint2 s0 = rf_lds8(p + 192), s1 = rf_lds8(p + 200);
+        u32 sw[4] = {s0.x, s0.y, s1.x, s1.y};
+        float* dst = (float*)(sc + SC_STRIDE * (32 * w + lane));
+        #pragma unroll
+        for (int i = 0; i < 16; i++) dst[i] = __fmul_rn(d, (float)(int)(signed char)((sw[i >> 2] >> (8 * (i & 3))) & 0xFF));
+    }
+    // acc += the warp's 32 rows x 64 tokens over the stage's super-block. Half n (128
+    // weights) of a super-block: ql[64 n ..] (low nibbles for groups 0 and 1, high for 2 and
+    // 3; group g4 reads ql[64 n + 32 (g4 % 2) + l]), qh[32 n + l] (bits 2 g4), scale
+    // 8 n + 2 g4 + l / 16 for weight 128 n + 32 g4 + l. A weight is fmul(d sc, q - 32), exact
+    // as the reference's (d sc q has at most 11 + 7 + 5 significant bits).
+    static __device__ __forceinline__ void compute(const u8* st, const u8* sc, float acc[2][8][4], int w, int lane,
+                                                   int kb) {
+        int g = lane >> 2, q = lane & 3;
+        int sh = (210 * kb) & 7;
+        const u8* sb = st + RfLayout<RfQ6K>::A_BYTES;
+        int rows[2][2];
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) rows[mt][h] = 32 * w + 16 * mt + 8 * h + g;
+        #pragma unroll
+        for (int n = 0; n < 2; n++) {
+            uint2 f0[2][2], f1[2][2], fh[2][2];
+            #pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                #pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const u8* p = st + 216 * rows[mt][h] + sh;
+                    f0[mt][h] = rf_lds8(p + 64 * n + 8 * q);
+                    f1[mt][h] = rf_lds8(p + 64 * n + 32 + 8 * q);
+                    fh[mt][h] = rf_lds8(p + 128 + 32 * n + 8 * q);
+                }
+            #pragma unroll
+            for (int g4 = 0; g4 < 4; g4++) {
+                float ds[2][2];
+                #pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    #pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        ds[mt][h] = *(const float*)(sc + SC_STRIDE * rows[mt][h] + 4 * (8 * n + 2 * g4 + (q >> 1)));
+                uint4 b[8];
+                int chunk = (16 * n + 4 * g4 + q) ^ ((g & 1) << 2);
+                #pragma unroll
+                for (int nt = 0; nt < 8; nt++) b[nt] = *(const uint4*)(sb + 512 * (8 * nt + g) + 16 * chunk);
+                #pragma unroll
+                for (int s2 = 0; s2 < 2; s2++) {
+                    u32 a[2][4];
+                    #pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        #pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            uint2 fl = (g4 & 1) ? f1[mt][h] : f0[mt][h];
+                            u32 qlw = s2 ? fl.y : fl.x, qhw = s2 ? fh[mt][h].y : fh[mt][h].x;
+                            u32 q6 = ((qlw >> (4 * (g4 >> 1))) & 0x0F0F0F0Fu) | (((qhw >> (2 * g4)) & 0x03030303u) << 4);
+                            float wv[4];
+                            #pragma unroll
+                            for (int i = 0; i < 4; i++)
+                                wv[i] = __fmul_rn(ds[mt][h], __fsub_rn(rf_byte_f(q6, i), 8388640.0f));
+                            a[mt][h] = pack_f16x2(wv[0], wv[1]);
+                            a[mt][2 + h] = pack_f16x2(wv[2], wv[3]);
+                        }
+                    #pragma unroll
+                    for (int nt = 0; nt < 8; nt++) {
+                        u32 bb[2] = {s2 ? b[nt].z : b[nt].x, s2 ? b[nt].w : b[nt].y};
+                        mma_16816(acc[0][nt], a[0], bb);
+                        mma_16816(acc[1][nt], a[1], bb);
+                    }
+                }
+            }
+        }
+    }
+};
+
+static_assert(RfLayout<RfQ4K>::SMEM == RF_SMEM_Q4_K, "RF_SMEM_Q4_K");
+static_assert(RfLayout<RfQ6K>::SMEM == RF_SMEM_Q6_K, "RF_SMEM_Q6_K");
+
+// The K loop over nkb super-blocks, the pointer tables already in shared memory. Each stage:
+// wait until it has landed and every warp is done with the stage the next copies overwrite
+// (one barrier), issue the copies of super-block kb + STAGES - 1, decode the warp's scales
+// into its own table (its lanes finished reading the previous ones before the barrier),
+// compute. Rows past the matrix and tokens past the tile point at a valid row or token (the
+// tables clamp them): what they load only reaches outputs that are never stored (an mma
+// output row depends on its A row alone, a column on its B column alone).
+template <typename F>
 __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, float acc[2][8][4]) {
+    using L = RfLayout<F>;
     int t = threadIdx.x, w = t >> 5, lane = t & 31;
-    RfCopies cp = rf_copies(smem, t);
+    typename F::Copies ca = F::copies((const u8* const*)(smem + L::TABLES), t);
+    // This thread's activation copies: token t / 32 + 8 j, 16 bytes at chunk t % 32 (stored
+    // swizzled by the token's parity, t / 32 % 2).
+    const u8* const* xrows = (const u8* const*)(smem + L::TABLES + 8 * RF_BM);
+    const u8* xs[8];
+    #pragma unroll
+    for (int j = 0; j < 8; j++) xs[j] = xrows[(t >> 5) + 8 * j] + 16 * (t & 31);
+    int xoff = L::A_BYTES + 16 * ((t & 31) ^ (((t >> 5) & 1) << 2)) + 512 * (t >> 5);
+    auto load = [&](int s, int kb) {
+        u8* st = smem + L::STAGE * s;
+        F::load(st, ca, kb, t);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) cp_async16(st + xoff + 512 * 8 * j, xs[j] + 512 * (size_t)kb);
+    };
     #pragma unroll
     for (int mt = 0; mt < 2; mt++)
         #pragma unroll
@@ -177,24 +302,20 @@ __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, float acc[2][8][4
             #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
     #pragma unroll
-    for (int s = 0; s < RF_STAGES - 1; s++) {
-        if (s < nkb) rf_load(smem + RF_STAGE_BYTES * s, cp, s, t);
+    for (int s = 0; s < F::STAGES - 1; s++) {
+        if (s < nkb) load(s, s);
         cp_async_commit();
     }
     for (int kb = 0; kb < nkb; kb++) {
-        // Stage kb has landed (all but the newest group are complete) and every warp is
-        // done with stage kb - 1, which the next load overwrites.
-        cp_async_wait<RF_STAGES - 2>();
+        cp_async_wait<F::STAGES - 2>();
         __syncthreads();
-        int nx = kb + RF_STAGES - 1;
-        if (nx < nkb) rf_load(smem + RF_STAGE_BYTES * (nx % RF_STAGES), cp, nx, t);
+        int nx = kb + F::STAGES - 1;
+        if (nx < nkb) load(nx % F::STAGES, nx);
         cp_async_commit();
-        const u8* st = smem + RF_STAGE_BYTES * (kb % RF_STAGES);
-        // The warp's scale table is its own: its lanes finished reading the previous
-        // super-block's before the barrier above.
-        rf_scales(st, smem + RF_SC, w, lane);
+        const u8* st = smem + L::STAGE * (kb % F::STAGES);
+        F::scales(st, smem + L::SC, w, lane, kb);
         __syncwarp();
-        rf_compute(st, smem + RF_SC, acc, w, lane);
+        F::compute(st, smem + L::SC, acc, w, lane, kb);
     }
 }
 
@@ -203,19 +324,20 @@ __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, float acc[2][8][4
 __device__ __forceinline__ int rf_row(int mt, int e) { return 16 * mt + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
 __device__ __forceinline__ int rf_tok(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
 
-// out[t, r] = x[t] . W[r], W Q4_K with cols % 256 == 0. Grid (ceil(rows / 256), ceil(n / 64)),
-// block 256, RF_SMEM_BYTES of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(RF_THREADS, 1)
-    gemm_rf_q4_K(const u8* __restrict__ W, u64 row_bytes, const unsigned short* __restrict__ x,
-                 float* __restrict__ out, int rows, int cols, int n) {
+// out[t, r] = x[t] . W[r] (cols % 256 == 0). Grid (ceil(rows / 256), ceil(n / 64)), block 256,
+// RfLayout<F>::SMEM bytes of dynamic shared memory.
+template <typename F>
+__device__ __forceinline__ void rf_dense(const u8* __restrict__ W, u64 row_bytes, const unsigned short* __restrict__ x,
+                                         float* __restrict__ out, int rows, int cols, int n) {
     extern __shared__ __align__(16) u8 smem[];
+    constexpr int RF_TABLES = RfLayout<F>::TABLES;
     int r0 = blockIdx.x * RF_BM, t0 = blockIdx.y * RF_BN, t = threadIdx.x;
     ((const u8**)(smem + RF_TABLES))[t] = W + (size_t)min(r0 + t, rows - 1) * row_bytes;
     if (t < RF_BN)
         ((const unsigned short**)(smem + RF_TABLES + 8 * RF_BM))[t] = x + (size_t)min(t0 + t, n - 1) * cols;
     __syncthreads();
     float acc[2][8][4];
-    rf_mainloop(smem, cols / 256, acc);
+    rf_mainloop<F>(smem, cols / 256, acc);
     int rw = r0 + 32 * (t >> 5);
     #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -233,11 +355,13 @@ extern "C" __global__ void __launch_bounds__(RF_THREADS, 1)
 // up; warp w's m16 tile 0 holds gate rows r0 + 16 w .. + 16 and tile 1 the same up rows, so a
 // thread holds gate and up at the same (row, pair) positions. act[p, r] = silu(gate) * up,
 // rounded to f16. Grid (ceil(I / 128), max_tiles).
-extern "C" __global__ void __launch_bounds__(RF_THREADS, 1)
-    gemm_gate_up_rf_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes, u64 row_bytes,
-                         const unsigned short* __restrict__ x, const u32* __restrict__ sorted,
-                         const u32* __restrict__ tiles, unsigned short* __restrict__ act, int I, int H, int K) {
+template <typename F>
+__device__ __forceinline__ void rf_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
+                                           u64 row_bytes, const unsigned short* __restrict__ x,
+                                           const u32* __restrict__ sorted, const u32* __restrict__ tiles,
+                                           unsigned short* __restrict__ act, int I, int H, int K) {
     extern __shared__ __align__(16) u8 smem[];
+    constexpr int RF_TABLES = RfLayout<F>::TABLES;
     const u32* tl = tiles + 3 * blockIdx.y;
     int cnt = (int)tl[2];
     if (cnt == 0) return;
@@ -253,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(RF_THREADS, 1)
             x + (size_t)(sorted[first + min(t, cnt - 1)] / K) * H;
     __syncthreads();
     float acc[2][8][4];
-    rf_mainloop(smem, H / 256, acc);
+    rf_mainloop<F>(smem, H / 256, acc);
     int rw = r0 + 16 * (t >> 5);
     #pragma unroll
     for (int nt = 0; nt < 8; nt++)
@@ -268,11 +392,12 @@ extern "C" __global__ void __launch_bounds__(RF_THREADS, 1)
 
 // Grouped down: ys[p, r] = act[p] . Wd_e[r] for the tile's sorted pairs p. Grid
 // (ceil(H / 256), max_tiles).
-extern "C" __global__ void __launch_bounds__(RF_THREADS, 1)
-    gemm_down_rf_q4_K(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
-                      const unsigned short* __restrict__ act, const u32* __restrict__ sorted,
-                      const u32* __restrict__ tiles, float* __restrict__ ys, int H, int I) {
+template <typename F>
+__device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                                        const unsigned short* __restrict__ act, const u32* __restrict__ sorted,
+                                        const u32* __restrict__ tiles, float* __restrict__ ys, int H, int I) {
     extern __shared__ __align__(16) u8 smem[];
+    constexpr int RF_TABLES = RfLayout<F>::TABLES;
     const u32* tl = tiles + 3 * blockIdx.y;
     int cnt = (int)tl[2];
     if (cnt == 0) return;
@@ -283,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(RF_THREADS, 1)
         ((const unsigned short**)(smem + RF_TABLES + 8 * RF_BM))[t] = act + (size_t)sorted[first + min(t, cnt - 1)] * I;
     __syncthreads();
     float acc[2][8][4];
-    rf_mainloop(smem, I / 256, acc);
+    rf_mainloop<F>(smem, I / 256, acc);
     int rw = r0 + 32 * (t >> 5);
     #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -295,3 +420,23 @@ extern "C" __global__ void __launch_bounds__(RF_THREADS, 1)
                 if (r < H && tk < cnt) ys[(size_t)sorted[first + tk] * H + r] = acc[mt][nt][e2];
             }
 }
+
+// The kernels of one format: gemm_rf_*, gemm_gate_up_rf_*, gemm_down_rf_* (gemm.cu's
+// argument lists, grids and block).
+#define RF_KERNELS(name, F)                                                                        \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_rf_##name(                    \
+        const u8* W, u64 row_bytes, const unsigned short* x, float* out, int rows, int cols, int n) { \
+        rf_dense<F>(W, row_bytes, x, out, rows, cols, n);                                          \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_gate_up_rf_##name(            \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const unsigned short* x,      \
+        const u32* sorted, const u32* tiles, unsigned short* act, int I, int H, int K) {           \
+        rf_gate_up<F>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);            \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_down_rf_##name(               \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const unsigned short* act, const u32* sorted,\
+        const u32* tiles, float* ys, int H, int I) {                                               \
+        rf_down<F>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);                     \
+    }
+RF_KERNELS(q4_K, RfQ4K)
+RF_KERNELS(q6_K, RfQ6K)

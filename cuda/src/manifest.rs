@@ -183,6 +183,9 @@ manifest! {
     GemmRfQ4K => "gemm_rf.cu", "gemm_rf_q4_K";
     GemmGateUpRfQ4K => "gemm_rf.cu", "gemm_gate_up_rf_q4_K";
     GemmDownRfQ4K => "gemm_rf.cu", "gemm_down_rf_q4_K";
+    GemmRfQ6K => "gemm_rf.cu", "gemm_rf_q6_K";
+    GemmGateUpRfQ6K => "gemm_rf.cu", "gemm_gate_up_rf_q6_K";
+    GemmDownRfQ6K => "gemm_rf.cu", "gemm_down_rf_q6_K";
 }
 
 impl K {
@@ -205,8 +208,9 @@ impl K {
     /// `gemm_rf.cu` products, whose cp.async ring is larger than the 48 KiB a static
     /// allocation may take).
     pub fn dyn_smem(self) -> u32 {
-        match MANIFEST[self as usize].1 {
-            "gemm_rf.cu" => GEMM_RF_SMEM,
+        match self {
+            K::GemmRfQ4K | K::GemmGateUpRfQ4K | K::GemmDownRfQ4K => GEMM_RF_SMEM_Q4K,
+            K::GemmRfQ6K | K::GemmGateUpRfQ6K | K::GemmDownRfQ6K => GEMM_RF_SMEM_Q6K,
             _ => 0,
         }
     }
@@ -383,10 +387,30 @@ pub const GEMM_TILE_TOKENS: usize = 64;
 /// Threads per block of the `gemm.cu` kernels (`GM_THREADS`); the `gemm_rf.cu` kernels take
 /// the same grid and block for the same tile.
 pub const GEMM_THREADS: u32 = 256;
-/// Dynamic shared memory of a `gemm_rf.cu` block (`RF_SMEM_BYTES`): a three-stage ring of
-/// 256 rows' Q4_K super-blocks and 64 tokens' activations, the rows' decoded sub-block
-/// scales, and the pointer tables.
-pub const GEMM_RF_SMEM: u32 = 229_888;
+/// Dynamic shared memory of a Q4_K `gemm_rf.cu` block (`RF_SMEM_Q4_K`): a three-stage ring
+/// of 256 rows' super-blocks and 64 tokens' activations, the rows' decoded sub-block scales,
+/// and the pointer tables.
+pub const GEMM_RF_SMEM_Q4K: u32 = 229_888;
+/// The same for Q6_K (`RF_SMEM_Q6_K`: two stages of 216-byte row slots).
+pub const GEMM_RF_SMEM_Q6K: u32 = 199_168;
+
+/// The `gemm_rf.cu` kernels for weights of type `ty` whose rows are `cols` long, where that
+/// path takes them: Q4_K, and Q6_K rows of a multiple of four super-blocks (each stage's
+/// copy needs 8-byte-aligned rows).
+pub fn gemm_rf(ty: WType, cols: usize) -> Option<GemmKernels> {
+    let k = |dense, gate_up, down| GemmKernels {
+        dense,
+        gate_up,
+        down,
+    };
+    match ty {
+        WType::Q4K => Some(k(K::GemmRfQ4K, K::GemmGateUpRfQ4K, K::GemmDownRfQ4K)),
+        WType::Q6K if cols.is_multiple_of(1024) => {
+            Some(k(K::GemmRfQ6K, K::GemmGateUpRfQ6K, K::GemmDownRfQ6K))
+        }
+        _ => None,
+    }
+}
 
 /// The quantised-activation kernels of one weight type (`mmvq.cu`).
 #[derive(Clone, Copy, Debug)]
@@ -532,9 +556,11 @@ mod tests {
             .find(|(f, _)| *f == "gemm_rf.cu")
             .unwrap()
             .1;
-        assert!(
-            src.contains(&format!("#define RF_SMEM_BYTES {GEMM_RF_SMEM}\n")),
-            "GEMM_RF_SMEM differs from gemm_rf.cu's RF_SMEM_BYTES"
-        );
+        for (name, v) in [("Q4_K", GEMM_RF_SMEM_Q4K), ("Q6_K", GEMM_RF_SMEM_Q6K)] {
+            assert!(
+                src.contains(&format!("#define RF_SMEM_{name} {v}\n")),
+                "GEMM_RF_SMEM for {name} differs from gemm_rf.cu's RF_SMEM_{name}"
+            );
+        }
     }
 }

@@ -16,7 +16,7 @@ use lagoon_core::rope::RopeTable;
 use crate::device::{Arg, Device, KernelTime, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
 use crate::manifest::{
-    ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType,
+    ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType, gemm_rf,
 };
 use crate::weights::{DFfn, DeviceWeights};
 
@@ -209,7 +209,7 @@ pub struct CudaSession {
     fuse: bool,
     /// [`CudaSessionOptions::programmatic_launch`], or `LAGOON_CUDA_PDL` when set.
     pdl: bool,
-    /// Where Q4_K prefill products take `gemm_rf.cu` (weights decoded into the mma
+    /// Where Q4_K / Q6_K prefill products take `gemm_rf.cu` (weights decoded into the mma
     /// fragments, a cp.async ring) instead of `gemm.cu`; `LAGOON_CUDA_GEMM_RF=0` / `=big`
     /// select the others (for A/B measurements).
     gemm_rf: RfUse,
@@ -667,14 +667,14 @@ impl CudaSession {
         )
     }
 
-    /// The tensor-core prefill kernels for weights of type `ty` on token tiles of `tile`.
-    fn gemm(&self, ty: WType, tile: usize) -> GemmKernels {
-        if self.gemm_rf != RfUse::Off && ty == WType::Q4K && tile == GEMM_TILE_TOKENS {
-            return GemmKernels {
-                dense: K::GemmRfQ4K,
-                gate_up: K::GemmGateUpRfQ4K,
-                down: K::GemmDownRfQ4K,
-            };
+    /// The tensor-core prefill kernels for weights of type `ty` (rows of `cols`) on token
+    /// tiles of `tile`.
+    fn gemm(&self, ty: WType, cols: usize, tile: usize) -> GemmKernels {
+        if self.gemm_rf != RfUse::Off
+            && tile == GEMM_TILE_TOKENS
+            && let Some(k) = gemm_rf(ty, cols)
+        {
+            return k;
         }
         ty.gemm(tile)
     }
@@ -758,8 +758,8 @@ impl CudaSession {
                 // expert scratch) for down.
                 self.to_f16(x, n * h)?;
                 let kernels = (
-                    self.gemm(gate.ty, group).gate_up,
-                    self.gemm(down.ty, group).down,
+                    self.gemm(gate.ty, h, group).gate_up,
+                    self.gemm(down.ty, i, group).down,
                 );
                 let grids = (
                     (blocks(i, GEMM_TILE_ROWS / 2), tiles as u32),
@@ -916,7 +916,8 @@ impl CudaSession {
                         // Half-width token tiles where 64-token ones would not fill two
                         // blocks per SM (K/V projections, the shared expert at pp512).
                         let full = m.rows.div_ceil(GEMM_TILE_ROWS) * nt.div_ceil(GEMM_TILE_TOKENS);
-                        let rf_always = self.gemm_rf == RfUse::Always && m.ty == WType::Q4K;
+                        let rf_always =
+                            self.gemm_rf == RfUse::Always && gemm_rf(m.ty, m.cols).is_some();
                         let tile = if full < 2 * self.sm_count && !rf_always {
                             GEMM_TILE_TOKENS / 2
                         } else {
@@ -924,7 +925,7 @@ impl CudaSession {
                         };
                         self.to_f16(at(x), nt * m.cols)?;
                         dev.launch(
-                            self.gemm(m.ty, tile).dense,
+                            self.gemm(m.ty, m.cols, tile).dense,
                             (blocks(m.rows, GEMM_TILE_ROWS), blocks(nt, tile)),
                             GEMM_THREADS,
                             &[

@@ -12,7 +12,7 @@ use lagoon_cuda::manifest::K;
 
 mod common;
 
-use common::{Rng, attention_f32, device, download, max_rel, upload};
+use common::{Rng, attention_f32_d, device, download, max_rel, upload};
 
 /// Relative to the largest output: f32 sums over ≤ a few thousand keys.
 const BOUND: f32 = 1e-5;
@@ -22,11 +22,21 @@ const BOUND: f32 = 1e-5;
 fn decode_attention_matches_the_f32_kernel_for_both_caches() {
     let dev = device();
     let mut rng = Rng(0x6e33_0011);
-    let (hq, n_kv, d) = (6usize, 2usize, 128usize);
-    let row = n_kv * d;
-    // (window, position): full attention at the start and at depth, sliding windows before
-    // and after the ring (cap = window at one token per step) wraps.
-    for (window, pos) in [(0usize, 0usize), (0, 5), (0, 1000), (40, 10), (40, 700)] {
+    let (hq, n_kv) = (6usize, 2usize);
+    // (head_dim, window, position): full attention at the start and at depth, sliding
+    // windows before and after the ring (cap = window at one token per step) wraps; the
+    // tiny fixtures' head_dim 16 and S 2.1's 128.
+    for (d, window, pos) in [
+        (128usize, 0usize, 0usize),
+        (128, 0, 5),
+        (128, 0, 1000),
+        (128, 40, 10),
+        (128, 40, 700),
+        (16, 0, 3),
+        (16, 0, 39),
+        (16, 16, 39),
+    ] {
+        let row = n_kv * d;
         let cap = if window == 0 { pos + 1 } else { window };
         let kc: Vec<f32> = (0..cap * row).map(|_| rng.f()).collect();
         let vc: Vec<f32> = (0..cap * row).map(|_| rng.f()).collect();
@@ -47,7 +57,7 @@ fn decode_attention_matches_the_f32_kernel_for_both_caches() {
             };
             let (_kr, krp) = upload(&dev, &kr);
             let (_vr, vrp) = upload(&dev, &vr);
-            let want = attention_f32(&dev, qp, krp, vrp, cap, hq, n_kv, window, 1, pp);
+            let want = attention_f32_d(&dev, qp, krp, vrp, cap, hq, n_kv, d, window, 1, pp);
             let bits = |x: &[f32]| -> Vec<u16> {
                 x.iter()
                     .map(|&v| half::f16::from_f32(v).to_bits())
@@ -104,11 +114,11 @@ fn decode_attention_matches_the_f32_kernel_for_both_caches() {
                     let got = download(&dev, &ob);
                     let e = max_rel(&got, &want);
                     println!(
-                        "{kernel:?} window {window} pos {pos} split {split}: max rel err {e:.2e}"
+                        "{kernel:?} d {d} window {window} pos {pos} split {split}: max rel err {e:.2e}"
                     );
                     assert!(
                         e < BOUND,
-                        "{kernel:?} window {window} pos {pos} split {split}: {e:.2e}"
+                        "{kernel:?} d {d} window {window} pos {pos} split {split}: {e:.2e}"
                     );
                 }
             }

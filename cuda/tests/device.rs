@@ -534,6 +534,28 @@ fn kv_f16_cache_matches_the_f32_cache() {
         };
         session_logits(&ckpt, &w, &toks, opts)
     };
+    assert!(
+        same_bits(&run(1, true, true, true), &run(1, true, true, false)),
+        "kv f16: graph replay differs from eager steps"
+    );
+    // Where the quantised decode path stands with each cache: against the same cache's
+    // chunked steps, and per position (f16 against f32).
+    let dec: Vec<Vec<f32>> = [false, true].map(|f16| run(1, true, f16, true)).into();
+    for (f16, d) in [false, true].iter().zip(&dec) {
+        let chunked = run(7, true, *f16, true);
+        println!(
+            "quantised decode vs ubatch 7, kv f16 {f16}: rel L2 {:.3e}",
+            rel_l2(d, &chunked)
+        );
+    }
+    let vocab = dec[0].len() / toks.len();
+    let per_pos: Vec<String> = (0..toks.len())
+        .map(|p| {
+            let r = p * vocab..(p + 1) * vocab;
+            format!("{:.1e}", rel_l2(&dec[1][r.clone()], &dec[0][r]))
+        })
+        .collect();
+    println!("quantised decode, f16 vs f32 per position: {}", per_pos.join(" "));
     for quantized in [false, true] {
         for ubatch in [toks.len(), 7, 1] {
             let f32_cache = run(ubatch, quantized, false, true);
@@ -546,10 +568,6 @@ fn kv_f16_cache_matches_the_f32_cache() {
             );
         }
     }
-    assert!(
-        same_bits(&run(1, true, true, true), &run(1, true, true, false)),
-        "kv f16: graph replay differs from eager steps"
-    );
 }
 
 /// The quantiser kernels through the session's launch path: `rows` rows of `cols` into rows

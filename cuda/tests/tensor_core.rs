@@ -14,7 +14,9 @@ use cudarc::driver::DevicePtr;
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device};
-use lagoon_cuda::manifest::{GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K};
+use lagoon_cuda::manifest::{
+    GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, gemm_rf,
+};
 use lagoon_cuda::weights::wtype;
 
 mod common;
@@ -116,27 +118,27 @@ fn to_f16_rounds_to_nearest_and_saturates_finite_values() {
 /// Widths that are a multiple of 32 for `ty` (block types need whole blocks); the second is
 /// an odd number of 32-chunks where the type allows, so the last K stage is half empty.
 /// For the super-block types a third width of nine super-blocks wraps gemm_rf.cu's
-/// three-stage ring three times.
+/// three-stage Q4_K ring three times; Q6_K's widths of four and twelve super-blocks are
+/// those its gemm_rf.cu kernels take (every super-block offset 0, 2, 4, 6 past an 8-byte
+/// boundary, and its two-stage ring wrapped).
 fn widths(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q5K | GgmlType::IQ4XS => &[256, 768, 2304],
+        GgmlType::Q6K => &[256, 768, 1024, 3072],
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::IQ4XS => &[256, 768, 2304],
         _ => &[256, 544],
     }
 }
 
-/// The kernel sets that take `ty` on token tiles of `tile`: `gemm.cu`'s, and for Q4_K on
-/// 64-token tiles also `gemm_rf.cu`'s (same arguments, grid and block).
-fn kernel_sets(ty: GgmlType, tile: usize) -> Vec<(&'static str, GemmKernels)> {
-    let mut sets = vec![("gemm.cu", wtype(ty).unwrap().gemm(tile))];
-    if ty == GgmlType::Q4K && tile == GEMM_TILE_TOKENS {
-        sets.push((
-            "gemm_rf.cu",
-            GemmKernels {
-                dense: K::GemmRfQ4K,
-                gate_up: K::GemmGateUpRfQ4K,
-                down: K::GemmDownRfQ4K,
-            },
-        ));
+/// The kernel sets that take `ty` with rows of `cols` on token tiles of `tile`: `gemm.cu`'s,
+/// and where `gemm_rf` takes them (64-token tiles) `gemm_rf.cu`'s (same arguments, grid
+/// and block).
+fn kernel_sets(ty: GgmlType, cols: usize, tile: usize) -> Vec<(&'static str, GemmKernels)> {
+    let wt = wtype(ty).unwrap();
+    let mut sets = vec![("gemm.cu", wt.gemm(tile))];
+    if tile == GEMM_TILE_TOKENS
+        && let Some(k) = gemm_rf(wt, cols)
+    {
+        sets.push(("gemm_rf.cu", k));
     }
     sets
 }
@@ -167,7 +169,7 @@ fn dense_gemm_matches_f16_rounded_reference() {
                     })
                     .collect();
                 let (_xb, xp) = to_f16_on_device(&dev, &x);
-                for (src, kern) in kernel_sets(ty, tile) {
+                for (src, kern) in kernel_sets(ty, cols, tile) {
                     let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
                     dev.launch(
                         kern.dense,
@@ -261,7 +263,9 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
     {
         let (_gb, sorted, tiles, max_tiles) = group(&dev, &ids, n_experts, tile);
         let (h, i) = match ty {
-            GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q5K | GgmlType::IQ4XS => (512usize, 256usize),
+            // Rows of four super-blocks, so gemm_rf.cu's Q6_K kernels take them too.
+            GgmlType::Q6K => (1024usize, 1024usize),
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::IQ4XS => (512, 256),
             _ => (288, 160),
         };
         let silu = |z: f64| z / (1.0 + (-z).exp());
@@ -298,7 +302,13 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
         let (_a, ap) = upload(&dev, &f16_bits(&a_in));
         let row_g = ty.row_bytes(h as u64).unwrap();
         let row_d = ty.row_bytes(i as u64).unwrap();
-        for (src, kern) in kernel_sets(ty, tile) {
+        let rf_cols = if h.is_multiple_of(1024) && i.is_multiple_of(1024) {
+            h
+        } else {
+            // A width gemm_rf does not take for Q6_K: gemm.cu's set alone.
+            256
+        };
+        for (src, kern) in kernel_sets(ty, rf_cols, tile) {
             // Fresh (zeroed) outputs per kernel set, so a set that skips an entry cannot pass on
             // the previous set's results.
             let act = dev.stream.alloc_zeros::<u16>(n * k * i).unwrap();

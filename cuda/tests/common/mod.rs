@@ -103,7 +103,8 @@ pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs() / scale))
 }
 
-/// The f32 attention kernel's output for `n` queries at positions `pos0..` (grid (hq, n)).
+/// The f32 attention kernel's output for `n` queries at positions `pos0..` (grid (hq, n)),
+/// head_dim 128.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_f32(
     dev: &Device,
@@ -117,7 +118,24 @@ pub fn attention_f32(
     n: usize,
     params: u64,
 ) -> Vec<f32> {
-    let d = 128;
+    attention_f32_d(dev, q, kc, vc, cap, hq, n_kv, 128, window, n, params)
+}
+
+/// [`attention_f32`] for any head_dim `d`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_f32_d(
+    dev: &Device,
+    q: u64,
+    kc: u64,
+    vc: u64,
+    cap: usize,
+    hq: usize,
+    n_kv: usize,
+    d: usize,
+    window: usize,
+    n: usize,
+    params: u64,
+) -> Vec<f32> {
     let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
     dev.launch(
         K::Attention,
