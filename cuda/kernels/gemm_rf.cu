@@ -34,28 +34,28 @@
 #include "tc.cuh"
 
 #define RF_BM 256
-#define RF_BN 64
 #define RF_THREADS 256
-// One token's 256 f16 activations per stage (512 bytes, no padding: token t's 16-byte chunk c
-// sits at chunk c ^ 4 (t & 1), so the two tokens of each eight-lane phase of a 16-byte load
-// fall on different banks).
-#define RF_B_BYTES (RF_BN * 512)
-// Dynamic shared memory per block and type (manifest.rs GEMM_RF_SMEM_* say the same; a unit
-// test checks).
+// Dynamic shared memory per block (manifest.rs GEMM_RF_SMEM_* say the same; a unit test
+// checks): Q4_K with 64-token and 128-token tiles, Q6_K with 64-token tiles.
 #define RF_SMEM_Q4_K 229888
+#define RF_SMEM_Q4_K_128 226304
 #define RF_SMEM_Q6_K 199168
 
-// Shared-memory layout of a block for a weight format F (F::STAGES stages of F::SLOT bytes
-// per row, F::SC_STRIDE bytes of decoded scales per row): the ring (each stage the rows'
-// super-blocks, then the tokens' activations), each warp's scale table for its 32 rows, the
-// row and token pointer tables.
-template <typename F>
+// Shared-memory layout of a block for weight format F and NT n8 tiles per warp (a tile of
+// BN = 8 NT tokens): the ring of STAGES stages (each the rows' super-blocks, F::SLOT bytes per
+// row, then the tokens' 256 f16 activations, 512 bytes per token, no padding: token t's
+// 16-byte chunk c sits at chunk c ^ 4 (t & 1), so the two tokens of each eight-lane phase of a
+// 16-byte load fall on different banks), each warp's scale table for its 32 rows
+// (F::SC_STRIDE bytes per row), the row and token pointer tables.
+template <typename F, int NT>
 struct RfLayout {
+    static constexpr int BN = 8 * NT;
+    static constexpr int STAGES = NT == 8 ? F::STAGES : 2;
     static constexpr int A_BYTES = RF_BM * F::SLOT;
-    static constexpr int STAGE = A_BYTES + RF_B_BYTES;
-    static constexpr int SC = F::STAGES * STAGE;
+    static constexpr int STAGE = A_BYTES + BN * 512;
+    static constexpr int SC = STAGES * STAGE;
     static constexpr int TABLES = SC + RF_BM * F::SC_STRIDE;
-    static constexpr int SMEM = TABLES + 8 * RF_BM + 8 * RF_BN;
+    static constexpr int SMEM = TABLES + 8 * RF_BM + 8 * BN;
 };
 
 // Byte i (0..255) of v as a float plus 2^23, exactly (a byte permute into 0x4B0000xx).
@@ -71,13 +71,29 @@ __device__ __forceinline__ uint2 rf_lds8(const u8* p) {
     return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
 }
 
+// The rows of lane (g, q) of warp w within the block: m16 tile mt, half h (rows g, g + 8).
+struct RfRows {
+    int r[2][2];
+    __device__ __forceinline__ RfRows(int w, int g) {
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) r[mt][h] = 32 * w + 16 * mt + 8 * h + g;
+    }
+};
+
+// A format gives, for each of the eight 32-weight units u of a super-block (weights
+// 32 u .. 32 u + 32), the A fragments of its two k16 steps: a[s2][mt][0..4] for lane (g, q),
+// rows (mt, h) at the weights 32 u + 8 q + 4 s2 + {0, 1, 2, 3} (the permutation above).
+
 // ---- Q4_K ----
 //
 // A stage holds one super-block (144 bytes) of each row, rows back to back. Each thread
 // copies nine 16-byte pieces (piece c = t + 256 j of the stage's 2304: row c / 9, bytes
 // 16 (c % 9) .., at stage offset 16 c) through pointers taken once from the row table. The
 // scale table holds each row's eight (d sc, dmin m) as float2, rows 72 bytes apart (8 bytes
-// of padding, so the eight rows one 8-byte load touches fall on distinct banks).
+// of padding, so the eight rows one 8-byte load touches fall on distinct banks). Unit u is
+// group u / 2 (32 bytes of nibbles), sub-block u: low nibbles for even u, high for odd.
 struct RfQ4K {
     static constexpr int STAGES = 3, SLOT = 144, SC_STRIDE = 72;
     struct Copies {
@@ -108,64 +124,28 @@ struct RfQ4K {
             dst[j] = make_float2(d1, m1);
         }
     }
-    // acc += the warp's 32 rows x 64 tokens over the stage's super-block. A weight is
-    // fmaf(d sc, q, -dmin m): the reference's fsub(fmul(d sc, q), dmin m) exactly, since
-    // d sc q is exact in f32 (an f16 d of 11 significant bits times a 6-bit scale times a 4-bit
-    // q: at most 21 bits), so the multiply-add rounds once where the reference does.
-    static __device__ __forceinline__ void compute(const u8* st, const u8* sc, float acc[2][8][4], int w, int lane,
-                                                   int) {
-        int g = lane >> 2, q = lane & 3;
-        const u8* sb = st + RfLayout<RfQ4K>::A_BYTES;
-        int rows[2][2];
+    // A weight is fmaf(d sc, q, -dmin m): the reference's fsub(fmul(d sc, q), dmin m) exactly,
+    // since d sc q is exact in f32 (an f16 d of 11 significant bits times a 6-bit scale times
+    // a 4-bit q: at most 21 bits), so the multiply-add rounds once where the reference does.
+    static __device__ __forceinline__ void frags(const u8* st, const u8* sc, const RfRows& rw, int q, int, int u,
+                                                 u32 a[2][2][4]) {
         #pragma unroll
         for (int mt = 0; mt < 2; mt++)
             #pragma unroll
-            for (int h = 0; h < 2; h++) rows[mt][h] = 32 * w + 16 * mt + 8 * h + g;
-        #pragma unroll
-        for (int grp = 0; grp < 4; grp++) {
-            uint2 qv[2][2];
-            #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                #pragma unroll
-                for (int h = 0; h < 2; h++) qv[mt][h] = *(const uint2*)(st + 144 * rows[mt][h] + 16 + 32 * grp + 8 * q);
-            #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float2 dm[2][2];
-                #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-                    #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        dm[mt][h] = *(const float2*)(sc + SC_STRIDE * rows[mt][h] + 8 * (2 * grp + half));
-                uint4 b[8];
-                int chunk = (8 * grp + 4 * half + q) ^ ((g & 1) << 2);
-                #pragma unroll
-                for (int nt = 0; nt < 8; nt++) b[nt] = *(const uint4*)(sb + 512 * (8 * nt + g) + 16 * chunk);
+            for (int h = 0; h < 2; h++) {
+                int row = rw.r[mt][h];
+                uint2 qv = *(const uint2*)(st + 144 * row + 16 + 32 * (u >> 1) + 8 * q);
+                float2 dm = *(const float2*)(sc + SC_STRIDE * row + 8 * u);
                 #pragma unroll
                 for (int s2 = 0; s2 < 2; s2++) {
-                    u32 a[2][4];
+                    u32 nib = ((s2 ? qv.y : qv.x) >> (4 * (u & 1))) & 0x0F0F0F0Fu;
+                    float wv[4];
                     #pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-                        #pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            u32 word = s2 ? qv[mt][h].y : qv[mt][h].x;
-                            u32 nib = (word >> (4 * half)) & 0x0F0F0F0Fu;
-                            float d1 = dm[mt][h].x, nm1 = -dm[mt][h].y;
-                            float wv[4];
-                            #pragma unroll
-                            for (int i = 0; i < 4; i++)
-                                wv[i] = __fmaf_rn(d1, __fsub_rn(rf_byte_f(nib, i), 8388608.0f), nm1);
-                            a[mt][h] = pack_f16x2(wv[0], wv[1]);
-                            a[mt][2 + h] = pack_f16x2(wv[2], wv[3]);
-                        }
-                    #pragma unroll
-                    for (int nt = 0; nt < 8; nt++) {
-                        u32 bb[2] = {s2 ? b[nt].z : b[nt].x, s2 ? b[nt].w : b[nt].y};
-                        mma_16816(acc[0][nt], a[0], bb);
-                        mma_16816(acc[1][nt], a[1], bb);
-                    }
+                    for (int i = 0; i < 4; i++) wv[i] = __fmaf_rn(dm.x, __fsub_rn(rf_byte_f(nib, i), 8388608.0f), -dm.y);
+                    a[s2][mt][h] = pack_f16x2(wv[0], wv[1]);
+                    a[s2][mt][2 + h] = pack_f16x2(wv[2], wv[3]);
                 }
             }
-        }
     }
 };
 
@@ -177,7 +157,10 @@ struct RfQ4K {
 // same for every row). Thread t copies row t's 216 bytes from that boundary (27 8-byte
 // pieces; for a row's last super-block sh = 6, so nothing past the row is read) into a
 // 216-byte slot, and the fields are read at slot + sh with rf_lds8. Two stages (88 KiB
-// each). The scale table holds each row's sixteen d sc, rows 80 bytes apart.
+// each). The scale table holds each row's sixteen d sc, rows 80 bytes apart. Unit u is half
+// n = u / 4 (128 weights: ql[64 n ..], qh[32 n ..]), group g4 = u % 4: weight 32 u + l is
+// ql[64 n + 32 (g4 % 2) + l] (low nibble for g4 < 2, high otherwise) with bits 2 g4 of
+// qh[32 n + l], scale 8 n + 2 g4 + l / 16.
 struct RfQ6K {
     static constexpr int STAGES = 2, SLOT = 216, SC_STRIDE = 80;
     struct Copies {
@@ -199,124 +182,124 @@ struct RfQ6K {
         #pragma unroll
         for (int i = 0; i < 16; i++) dst[i] = __fmul_rn(d, (float)(int)(signed char)((sw[i >> 2] >> (8 * (i & 3))) & 0xFF));
     }
-    // acc += the warp's 32 rows x 64 tokens over the stage's super-block. Half n (128
-    // weights) of a super-block: ql[64 n ..] (low nibbles for groups 0 and 1, high for 2 and
-    // 3; group g4 reads ql[64 n + 32 (g4 % 2) + l]), qh[32 n + l] (bits 2 g4), scale
-    // 8 n + 2 g4 + l / 16 for weight 128 n + 32 g4 + l. A weight is fmul(d sc, q - 32), exact
-    // as the reference's (d sc q has at most 11 + 7 + 5 significant bits).
-    static __device__ __forceinline__ void compute(const u8* st, const u8* sc, float acc[2][8][4], int w, int lane,
-                                                   int kb) {
-        int g = lane >> 2, q = lane & 3;
-        int sh = (210 * kb) & 7;
-        const u8* sb = st + RfLayout<RfQ6K>::A_BYTES;
-        int rows[2][2];
+    // A weight is fmul(d sc, q - 32), exact as the reference's (d sc q has at most 11 + 7 + 5
+    // significant bits).
+    static __device__ __forceinline__ void frags(const u8* st, const u8* sc, const RfRows& rw, int q, int kb, int u,
+                                                 u32 a[2][2][4]) {
+        int n = u >> 2, g4 = u & 3, sh = (210 * kb) & 7;
         #pragma unroll
         for (int mt = 0; mt < 2; mt++)
             #pragma unroll
-            for (int h = 0; h < 2; h++) rows[mt][h] = 32 * w + 16 * mt + 8 * h + g;
-        #pragma unroll
-        for (int n = 0; n < 2; n++) {
-            uint2 f0[2][2], f1[2][2], fh[2][2];
-            #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const u8* p = st + 216 * rows[mt][h] + sh;
-                    f0[mt][h] = rf_lds8(p + 64 * n + 8 * q);
-                    f1[mt][h] = rf_lds8(p + 64 * n + 32 + 8 * q);
-                    fh[mt][h] = rf_lds8(p + 128 + 32 * n + 8 * q);
-                }
-            #pragma unroll
-            for (int g4 = 0; g4 < 4; g4++) {
-                float ds[2][2];
-                #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-                    #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        ds[mt][h] = *(const float*)(sc + SC_STRIDE * rows[mt][h] + 4 * (8 * n + 2 * g4 + (q >> 1)));
-                uint4 b[8];
-                int chunk = (16 * n + 4 * g4 + q) ^ ((g & 1) << 2);
-                #pragma unroll
-                for (int nt = 0; nt < 8; nt++) b[nt] = *(const uint4*)(sb + 512 * (8 * nt + g) + 16 * chunk);
+            for (int h = 0; h < 2; h++) {
+                int row = rw.r[mt][h];
+                const u8* p = st + 216 * row + sh;
+                uint2 fl = rf_lds8(p + 64 * n + 32 * (g4 & 1) + 8 * q);
+                uint2 fh = rf_lds8(p + 128 + 32 * n + 8 * q);
+                float ds = *(const float*)(sc + SC_STRIDE * row + 4 * (8 * n + 2 * g4 + (q >> 1)));
                 #pragma unroll
                 for (int s2 = 0; s2 < 2; s2++) {
-                    u32 a[2][4];
+                    u32 qlw = s2 ? fl.y : fl.x, qhw = s2 ? fh.y : fh.x;
+                    u32 q6 = ((qlw >> (4 * (g4 >> 1))) & 0x0F0F0F0Fu) | (((qhw >> (2 * g4)) & 0x03030303u) << 4);
+                    float wv[4];
                     #pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-                        #pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            uint2 fl = (g4 & 1) ? f1[mt][h] : f0[mt][h];
-                            u32 qlw = s2 ? fl.y : fl.x, qhw = s2 ? fh[mt][h].y : fh[mt][h].x;
-                            u32 q6 = ((qlw >> (4 * (g4 >> 1))) & 0x0F0F0F0Fu) | (((qhw >> (2 * g4)) & 0x03030303u) << 4);
-                            float wv[4];
-                            #pragma unroll
-                            for (int i = 0; i < 4; i++)
-                                wv[i] = __fmul_rn(ds[mt][h], __fsub_rn(rf_byte_f(q6, i), 8388640.0f));
-                            a[mt][h] = pack_f16x2(wv[0], wv[1]);
-                            a[mt][2 + h] = pack_f16x2(wv[2], wv[3]);
-                        }
-                    #pragma unroll
-                    for (int nt = 0; nt < 8; nt++) {
-                        u32 bb[2] = {s2 ? b[nt].z : b[nt].x, s2 ? b[nt].w : b[nt].y};
-                        mma_16816(acc[0][nt], a[0], bb);
-                        mma_16816(acc[1][nt], a[1], bb);
-                    }
+                    for (int i = 0; i < 4; i++) wv[i] = __fmul_rn(ds, __fsub_rn(rf_byte_f(q6, i), 8388640.0f));
+                    a[s2][mt][h] = pack_f16x2(wv[0], wv[1]);
+                    a[s2][mt][2 + h] = pack_f16x2(wv[2], wv[3]);
                 }
             }
-        }
     }
 };
 
-static_assert(RfLayout<RfQ4K>::SMEM == RF_SMEM_Q4_K, "RF_SMEM_Q4_K");
-static_assert(RfLayout<RfQ6K>::SMEM == RF_SMEM_Q6_K, "RF_SMEM_Q6_K");
+static_assert(RfLayout<RfQ4K, 8>::SMEM == RF_SMEM_Q4_K, "RF_SMEM_Q4_K");
+static_assert(RfLayout<RfQ4K, 16>::SMEM == RF_SMEM_Q4_K_128, "RF_SMEM_Q4_K_128");
+static_assert(RfLayout<RfQ6K, 8>::SMEM == RF_SMEM_Q6_K, "RF_SMEM_Q6_K");
 
-// The K loop over nkb super-blocks, the pointer tables already in shared memory. Each stage:
-// wait until it has landed and every warp is done with the stage the next copies overwrite
-// (one barrier), issue the copies of super-block kb + STAGES - 1, decode the warp's scales
-// into its own table (its lanes finished reading the previous ones before the barrier),
-// compute. Rows past the matrix and tokens past the tile point at a valid row or token (the
-// tables clamp them): what they load only reaches outputs that are never stored (an mma
-// output row depends on its A row alone, a column on its B column alone).
-template <typename F>
-__device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, float acc[2][8][4]) {
-    using L = RfLayout<F>;
+// acc += the warp's 32 rows x BN tokens over the stage's super-block: per unit, the A
+// fragments of both steps, then per eight n8 tiles the 16-byte activation loads (two steps'
+// B fragments each) and the mma. n8 tiles at or past ntv (the tile's live tokens / 8,
+// rounded up; warp-uniform) are skipped.
+template <typename F, int NT>
+__device__ __forceinline__ void rf_compute(const u8* st, const u8* sc, float acc[2][NT][4], int w, int lane, int kb,
+                                           int ntv) {
+    int g = lane >> 2, q = lane & 3;
+    const u8* sb = st + RfLayout<F, NT>::A_BYTES;
+    RfRows rw(w, g);
+    #pragma unroll
+    for (int u = 0; u < 8; u++) {
+        u32 a[2][2][4];
+        F::frags(st, sc, rw, q, kb, u, a);
+        int chunk = (4 * u + q) ^ ((g & 1) << 2);
+        #pragma unroll
+        for (int nh = 0; nh < NT / 8; nh++) {
+            if (8 * nh >= ntv) break;
+            uint4 b[8];
+            #pragma unroll
+            for (int j = 0; j < 8; j++) b[j] = *(const uint4*)(sb + 512 * (64 * nh + 8 * j + g) + 16 * chunk);
+            #pragma unroll
+            for (int s2 = 0; s2 < 2; s2++)
+                #pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    int nt = 8 * nh + j;
+                    if (nt < ntv) {
+                        u32 bb[2] = {s2 ? b[j].z : b[j].x, s2 ? b[j].w : b[j].y};
+                        mma_16816(acc[0][nt], a[s2][0], bb);
+                        mma_16816(acc[1][nt], a[s2][1], bb);
+                    }
+                }
+        }
+    }
+}
+
+// The K loop over nkb super-blocks for a tile of `live` tokens, the pointer tables already in
+// shared memory. Each stage: wait until it has landed and every warp is done with the stage
+// the next copies overwrite (one barrier), issue the copies of super-block kb + STAGES - 1,
+// decode the warp's scales into its own table (its lanes finished reading the previous ones
+// before the barrier), compute. Rows past the matrix and tokens past the tile point at a valid
+// row or token (the tables clamp them): what they load only reaches outputs that are never
+// stored (an mma output row depends on its A row alone, a column on its B column alone).
+template <typename F, int NT>
+__device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, int live, float acc[2][NT][4]) {
+    using L = RfLayout<F, NT>;
     int t = threadIdx.x, w = t >> 5, lane = t & 31;
+    int ntv = min(NT, (live + 7) / 8);
     typename F::Copies ca = F::copies((const u8* const*)(smem + L::TABLES), t);
     // This thread's activation copies: token t / 32 + 8 j, 16 bytes at chunk t % 32 (stored
     // swizzled by the token's parity, t / 32 % 2).
     const u8* const* xrows = (const u8* const*)(smem + L::TABLES + 8 * RF_BM);
-    const u8* xs[8];
+    const u8* xs[NT];
     #pragma unroll
-    for (int j = 0; j < 8; j++) xs[j] = xrows[(t >> 5) + 8 * j] + 16 * (t & 31);
+    for (int j = 0; j < NT; j++) xs[j] = xrows[(t >> 5) + 8 * j] + 16 * (t & 31);
     int xoff = L::A_BYTES + 16 * ((t & 31) ^ (((t >> 5) & 1) << 2)) + 512 * (t >> 5);
     auto load = [&](int s, int kb) {
         u8* st = smem + L::STAGE * s;
         F::load(st, ca, kb, t);
         #pragma unroll
-        for (int j = 0; j < 8; j++) cp_async16(st + xoff + 512 * 8 * j, xs[j] + 512 * (size_t)kb);
+        for (int j = 0; j < NT; j++) cp_async16(st + xoff + 512 * 8 * j, xs[j] + 512 * (size_t)kb);
     };
     #pragma unroll
     for (int mt = 0; mt < 2; mt++)
         #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int nt = 0; nt < NT; nt++)
             #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
     #pragma unroll
-    for (int s = 0; s < F::STAGES - 1; s++) {
+    for (int s = 0; s < L::STAGES - 1; s++) {
         if (s < nkb) load(s, s);
         cp_async_commit();
     }
     for (int kb = 0; kb < nkb; kb++) {
-        cp_async_wait<F::STAGES - 2>();
+        cp_async_wait<L::STAGES - 2>();
         __syncthreads();
-        int nx = kb + F::STAGES - 1;
-        if (nx < nkb) load(nx % F::STAGES, nx);
+        int nx = kb + L::STAGES - 1;
+        if (nx < nkb) load(nx % L::STAGES, nx);
         cp_async_commit();
-        const u8* st = smem + L::STAGE * (kb % F::STAGES);
+        const u8* st = smem + L::STAGE * (kb % L::STAGES);
         F::scales(st, smem + L::SC, w, lane, kb);
         __syncwarp();
-        F::compute(st, smem + L::SC, acc, w, lane, kb);
+        rf_compute<F, NT>(st, smem + L::SC, acc, w, lane, kb, ntv);
     }
+    // Every warp is done with the ring and the tables before a caller refills them.
+    __syncthreads();
 }
 
 // Accumulator element (mt, nt, e) of this thread: warp row 16 mt + g + 8 (e / 2), token
@@ -324,25 +307,33 @@ __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, float acc[2][8][4
 __device__ __forceinline__ int rf_row(int mt, int e) { return 16 * mt + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
 __device__ __forceinline__ int rf_tok(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
 
-// out[t, r] = x[t] . W[r] (cols % 256 == 0). Grid (ceil(rows / 256), ceil(n / 64)), block 256,
-// RfLayout<F>::SMEM bytes of dynamic shared memory.
-template <typename F>
+template <typename F, int NT>
+__device__ __forceinline__ const u8** rf_arows(u8* smem) {
+    return (const u8**)(smem + RfLayout<F, NT>::TABLES);
+}
+template <typename F, int NT>
+__device__ __forceinline__ const unsigned short** rf_xrows(u8* smem) {
+    return (const unsigned short**)(smem + RfLayout<F, NT>::TABLES + 8 * RF_BM);
+}
+
+// out[t, r] = x[t] . W[r] (cols % 256 == 0). Grid (ceil(rows / 256), ceil(n / BN)), block 256,
+// RfLayout<F, NT>::SMEM bytes of dynamic shared memory.
+template <typename F, int NT>
 __device__ __forceinline__ void rf_dense(const u8* __restrict__ W, u64 row_bytes, const unsigned short* __restrict__ x,
                                          float* __restrict__ out, int rows, int cols, int n) {
     extern __shared__ __align__(16) u8 smem[];
-    constexpr int RF_TABLES = RfLayout<F>::TABLES;
-    int r0 = blockIdx.x * RF_BM, t0 = blockIdx.y * RF_BN, t = threadIdx.x;
-    ((const u8**)(smem + RF_TABLES))[t] = W + (size_t)min(r0 + t, rows - 1) * row_bytes;
-    if (t < RF_BN)
-        ((const unsigned short**)(smem + RF_TABLES + 8 * RF_BM))[t] = x + (size_t)min(t0 + t, n - 1) * cols;
+    constexpr int BN = 8 * NT;
+    int r0 = blockIdx.x * RF_BM, t0 = blockIdx.y * BN, t = threadIdx.x;
+    rf_arows<F, NT>(smem)[t] = W + (size_t)min(r0 + t, rows - 1) * row_bytes;
+    if (t < BN) rf_xrows<F, NT>(smem)[t] = x + (size_t)min(t0 + t, n - 1) * cols;
     __syncthreads();
-    float acc[2][8][4];
-    rf_mainloop<F>(smem, cols / 256, acc);
+    float acc[2][NT][4];
+    rf_mainloop<F, NT>(smem, cols / 256, n - t0, acc);
     int rw = r0 + 32 * (t >> 5);
     #pragma unroll
     for (int mt = 0; mt < 2; mt++)
         #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int nt = 0; nt < NT; nt++)
             #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = rw + rf_row(mt, e), tk = t0 + rf_tok(nt, e);
@@ -350,18 +341,19 @@ __device__ __forceinline__ void rf_dense(const u8* __restrict__ W, u64 row_bytes
             }
 }
 
-// Grouped gate/up with SwiGLU over a tile of up to 64 pairs from moe_group (gemm.cu's
-// gemm_gate_up contract): a block takes 128 rows of the expert's gate and the same rows of its
-// up; warp w's m16 tile 0 holds gate rows r0 + 16 w .. + 16 and tile 1 the same up rows, so a
-// thread holds gate and up at the same (row, pair) positions. act[p, r] = silu(gate) * up,
-// rounded to f16. Grid (ceil(I / 128), max_tiles).
-template <typename F>
+// Grouped gate/up with SwiGLU over a tile of pairs from moe_group (gemm.cu's gemm_gate_up
+// contract), BN pairs per pass (a tile of more pairs takes several): a block takes 128 rows of
+// the expert's gate and the same rows of its up; warp w's m16 tile 0 holds gate rows
+// r0 + 16 w .. + 16 and tile 1 the same up rows, so a thread holds gate and up at the same
+// (row, pair) positions. act[p, r] = silu(gate) * up, rounded to f16. Grid (ceil(I / 128),
+// max_tiles).
+template <typename F, int NT>
 __device__ __forceinline__ void rf_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                                            u64 row_bytes, const unsigned short* __restrict__ x,
                                            const u32* __restrict__ sorted, const u32* __restrict__ tiles,
                                            unsigned short* __restrict__ act, int I, int H, int K) {
     extern __shared__ __align__(16) u8 smem[];
-    constexpr int RF_TABLES = RfLayout<F>::TABLES;
+    constexpr int BN = 8 * NT;
     const u32* tl = tiles + 3 * blockIdx.y;
     int cnt = (int)tl[2];
     if (cnt == 0) return;
@@ -370,73 +362,75 @@ __device__ __forceinline__ void rf_gate_up(const u8* __restrict__ Wg, const u8* 
     {
         int w = t >> 5, mt = (t >> 4) & 1, r = r0 + 16 * w + (t & 15);
         const u8* mat = mt ? Wu : Wg;
-        ((const u8**)(smem + RF_TABLES))[t] = mat + (size_t)e * expert_bytes + (size_t)min(r, I - 1) * row_bytes;
+        rf_arows<F, NT>(smem)[t] = mat + (size_t)e * expert_bytes + (size_t)min(r, I - 1) * row_bytes;
     }
-    if (t < RF_BN)
-        ((const unsigned short**)(smem + RF_TABLES + 8 * RF_BM))[t] =
-            x + (size_t)(sorted[first + min(t, cnt - 1)] / K) * H;
-    __syncthreads();
-    float acc[2][8][4];
-    rf_mainloop<F>(smem, H / 256, acc);
-    int rw = r0 + 16 * (t >> 5);
-    #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int p0 = 0; p0 < cnt; p0 += BN) {
+        if (t < BN) rf_xrows<F, NT>(smem)[t] = x + (size_t)(sorted[first + min(p0 + t, cnt - 1)] / K) * H;
+        __syncthreads();
+        float acc[2][NT][4];
+        rf_mainloop<F, NT>(smem, H / 256, cnt - p0, acc);
+        int rw = r0 + 16 * (t >> 5);
         #pragma unroll
-        for (int e2 = 0; e2 < 4; e2++) {
-            int r = rw + rf_row(0, e2), tk = rf_tok(nt, e2);
-            if (r < I && tk < cnt)
-                act[(size_t)sorted[first + tk] * I + r] = __half_as_ushort(
-                    __float2half_rn(f16_range(silu_f(acc[0][nt][e2]) * acc[1][nt][e2])));
-        }
+        for (int nt = 0; nt < NT; nt++)
+            #pragma unroll
+            for (int e2 = 0; e2 < 4; e2++) {
+                int r = rw + rf_row(0, e2), tk = p0 + rf_tok(nt, e2);
+                if (r < I && tk < cnt)
+                    act[(size_t)sorted[first + tk] * I + r] = __half_as_ushort(
+                        __float2half_rn(f16_range(silu_f(acc[0][nt][e2]) * acc[1][nt][e2])));
+            }
+    }
 }
 
-// Grouped down: ys[p, r] = act[p] . Wd_e[r] for the tile's sorted pairs p. Grid
+// Grouped down: ys[p, r] = act[p] . Wd_e[r] for the tile's sorted pairs p, BN per pass. Grid
 // (ceil(H / 256), max_tiles).
-template <typename F>
+template <typename F, int NT>
 __device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                         const unsigned short* __restrict__ act, const u32* __restrict__ sorted,
                                         const u32* __restrict__ tiles, float* __restrict__ ys, int H, int I) {
     extern __shared__ __align__(16) u8 smem[];
-    constexpr int RF_TABLES = RfLayout<F>::TABLES;
+    constexpr int BN = 8 * NT;
     const u32* tl = tiles + 3 * blockIdx.y;
     int cnt = (int)tl[2];
     if (cnt == 0) return;
     u32 e = tl[0], first = tl[1];
     int r0 = blockIdx.x * RF_BM, t = threadIdx.x;
-    ((const u8**)(smem + RF_TABLES))[t] = Wd + (size_t)e * expert_bytes + (size_t)min(r0 + t, H - 1) * row_bytes;
-    if (t < RF_BN)
-        ((const unsigned short**)(smem + RF_TABLES + 8 * RF_BM))[t] = act + (size_t)sorted[first + min(t, cnt - 1)] * I;
-    __syncthreads();
-    float acc[2][8][4];
-    rf_mainloop<F>(smem, I / 256, acc);
-    int rw = r0 + 32 * (t >> 5);
-    #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    rf_arows<F, NT>(smem)[t] = Wd + (size_t)e * expert_bytes + (size_t)min(r0 + t, H - 1) * row_bytes;
+    for (int p0 = 0; p0 < cnt; p0 += BN) {
+        if (t < BN) rf_xrows<F, NT>(smem)[t] = act + (size_t)sorted[first + min(p0 + t, cnt - 1)] * I;
+        __syncthreads();
+        float acc[2][NT][4];
+        rf_mainloop<F, NT>(smem, I / 256, cnt - p0, acc);
+        int rw = r0 + 32 * (t >> 5);
         #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int mt = 0; mt < 2; mt++)
             #pragma unroll
-            for (int e2 = 0; e2 < 4; e2++) {
-                int r = rw + rf_row(mt, e2), tk = rf_tok(nt, e2);
-                if (r < H && tk < cnt) ys[(size_t)sorted[first + tk] * H + r] = acc[mt][nt][e2];
-            }
+            for (int nt = 0; nt < NT; nt++)
+                #pragma unroll
+                for (int e2 = 0; e2 < 4; e2++) {
+                    int r = rw + rf_row(mt, e2), tk = p0 + rf_tok(nt, e2);
+                    if (r < H && tk < cnt) ys[(size_t)sorted[first + tk] * H + r] = acc[mt][nt][e2];
+                }
+    }
 }
 
-// The kernels of one format: gemm_rf_*, gemm_gate_up_rf_*, gemm_down_rf_* (gemm.cu's
-// argument lists, grids and block).
-#define RF_KERNELS(name, F)                                                                        \
-    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_rf_##name(                    \
+// The kernels of one format and tile: gemm_rf{sfx}_*, gemm_gate_up_rf{sfx}_*,
+// gemm_down_rf{sfx}_* (gemm.cu's argument lists and block; grids by the tile).
+#define RF_KERNELS(name, F, NT, sfx)                                                               \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_rf##sfx##_##name(             \
         const u8* W, u64 row_bytes, const unsigned short* x, float* out, int rows, int cols, int n) { \
-        rf_dense<F>(W, row_bytes, x, out, rows, cols, n);                                          \
+        rf_dense<F, NT>(W, row_bytes, x, out, rows, cols, n);                                      \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_gate_up_rf_##name(            \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_gate_up_rf##sfx##_##name(     \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const unsigned short* x,      \
         const u32* sorted, const u32* tiles, unsigned short* act, int I, int H, int K) {           \
-        rf_gate_up<F>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);            \
+        rf_gate_up<F, NT>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);        \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_down_rf_##name(               \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_down_rf##sfx##_##name(        \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const unsigned short* act, const u32* sorted,\
         const u32* tiles, float* ys, int H, int I) {                                               \
-        rf_down<F>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);                     \
+        rf_down<F, NT>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);                 \
     }
-RF_KERNELS(q4_K, RfQ4K)
-RF_KERNELS(q6_K, RfQ6K)
+RF_KERNELS(q4_K, RfQ4K, 8, )
+RF_KERNELS(q4_K, RfQ4K, 16, 128)
+RF_KERNELS(q6_K, RfQ6K, 8, )

@@ -186,6 +186,9 @@ manifest! {
     GemmRfQ6K => "gemm_rf.cu", "gemm_rf_q6_K";
     GemmGateUpRfQ6K => "gemm_rf.cu", "gemm_gate_up_rf_q6_K";
     GemmDownRfQ6K => "gemm_rf.cu", "gemm_down_rf_q6_K";
+    GemmRf128Q4K => "gemm_rf.cu", "gemm_rf128_q4_K";
+    GemmGateUpRf128Q4K => "gemm_rf.cu", "gemm_gate_up_rf128_q4_K";
+    GemmDownRf128Q4K => "gemm_rf.cu", "gemm_down_rf128_q4_K";
 }
 
 impl K {
@@ -211,6 +214,7 @@ impl K {
         match self {
             K::GemmRfQ4K | K::GemmGateUpRfQ4K | K::GemmDownRfQ4K => GEMM_RF_SMEM_Q4K,
             K::GemmRfQ6K | K::GemmGateUpRfQ6K | K::GemmDownRfQ6K => GEMM_RF_SMEM_Q6K,
+            K::GemmRf128Q4K | K::GemmGateUpRf128Q4K | K::GemmDownRf128Q4K => GEMM_RF_SMEM_Q4K_128,
             _ => 0,
         }
     }
@@ -391,21 +395,31 @@ pub const GEMM_THREADS: u32 = 256;
 /// of 256 rows' super-blocks and 64 tokens' activations, the rows' decoded sub-block scales,
 /// and the pointer tables.
 pub const GEMM_RF_SMEM_Q4K: u32 = 229_888;
+/// Q4_K on 128-token tiles (`RF_SMEM_Q4_K_128`: two stages).
+pub const GEMM_RF_SMEM_Q4K_128: u32 = 226_304;
 /// The same for Q6_K (`RF_SMEM_Q6_K`: two stages of 216-byte row slots).
 pub const GEMM_RF_SMEM_Q6K: u32 = 199_168;
 
-/// The `gemm_rf.cu` kernels for weights of type `ty` whose rows are `cols` long, where that
-/// path takes them: Q4_K, and Q6_K rows of a multiple of four super-blocks (each stage's
-/// copy needs 8-byte-aligned rows).
-pub fn gemm_rf(ty: WType, cols: usize) -> Option<GemmKernels> {
+/// The `gemm_rf.cu` kernels for weights of type `ty` whose rows are `cols` long, for token
+/// tiles (dense) or expert tiles (grouped) of `tile` pairs (64 or 128), where that path takes
+/// them: Q4_K, and Q6_K rows of a multiple of four super-blocks (each stage's copy needs
+/// 8-byte-aligned rows). Q4_K has kernels for both tiles; Q6_K's 64-token kernels take a
+/// 128-pair expert tile in two passes (their 128-token ring would not fit in shared memory),
+/// so its dense products must stay on 64-token tiles.
+pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
     let k = |dense, gate_up, down| GemmKernels {
         dense,
         gate_up,
         down,
     };
-    match ty {
-        WType::Q4K => Some(k(K::GemmRfQ4K, K::GemmGateUpRfQ4K, K::GemmDownRfQ4K)),
-        WType::Q6K if cols.is_multiple_of(1024) => {
+    match (ty, tile) {
+        (WType::Q4K, 64) => Some(k(K::GemmRfQ4K, K::GemmGateUpRfQ4K, K::GemmDownRfQ4K)),
+        (WType::Q4K, 128) => Some(k(
+            K::GemmRf128Q4K,
+            K::GemmGateUpRf128Q4K,
+            K::GemmDownRf128Q4K,
+        )),
+        (WType::Q6K, 64 | 128) if cols.is_multiple_of(1024) => {
             Some(k(K::GemmRfQ6K, K::GemmGateUpRfQ6K, K::GemmDownRfQ6K))
         }
         _ => None,
@@ -556,7 +570,11 @@ mod tests {
             .find(|(f, _)| *f == "gemm_rf.cu")
             .unwrap()
             .1;
-        for (name, v) in [("Q4_K", GEMM_RF_SMEM_Q4K), ("Q6_K", GEMM_RF_SMEM_Q6K)] {
+        for (name, v) in [
+            ("Q4_K", GEMM_RF_SMEM_Q4K),
+            ("Q4_K_128", GEMM_RF_SMEM_Q4K_128),
+            ("Q6_K", GEMM_RF_SMEM_Q6K),
+        ] {
             assert!(
                 src.contains(&format!("#define RF_SMEM_{name} {v}\n")),
                 "GEMM_RF_SMEM for {name} differs from gemm_rf.cu's RF_SMEM_{name}"

@@ -97,16 +97,18 @@ impl Default for CudaSessionOptions {
     }
 }
 
-/// Which Q4_K prefill products take the `gemm_rf.cu` kernels.
+/// Which prefill products take the `gemm_rf.cu` kernels (Q4_K, and Q6_K rows of a multiple
+/// of four super-blocks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RfUse {
     /// None: `gemm.cu` for all.
     Off,
-    /// Those on 64-token tiles; grids too small for two `gemm.cu` blocks per SM keep
-    /// `gemm.cu`'s 32-token tiles.
-    BigGrids,
-    /// Every product of 64 tokens or more (the default).
-    Always,
+    /// All of them, on 64-token (and 64-pair) tiles only.
+    Tile64,
+    /// All of them; Q4_K dense products on 128-token tiles where the grid still fills the
+    /// GPU twice, and expert tiles of 128 pairs where experts average more than 64 (the
+    /// default).
+    All,
 }
 
 /// Longest row the fused norm + quantise kernel takes (`NQ_MAX`).
@@ -209,8 +211,8 @@ pub struct CudaSession {
     fuse: bool,
     /// [`CudaSessionOptions::programmatic_launch`], or `LAGOON_CUDA_PDL` when set.
     pdl: bool,
-    /// Where Q4_K / Q6_K prefill products take `gemm_rf.cu` (weights decoded into the mma
-    /// fragments, a cp.async ring) instead of `gemm.cu`; `LAGOON_CUDA_GEMM_RF=0` / `=big`
+    /// Whether Q4_K / Q6_K prefill products take `gemm_rf.cu` (weights decoded into the mma
+    /// fragments, a cp.async ring) instead of `gemm.cu`; `LAGOON_CUDA_GEMM_RF=0` / `=64`
     /// select the others (for A/B measurements).
     gemm_rf: RfUse,
 
@@ -436,8 +438,8 @@ impl CudaSession {
             fuse: std::env::var_os("LAGOON_CUDA_NO_FUSE").is_none_or(|v| v != "1"),
             gemm_rf: match std::env::var_os("LAGOON_CUDA_GEMM_RF") {
                 Some(v) if v == "0" => RfUse::Off,
-                Some(v) if v == "big" => RfUse::BigGrids,
-                _ => RfUse::Always,
+                Some(v) if v == "64" => RfUse::Tile64,
+                _ => RfUse::All,
             },
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
@@ -671,8 +673,7 @@ impl CudaSession {
     /// tiles of `tile`.
     fn gemm(&self, ty: WType, cols: usize, tile: usize) -> GemmKernels {
         if self.gemm_rf != RfUse::Off
-            && tile == GEMM_TILE_TOKENS
-            && let Some(k) = gemm_rf(ty, cols)
+            && let Some(k) = gemm_rf(ty, cols, tile)
         {
             return k;
         }
@@ -732,8 +733,21 @@ impl CudaSession {
                 && n >= GEMM_MIN_TOKENS
                 && h.is_multiple_of(32)
                 && i.is_multiple_of(32);
+            // gemm_rf.cu takes both products: tiles of 64 pairs, or of 128 where experts
+            // average more than 64 (each expert's weights then decoded once per tile instead
+            // of once per 64 pairs).
+            let rf = self.gemm_rf != RfUse::Off
+                && gemm_rf(gate.ty, h, GEMM_TILE_TOKENS).is_some()
+                && gemm_rf(down.ty, i, GEMM_TILE_TOKENS).is_some();
             let group = match tc {
                 false => GROUP_PAIRS,
+                true if rf => {
+                    if self.gemm_rf == RfUse::All && n * k > GEMM_TILE_TOKENS * c.n_experts {
+                        2 * GEMM_TILE_TOKENS
+                    } else {
+                        GEMM_TILE_TOKENS
+                    }
+                }
                 true if n * k <= (GEMM_TILE_TOKENS / 2) * c.n_experts => GEMM_TILE_TOKENS / 2,
                 true => GEMM_TILE_TOKENS,
             };
@@ -913,12 +927,24 @@ impl CudaSession {
                         && nt >= GEMM_MIN_TOKENS
                         && m.cols.is_multiple_of(32)
                     {
-                        // Half-width token tiles where 64-token ones would not fill two
-                        // blocks per SM (K/V projections, the shared expert at pp512).
-                        let full = m.rows.div_ceil(GEMM_TILE_ROWS) * nt.div_ceil(GEMM_TILE_TOKENS);
-                        let rf_always =
-                            self.gemm_rf == RfUse::Always && gemm_rf(m.ty, m.cols).is_some();
-                        let tile = if full < 2 * self.sm_count && !rf_always {
+                        // gemm_rf.cu where it takes the type, on 128-token tiles (Q4_K) where
+                        // the grid still fills the GPU twice; gemm.cu on half-width token tiles
+                        // where 64-token ones would not fill two blocks per SM (K/V
+                        // projections, the shared expert at pp512).
+                        let rows_b = m.rows.div_ceil(GEMM_TILE_ROWS);
+                        let rf = self.gemm_rf != RfUse::Off
+                            && gemm_rf(m.ty, m.cols, GEMM_TILE_TOKENS).is_some();
+                        let tile = if rf {
+                            let wide = 2 * GEMM_TILE_TOKENS;
+                            if self.gemm_rf == RfUse::All
+                                && m.ty == WType::Q4K
+                                && rows_b * nt.div_ceil(wide) >= 2 * self.sm_count
+                            {
+                                wide
+                            } else {
+                                GEMM_TILE_TOKENS
+                            }
+                        } else if rows_b * nt.div_ceil(GEMM_TILE_TOKENS) < 2 * self.sm_count {
                             GEMM_TILE_TOKENS / 2
                         } else {
                             GEMM_TILE_TOKENS

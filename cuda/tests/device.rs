@@ -514,8 +514,13 @@ fn decode_graph_replay_equals_eager_steps() {
 
 /// The f16 KV cache (`kv_f16`) on a whole tiny model: every attention kernel and both cache
 /// writers, in prefill, chunked and decode steps (split-K at decode), against the f32
-/// cache; K and V rounded to f16 move the logits by about f16 rounding, far below the
-/// quantised-activation paths' own distance. Decode with it replays as a graph bitwise.
+/// cache. K and V rounded to f16 move the logits by about f16 rounding (~2e-4 here) on every
+/// path but the quantised decode step, whose Q8_K activations turn any small input change
+/// into different roundings (and, on this random tiny model, now and then a different expert):
+/// that path's logits move by 5.5e-2 between its own decode and chunked steps with the f32
+/// cache, so the f16 cache is held to that path's own spread there (the decode attention
+/// kernels themselves match the f32 kernel on both caches to 1e-6: tests/attention.rs).
+/// Decode with the f16 cache replays as a graph bitwise.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn kv_f16_cache_matches_the_f32_cache() {
@@ -538,33 +543,24 @@ fn kv_f16_cache_matches_the_f32_cache() {
         same_bits(&run(1, true, true, true), &run(1, true, true, false)),
         "kv f16: graph replay differs from eager steps"
     );
-    // Where the quantised decode path stands with each cache: against the same cache's
-    // chunked steps, and per position (f16 against f32).
-    let dec: Vec<Vec<f32>> = [false, true].map(|f16| run(1, true, f16, true)).into();
-    for (f16, d) in [false, true].iter().zip(&dec) {
-        let chunked = run(7, true, *f16, true);
-        println!(
-            "quantised decode vs ubatch 7, kv f16 {f16}: rel L2 {:.3e}",
-            rel_l2(d, &chunked)
-        );
-    }
-    let vocab = dec[0].len() / toks.len();
-    let per_pos: Vec<String> = (0..toks.len())
-        .map(|p| {
-            let r = p * vocab..(p + 1) * vocab;
-            format!("{:.1e}", rel_l2(&dec[1][r.clone()], &dec[0][r]))
-        })
-        .collect();
-    println!("quantised decode, f16 vs f32 per position: {}", per_pos.join(" "));
+    // The quantised decode path's own spread: its decode steps against its chunked steps,
+    // f32 cache.
+    let spread = rel_l2(&run(1, true, false, true), &run(7, true, false, true));
+    println!("quantised decode vs chunked steps, f32 cache: rel L2 {spread:.3e}");
     for quantized in [false, true] {
         for ubatch in [toks.len(), 7, 1] {
             let f32_cache = run(ubatch, quantized, false, true);
             let f16_cache = run(ubatch, quantized, true, true);
             let e = rel_l2(&f16_cache, &f32_cache);
             println!("kv f16 vs f32, quantised {quantized}, ubatch {ubatch}: rel L2 {e:.3e}");
+            let bound = if quantized && ubatch == 1 {
+                2.0 * spread
+            } else {
+                1e-2
+            };
             assert!(
-                e > 0.0 && e < 1e-2,
-                "kv f16 (quantised {quantized}, ubatch {ubatch}): {e:.3e}"
+                e > 0.0 && e < bound,
+                "kv f16 (quantised {quantized}, ubatch {ubatch}): {e:.3e} (bound {bound:.1e})"
             );
         }
     }

@@ -129,14 +129,17 @@ fn widths(ty: GgmlType) -> &'static [usize] {
     }
 }
 
-/// The kernel sets that take `ty` with rows of `cols` on token tiles of `tile`: `gemm.cu`'s,
-/// and where `gemm_rf` takes them (64-token tiles) `gemm_rf.cu`'s (same arguments, grid
-/// and block).
+/// The kernel sets that take `ty` with rows of `cols` on token tiles of `tile`: `gemm.cu`'s
+/// (tiles of 32 and 64), and where `gemm_rf` takes them `gemm_rf.cu`'s (same arguments and
+/// block; tiles of 64 and 128, the latter for Q4_K dense products and any grouped tile).
 fn kernel_sets(ty: GgmlType, cols: usize, tile: usize) -> Vec<(&'static str, GemmKernels)> {
     let wt = wtype(ty).unwrap();
-    let mut sets = vec![("gemm.cu", wt.gemm(tile))];
-    if tile == GEMM_TILE_TOKENS
-        && let Some(k) = gemm_rf(wt, cols)
+    let mut sets = Vec::new();
+    if tile <= GEMM_TILE_TOKENS {
+        sets.push(("gemm.cu", wt.gemm(tile)));
+    }
+    if tile >= GEMM_TILE_TOKENS
+        && let Some(k) = gemm_rf(wt, cols, tile)
     {
         sets.push(("gemm_rf.cu", k));
     }
@@ -160,7 +163,20 @@ fn dense_gemm_matches_f16_rounded_reference() {
             };
             let wr: Vec<Vec<f64>> = (0..rows).map(|r| row_f16(&m, r)).collect();
             let (_wb, wp) = upload(&dev, &data);
-            for (n, tile) in [(16usize, 64usize), (64, 64), (133, 64), (16, 32), (77, 32)] {
+            for (n, tile) in [
+                (16usize, 64usize),
+                (64, 64),
+                (133, 64),
+                (16, 32),
+                (77, 32),
+                (16, 128),
+                (133, 128),
+                (300, 128),
+            ] {
+                // Dense products on 128-token tiles: Q4_K's gemm_rf.cu kernels only.
+                if tile == 128 && ty != GgmlType::Q4K {
+                    continue;
+                }
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
                 let want: Vec<f32> = (0..n)
                     .flat_map(|t| {
@@ -257,10 +273,13 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
             }
         })
         .collect();
-    for (ty, tile) in TYPES
-        .iter()
-        .flat_map(|&ty| [(ty, GEMM_TILE_TOKENS), (ty, GEMM_TILE_TOKENS / 2)])
-    {
+    for (ty, tile) in TYPES.iter().flat_map(|&ty| {
+        [
+            (ty, GEMM_TILE_TOKENS),
+            (ty, GEMM_TILE_TOKENS / 2),
+            (ty, 2 * GEMM_TILE_TOKENS),
+        ]
+    }) {
         let (_gb, sorted, tiles, max_tiles) = group(&dev, &ids, n_experts, tile);
         let (h, i) = match ty {
             // Rows of four super-blocks, so gemm_rf.cu's Q6_K kernels take them too.
