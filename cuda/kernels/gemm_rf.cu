@@ -307,6 +307,18 @@ __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, int live, float a
 __device__ __forceinline__ int rf_row(int mt, int e) { return 16 * mt + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
 __device__ __forceinline__ int rf_tok(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
 
+// Calls store(row, token, value) for each of this thread's accumulators: row relative to the
+// warp's first (rf_row), token relative to the pass's first (rf_tok).
+template <int NT, typename Store>
+__device__ __forceinline__ void rf_store(const float acc[2][NT][4], Store store) {
+    #pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+        #pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) store(rf_row(mt, e), rf_tok(nt, e), acc[mt][nt][e]);
+}
+
 template <typename F, int NT>
 __device__ __forceinline__ const u8** rf_arows(u8* smem) {
     return (const u8**)(smem + RfLayout<F, NT>::TABLES);
@@ -330,15 +342,11 @@ __device__ __forceinline__ void rf_dense(const u8* __restrict__ W, u64 row_bytes
     float acc[2][NT][4];
     rf_mainloop<F, NT>(smem, cols / 256, n - t0, acc);
     int rw = r0 + 32 * (t >> 5);
-    #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-        #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = rw + rf_row(mt, e), tk = t0 + rf_tok(nt, e);
-                if (r < rows && tk < n) out[(size_t)tk * rows + r] = acc[mt][nt][e];
-            }
+    rf_store<NT>(acc, [&](int r, int tk, float v) {
+        r += rw;
+        tk += t0;
+        if (r < rows && tk < n) out[(size_t)tk * rows + r] = v;
+    });
 }
 
 // Grouped gate/up with SwiGLU over a tile of pairs from moe_group (gemm.cu's gemm_gate_up
@@ -402,15 +410,11 @@ __device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_by
         float acc[2][NT][4];
         rf_mainloop<F, NT>(smem, I / 256, cnt - p0, acc);
         int rw = r0 + 32 * (t >> 5);
-        #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-            #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                #pragma unroll
-                for (int e2 = 0; e2 < 4; e2++) {
-                    int r = rw + rf_row(mt, e2), tk = p0 + rf_tok(nt, e2);
-                    if (r < H && tk < cnt) ys[(size_t)sorted[first + tk] * H + r] = acc[mt][nt][e2];
-                }
+        rf_store<NT>(acc, [&](int r, int tk, float v) {
+            r += rw;
+            tk += p0;
+            if (r < H && tk < cnt) ys[(size_t)sorted[first + tk] * H + r] = v;
+        });
     }
 }
 

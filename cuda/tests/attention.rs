@@ -12,7 +12,7 @@ use lagoon_cuda::manifest::K;
 
 mod common;
 
-use common::{Rng, attention_f32_d, device, download, max_rel, upload};
+use common::{Rng, attention_f32, device, download, max_rel, upload};
 
 /// Relative to the largest output: f32 sums over ≤ a few thousand keys.
 const BOUND: f32 = 1e-5;
@@ -57,7 +57,7 @@ fn decode_attention_matches_the_f32_kernel_for_both_caches() {
             };
             let (_kr, krp) = upload(&dev, &kr);
             let (_vr, vrp) = upload(&dev, &vr);
-            let want = attention_f32_d(&dev, qp, krp, vrp, cap, hq, n_kv, d, window, 1, pp);
+            let want = attention_f32(&dev, qp, krp, vrp, cap, hq, n_kv, d, window, 1, pp);
             let bits = |x: &[f32]| -> Vec<u16> {
                 x.iter()
                     .map(|&v| half::f16::from_f32(v).to_bits())

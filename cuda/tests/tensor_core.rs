@@ -436,7 +436,7 @@ fn prefill_attention_matches_the_f32_kernel() {
         let (_v, vp) = upload(&dev, &vc);
         let (_q, qp) = upload(&dev, &q);
         let (_p, pp) = upload(&dev, &params);
-        let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, window, n, pp);
+        let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, d, window, n, pp);
         // The kernel (f32 or f16 cache) on the rings at kp / vp.
         let run = |kernel: K, kp: u64, vp: u64| {
             let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();

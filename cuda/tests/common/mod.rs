@@ -104,26 +104,9 @@ pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The f32 attention kernel's output for `n` queries at positions `pos0..` (grid (hq, n)),
-/// head_dim 128.
+/// head_dim `d`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_f32(
-    dev: &Device,
-    q: u64,
-    kc: u64,
-    vc: u64,
-    cap: usize,
-    hq: usize,
-    n_kv: usize,
-    window: usize,
-    n: usize,
-    params: u64,
-) -> Vec<f32> {
-    attention_f32_d(dev, q, kc, vc, cap, hq, n_kv, 128, window, n, params)
-}
-
-/// [`attention_f32`] for any head_dim `d`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_f32_d(
     dev: &Device,
     q: u64,
     kc: u64,
