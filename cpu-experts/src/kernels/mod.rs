@@ -141,6 +141,67 @@ pub struct AttnGroup<'a> {
     pub pos: usize,
 }
 
+impl AttnGroup<'_> {
+    /// The number of positions attended (`pos + 1 − first`) when a kernel taking heads of a
+    /// multiple of `d_mult` floats and at most `max_g` heads can run on these rows and
+    /// buffers (every index it makes in bounds); `None` otherwise.
+    pub(crate) fn checked(
+        &self,
+        scores: &[f32],
+        out: &[f32],
+        d_mult: usize,
+        max_g: usize,
+    ) -> Option<usize> {
+        let (d, g) = (self.d, self.n_heads);
+        let n = (self.pos + 1).saturating_sub(self.first);
+        let rows_ok = self.cap > 0
+            && n > 0
+            && n <= self.cap
+            && self.off + d <= self.row
+            && self.cap * self.row <= self.kc.len().min(self.vc.len());
+        (d.is_multiple_of(d_mult)
+            && d > 0
+            && (1..=max_g).contains(&g)
+            && self.q.len() >= g * d
+            && out.len() >= g * d
+            && scores.len() >= g * n
+            && rows_ok)
+            .then_some(n)
+    }
+}
+
+impl AttnTokens<'_> {
+    /// Whether a several-token kernel taking heads of a multiple of `d_mult` floats, at most
+    /// `max_d` wide, and at most `max_g` heads can run on these rows and buffers: at most
+    /// [`Kernels::ATTEND_MAX_TOKENS`] tokens, every token's window within the cache's rows,
+    /// every index it makes in bounds.
+    pub(crate) fn fits(
+        &self,
+        out: &[&mut [f32]],
+        d_mult: usize,
+        max_d: usize,
+        max_g: usize,
+    ) -> bool {
+        let (d, g, nt) = (self.d, self.n_heads, self.n_tokens);
+        let first0 = (self.pos0 + 1).saturating_sub(self.window);
+        let last = self.pos0 + nt.max(1) - 1;
+        let rows_ok = self.cap > 0
+            && self.window > 0
+            && last + 1 - first0 <= self.cap
+            && self.off + d <= self.row
+            && self.cap * self.row <= self.kc.len().min(self.vc.len());
+        d.is_multiple_of(d_mult)
+            && d > 0
+            && d <= max_d
+            && (1..=max_g).contains(&g)
+            && (1..=Kernels::ATTEND_MAX_TOKENS).contains(&nt)
+            && out.len() >= nt
+            && out[..nt].iter().all(|o| o.len() >= g * d)
+            && (nt - 1) * self.q_stride + g * d <= self.q.len()
+            && rows_ok
+    }
+}
+
 /// Tokens from which [`Kernels::dot_rows_multi`] hands a call to the table's [`Gemm`].
 const GEMM_MIN_TOKENS: usize = 2;
 /// Tokens per block in [`Kernels::dot_rows_multi`] on the one-row and several-token paths

@@ -9,6 +9,7 @@
 //! The integer part of every block is computed exactly as in the scalar oracle; only the f32
 //! accumulation order differs (8 lanes, several accumulators).
 
+mod attend;
 pub(super) mod ct;
 mod float;
 pub(super) mod iq;
@@ -66,6 +67,8 @@ pub(crate) fn table(_proof: Avx2Fma) -> Table {
         mxfp4: iq::vec_dot_mxfp4_q8_0,
         f32: float::vec_dot_f32_f32,
         f32_gemm: Some(float::f32_f32_gemm),
+        attend: Some(attend::attend_group),
+        attend_tokens: Some(attend::attend_tokens),
         f16: float::vec_dot_f16_f32,
         bf16: float::vec_dot_bf16_f32,
         dot_f32: float::dot_f32_act,

@@ -27,31 +27,10 @@ const PV_BLOCK: usize = 32;
 /// The safe wrapper: `false` (nothing written) for shapes it does not take (head width not
 /// a multiple of 32, more than [`MAX_G`] heads, short buffers).
 pub(super) fn attend_group(a: &AttnGroup<'_>, scores: &mut [f32], out: &mut [f32]) -> bool {
-    let AttnGroup {
-        q,
-        kc,
-        vc,
-        row,
-        cap,
-        off,
-        d,
-        n_heads: g,
-        first,
-        pos,
-    } = *a;
-    let n = (pos + 1).saturating_sub(first);
-    let rows_ok =
-        cap > 0 && n > 0 && n <= cap && off + d <= row && cap * row <= kc.len().min(vc.len());
-    if !(d.is_multiple_of(32)
-        && d > 0
-        && (1..=MAX_G).contains(&g)
-        && q.len() >= g * d
-        && out.len() >= g * d
-        && scores.len() >= g * n
-        && rows_ok)
-    {
+    let Some(n) = a.checked(scores, out, 32, MAX_G) else {
         return false;
-    }
+    };
+    let g = a.n_heads;
     // SAFETY: the kernels only need the features `Avx512Vnni::detect` checks. This wrapper is
     // reachable only through the table built by `avx512::table`, which requires an
     // `Avx512Vnni` token. The bounds they index with are checked above.
@@ -269,39 +248,10 @@ fn reduce16(a: [__m512; 16]) -> __m512 {
 /// does not take (as [`attend_group`], or more than `ATTEND_MAX_TOKENS` tokens, or a
 /// window reaching past the cache's rows).
 pub(super) fn attend_tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> bool {
-    let AttnTokens {
-        q,
-        q_stride,
-        n_tokens: nt,
-        kc,
-        vc,
-        row,
-        cap,
-        off,
-        d,
-        n_heads: g,
-        pos0,
-        window,
-    } = *a;
-    let first0 = (pos0 + 1).saturating_sub(window);
-    let last = pos0 + nt.max(1) - 1;
-    let rows_ok = cap > 0
-        && window > 0
-        && last + 1 - first0 <= cap
-        && off + d <= row
-        && cap * row <= kc.len().min(vc.len());
-    if !(d.is_multiple_of(32)
-        && d > 0
-        && d <= MAX_D
-        && (1..=MAX_G).contains(&g)
-        && (1..=crate::kernels::Kernels::ATTEND_MAX_TOKENS).contains(&nt)
-        && out.len() >= nt
-        && out[..nt].iter().all(|o| o.len() >= g * d)
-        && (nt - 1) * q_stride + g * d <= q.len()
-        && rows_ok)
-    {
+    if !a.fits(out, 32, MAX_D, MAX_G) {
         return false;
     }
+    let g = a.n_heads;
     // SAFETY: as in `attend_group`; the bounds are checked above.
     unsafe {
         match g {
