@@ -1,6 +1,7 @@
 // Tensor-core Q4_K and Q6_K products for prefill with the weights decoded straight into mma
 // fragments ("register fragments"): the dense product out[t, r] = x[t] . W[r] and the
-// expert-grouped gate/up (+ SwiGLU) and down products, for 64-token tiles.
+// expert-grouped gate/up (+ SwiGLU) and down products, for tiles of 64 tokens (both types) or
+// 128 (Q4_K; Q6_K's 64-token kernels take a 128-pair expert tile in two passes).
 //
 // Numerics: gemm.cu's. Each weight is decoded exactly as the CPU decodes it (Q4_K
 // fsub(fmul(d·sc, q), dmin·m), Q6_K fmul(d·sc, q - 32); no contraction that changes a value)
@@ -10,12 +11,12 @@
 // Why: gemm.cu decodes each stage's weights into an f16 tile in shared memory and reads it
 // back with ldmatrix, with the stage's global loads not in flight during the mma loop (ncu:
 // tensor pipe active 19% of cycles, L1/shared at 77%). Here
-// - a three-stage cp.async ring brings, per stage, one Q4_K super-block (144 bytes) of each
-//   of the block's 256 rows and 256 f16 activations of each of its 64 tokens, so the loads
-//   of stages k + 1 and k + 2 are in flight while stage k computes;
-// - each warp owns 32 weight rows (two m16 tiles) and all 64 tokens (eight n8 tiles), and
-//   each lane decodes the weights of its own mma fragments from the raw bytes: no f16 weight
-//   tile, no ldmatrix for A, each weight decoded once per block as before.
+// - a cp.async ring brings, per stage, one super-block of each of the block's 256 rows and
+//   256 f16 activations of each of its tokens, so the next stages' loads are in flight while
+//   a stage computes (three stages for Q4_K on 64-token tiles, two otherwise);
+// - each warp owns 32 weight rows (two m16 tiles) and all the tile's tokens (NT = 8 or 16 n8
+//   tiles), and each lane decodes the weights of its own mma fragments from the raw bytes:
+//   no f16 weight tile, no ldmatrix for A, each weight decoded once per block as before.
 //
 // The k order inside a k16 step is permuted (a dot product does not care, as long as the
 // weights and the activations use the same permutation). For the 64 weights of a Q4_K group
@@ -26,10 +27,10 @@
 // matching B fragment (logical k rows {2q, 2q + 1} and {2q + 8, 2q + 9} of token g) is then the
 // four consecutive activations at the same positions: one 8-byte half of a 16-byte shared load
 // that serves two steps. Q6_K's 32-weight groups (ql nibbles plus two qh bits) take the same
-// lane split, one group per two steps. (Fragment layouts: PTX ISA, "Matrix fragments for mma.m16n8k16 with
-// floating point type"; the multi-stage cp.async ring as in CUTLASS's sm80 mainloops and
-// llama.cpp's ggml-cuda/mma.cuh users; the direct-to-register dequantisation as in Marlin
-// (IST-DASLab/marlin), here without a repacked layout.)
+// lane split, one group per two steps. (Fragment layouts: PTX ISA, "Matrix fragments for
+// mma.m16n8k16 with floating point type"; the multi-stage cp.async ring as in CUTLASS's sm80
+// mainloops and llama.cpp's ggml-cuda/mma.cuh users; the direct-to-register dequantisation
+// as in Marlin (IST-DASLab/marlin), here without a repacked layout.)
 #include "quant.cuh"
 #include "tc.cuh"
 
