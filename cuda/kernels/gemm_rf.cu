@@ -320,6 +320,17 @@ __device__ __forceinline__ void rf_store(const float acc[2][NT][4], Store store)
             for (int e = 0; e < 4; e++) store(rf_row(mt, e), rf_tok(nt, e), acc[mt][nt][e]);
 }
 
+// This block's expert tile from moe_group's list (blockIdx.y): expert, first sorted pair,
+// pair count (0: an unused slot).
+struct RfTile {
+    int cnt;
+    u32 e, first;
+};
+__device__ __forceinline__ RfTile rf_tile(const u32* __restrict__ tiles) {
+    const u32* tl = tiles + 3 * blockIdx.y;
+    return RfTile{(int)tl[2], tl[0], tl[1]};
+}
+
 template <typename F, int NT>
 __device__ __forceinline__ const u8** rf_arows(u8* smem) {
     return (const u8**)(smem + RfLayout<F, NT>::TABLES);
@@ -363,10 +374,10 @@ __device__ __forceinline__ void rf_gate_up(const u8* __restrict__ Wg, const u8* 
                                            unsigned short* __restrict__ act, int I, int H, int K) {
     extern __shared__ __align__(16) u8 smem[];
     constexpr int BN = 8 * NT;
-    const u32* tl = tiles + 3 * blockIdx.y;
-    int cnt = (int)tl[2];
-    if (cnt == 0) return;
-    u32 e = tl[0], first = tl[1];
+    RfTile tile = rf_tile(tiles);
+    if (tile.cnt == 0) return;
+    int cnt = tile.cnt;
+    u32 e = tile.e, first = tile.first;
     int r0 = blockIdx.x * (RF_BM / 2), t = threadIdx.x;
     {
         int w = t >> 5, mt = (t >> 4) & 1, r = r0 + 16 * w + (t & 15);
@@ -399,10 +410,10 @@ __device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_by
                                         const u32* __restrict__ tiles, float* __restrict__ ys, int H, int I) {
     extern __shared__ __align__(16) u8 smem[];
     constexpr int BN = 8 * NT;
-    const u32* tl = tiles + 3 * blockIdx.y;
-    int cnt = (int)tl[2];
-    if (cnt == 0) return;
-    u32 e = tl[0], first = tl[1];
+    RfTile tile = rf_tile(tiles);
+    if (tile.cnt == 0) return;
+    int cnt = tile.cnt;
+    u32 e = tile.e, first = tile.first;
     int r0 = blockIdx.x * RF_BM, t = threadIdx.x;
     rf_arows<F, NT>(smem)[t] = Wd + (size_t)e * expert_bytes + (size_t)min(r0 + t, H - 1) * row_bytes;
     for (int p0 = 0; p0 < cnt; p0 += BN) {
