@@ -33,6 +33,7 @@
 // as in Marlin (IST-DASLab/marlin), here without a repacked layout.)
 #include "quant.cuh"
 #include "tc.cuh"
+#include "wgmma.cuh"
 
 #define RF_BM 256
 #define RF_THREADS 256
@@ -146,6 +147,46 @@ struct RfQ4K {
                     a[s2][mt][h] = pack_f16x2(wv[0], wv[1]);
                     a[s2][mt][2 + h] = pack_f16x2(wv[2], wv[3]);
                 }
+            }
+    }
+
+    // The wgmma mainloop's k order (B is read by the tensor cores from 16-byte chunks, so a
+    // k16 step's logical k 0..7 and 8..15 must each be eight consecutive weights): step j
+    // (0..3) of group G (bytes 32 G .. + 32 of the nibbles) takes k 0..7 from the low nibbles
+    // of bytes 8 j .. 8 j + 8 (sub-block 2 G) and k 8..15 from their high nibbles (sub-block
+    // 2 G + 1). Lane (g, q)'s fragment is then bytes 8 j + 2 q, + 1 of its rows: a[mt][h] their
+    // low nibbles, a[mt][2 + h] their high ones. WgGroup holds the lane's rows' two sub-block
+    // scales (d sc, dmin m) of the group.
+    struct WgGroup {
+        float2 lo[2][2], hi[2][2];
+    };
+    static __device__ __forceinline__ void wg_group(const u8* st, const u8* sc, const RfRows& rw, int G,
+                                                    WgGroup& gr) {
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = rw.r[mt][h];
+                gr.lo[mt][h] = *(const float2*)(sc + SC_STRIDE * row + 16 * G);
+                gr.hi[mt][h] = *(const float2*)(sc + SC_STRIDE * row + 16 * G + 8);
+            }
+    }
+    // The fragments of step j of group G: each row's word holding bytes 8 j + 2 q, + 1 (at
+    // half q % 2, shift sh = 16 (q % 2)).
+    static __device__ __forceinline__ void wg_frags(const u8* st, const RfRows& rw, const WgGroup& gr, int q, int G,
+                                                    int j, u32 a[2][4]) {
+        u32 sh = 16 * (q & 1);
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                u32 v = *(const u32*)(st + 144 * rw.r[mt][h] + 16 + 32 * G + 8 * j + 4 * (q >> 1));
+                u32 lo = (v >> sh) & 0x0F0Fu, hi = (v >> (sh + 4)) & 0x0F0Fu;
+                float2 dl = gr.lo[mt][h], dh = gr.hi[mt][h];
+                a[mt][h] = pack_f16x2(__fmaf_rn(dl.x, __fsub_rn(rf_byte_f(lo, 0), 8388608.0f), -dl.y),
+                                      __fmaf_rn(dl.x, __fsub_rn(rf_byte_f(lo, 1), 8388608.0f), -dl.y));
+                a[mt][2 + h] = pack_f16x2(__fmaf_rn(dh.x, __fsub_rn(rf_byte_f(hi, 0), 8388608.0f), -dh.y),
+                                          __fmaf_rn(dh.x, __fsub_rn(rf_byte_f(hi, 1), 8388608.0f), -dh.y));
             }
     }
 };
@@ -303,6 +344,134 @@ __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, int live, float a
     __syncthreads();
 }
 
+// ---- wgmma mainloop (sm_90a) ----
+
+template <int N>
+__device__ __forceinline__ void wg_mma(float* d, const u32 a[4], u64 desc) {
+    if constexpr (N == 128) wgmma_m64n128(d, a, desc);
+    else if constexpr (N == 96) wgmma_m64n96(d, a, desc);
+    else wgmma_m64n64(d, a, desc);
+}
+//
+// The same ring and stages as rf_mainloop, with each warpgroup's products issued as
+// wgmma.mma_async (A from the lanes' decoded registers, B straight from shared memory): per
+// k16 step a warp decodes its two m16 tiles' fragments while the previous step's wgmmas run
+// (a group of four steps per commit, two groups' A buffers), and the tensor cores
+// read the activations without LDS or B registers. The activations are staged in wgmma.cuh's
+// 128-byte swizzled K-major layout, in the k order of the format's wg_frags: region G (one
+// per 64-weight group) holds the BN tokens' 128 bytes of it, and the group's physical
+// 16-byte chunk c8 (k 8 c8 .. 8 c8 + 8) goes to logical chunk 2 (c8 % 4) + c8 / 4 (step c8 % 4,
+// low or high half). Shared memory is laid out as RfLayout from a 1024-byte aligned base.
+// N: the wgmma width, BN or (a 128-token tile with fewer live tokens) 64 or 96; one width per
+// call, so that ptxas sees every wgmma on the accumulators with the same shape.
+template <typename F, int NT, int N>
+__device__ __forceinline__ void wg_compute(const u8* st, const u8* sc, float acc[2][NT][4], int w, int lane,
+                                           u32 bsh) {
+    constexpr int BN = 8 * NT;
+    int g = lane >> 2, q = lane & 3;
+    RfRows rw(w, g);
+    // A fragments of SPC k16 steps per buffer (a whole group of four on 64-token tiles; two on
+    // 128-token tiles, whose accumulators leave no registers for more): the batch's decode has
+    // SPC steps' independent chains to interleave, its wgmmas go out under one fence and one
+    // commit, and the next batch decodes while they run (wait_group 1 frees the buffer two
+    // batches back).
+    constexpr int SPC = NT == 16 ? 2 : 4;
+    u32 a[2][SPC][2][4];
+    #pragma unroll
+    for (int G = 0; G < 4; G++) {
+        typename F::WgGroup gr;
+        F::wg_group(st, sc, rw, G, gr);
+        #pragma unroll
+        for (int j0 = 0; j0 < 4; j0 += SPC) {
+            int b = ((4 * G + j0) / SPC) & 1;
+            #pragma unroll
+            for (int j = 0; j < SPC; j++) F::wg_frags(st, rw, gr, q, G, j0 + j, a[b][j]);
+            wg_fence();
+            #pragma unroll
+            for (int j = 0; j < SPC; j++) {
+                u64 desc = wg_desc(bsh + G * BN * 128 + 32 * (j0 + j));
+                wg_mma<N>(&acc[0][0][0], a[b][j][0], desc);
+                wg_mma<N>(&acc[1][0][0], a[b][j][1], desc);
+            }
+            wg_commit();
+            wg_wait<1>();
+        }
+    }
+}
+
+template <typename F, int NT>
+__device__ __forceinline__ void wg_mainloop(u8* smem, int nkb, int live, float acc[2][NT][4]) {
+    using L = RfLayout<F, NT>;
+    constexpr int BN = 8 * NT;
+    int t = threadIdx.x, w = t >> 5, lane = t & 31;
+    // 128-token tiles with at most 64 (96) live tokens take n64 (n96) wgmmas: the other
+    // accumulators stay zero and are never stored.
+    int wn = NT == 16 ? (live <= 64 ? 64 : live <= 96 ? 96 : 128) : 64;
+    typename F::Copies ca = F::copies((const u8* const*)(smem + L::TABLES), t);
+    // The token pointers are read from the table per copy (held in registers they would take
+    // 2 NT of them from the accumulators).
+    const u8* const* xrows = (const u8* const*)(smem + L::TABLES + 8 * RF_BM);
+    // Token r8 + 8 j (r8 = t / 32), physical chunk c = t % 32 of the super-block's 32: region
+    // c / 8, logical chunk s, swizzled by the token's row in its atom (r8).
+    int r8 = t >> 5, c = t & 31, c8 = c & 7, s = 2 * (c8 & 3) + (c8 >> 2);
+    int xoff = L::A_BYTES + (c >> 3) * BN * 128 + 128 * r8 + 16 * (s ^ r8);
+    auto load = [&](int st, int kb) {
+        u8* sp = smem + L::STAGE * st;
+        F::load(sp, ca, kb, t);
+        #pragma unroll
+        for (int j = 0; j < NT; j++) cp_async16(sp + xoff + 1024 * j, xrows[(t >> 5) + 8 * j] + 16 * (t & 31) + 512 * (size_t)kb);
+    };
+    #pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+        #pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    #pragma unroll
+    for (int st = 0; st < L::STAGES - 1; st++) {
+        if (st < nkb) load(st, st);
+        cp_async_commit();
+    }
+    u32 base = (u32)__cvta_generic_to_shared(smem);
+    for (int kb = 0; kb < nkb; kb++) {
+        cp_async_wait<L::STAGES - 2>();
+        wg_proxy_fence();
+        __syncthreads();
+        int nx = kb + L::STAGES - 1;
+        if (nx < nkb) load(nx % L::STAGES, nx);
+        cp_async_commit();
+        const u8* st = smem + L::STAGE * (kb % L::STAGES);
+        F::scales(st, smem + L::SC, w, lane, kb);
+        __syncwarp();
+        u32 bsh = base + L::STAGE * (kb % L::STAGES) + L::A_BYTES;
+        if (NT == 16 && wn == 128) wg_compute<F, NT, 8 * NT>(st, smem + L::SC, acc, w, lane, bsh);
+        else if (NT == 16 && wn == 96) wg_compute<F, NT, (NT == 16 ? 96 : 64)>(st, smem + L::SC, acc, w, lane, bsh);
+        else wg_compute<F, NT, 64>(st, smem + L::SC, acc, w, lane, bsh);
+        // The stage's wgmmas read its activations until they complete; the next iteration
+        // refills the stage before this one.
+        wg_wait<0>();
+    }
+    __syncthreads();
+}
+
+// The block's shared memory: RfLayout from the dynamic allocation's first 1024-byte aligned
+// byte when WG (wgmma.cuh's swizzled atoms need it; the launch adds 1024 bytes), else as is.
+template <bool WG>
+__device__ __forceinline__ u8* rf_smem(u8* raw) {
+    if constexpr (WG) {
+        u32 a = (u32)__cvta_generic_to_shared(raw);
+        return raw + ((1024 - (a & 1023)) & 1023);
+    } else {
+        return raw;
+    }
+}
+
+template <typename F, int NT, bool WG>
+__device__ __forceinline__ void rf_loop(u8* smem, int nkb, int live, float acc[2][NT][4]) {
+    if constexpr (WG) wg_mainloop<F, NT>(smem, nkb, live, acc);
+    else rf_mainloop<F, NT>(smem, nkb, live, acc);
+}
+
 // Accumulator element (mt, nt, e) of this thread: warp row 16 mt + g + 8 (e / 2), token
 // 8 nt + 2 q + e % 2.
 __device__ __forceinline__ int rf_row(int mt, int e) { return 16 * mt + ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
@@ -342,17 +511,18 @@ __device__ __forceinline__ const unsigned short** rf_xrows(u8* smem) {
 
 // out[t, r] = x[t] . W[r] (cols % 256 == 0). Grid (ceil(rows / 256), ceil(n / BN)), block 256,
 // RfLayout<F, NT>::SMEM bytes of dynamic shared memory.
-template <typename F, int NT>
+template <typename F, int NT, bool WG>
 __device__ __forceinline__ void rf_dense(const u8* __restrict__ W, u64 row_bytes, const unsigned short* __restrict__ x,
                                          float* __restrict__ out, int rows, int cols, int n) {
-    extern __shared__ __align__(16) u8 smem[];
+    extern __shared__ __align__(16) u8 rf_raw[];
+    u8* smem = rf_smem<WG>(rf_raw);
     constexpr int BN = 8 * NT;
     int r0 = blockIdx.x * RF_BM, t0 = blockIdx.y * BN, t = threadIdx.x;
     rf_arows<F, NT>(smem)[t] = W + (size_t)min(r0 + t, rows - 1) * row_bytes;
     if (t < BN) rf_xrows<F, NT>(smem)[t] = x + (size_t)min(t0 + t, n - 1) * cols;
     __syncthreads();
     float acc[2][NT][4];
-    rf_mainloop<F, NT>(smem, cols / 256, n - t0, acc);
+    rf_loop<F, NT, WG>(smem, cols / 256, n - t0, acc);
     int rw = r0 + 32 * (t >> 5);
     rf_store<NT>(acc, [&](int r, int tk, float v) {
         r += rw;
@@ -367,12 +537,13 @@ __device__ __forceinline__ void rf_dense(const u8* __restrict__ W, u64 row_bytes
 // r0 + 16 w .. + 16 and tile 1 the same up rows, so a thread holds gate and up at the same
 // (row, pair) positions. act[p, r] = silu(gate) * up, rounded to f16. Grid (ceil(I / 128),
 // max_tiles).
-template <typename F, int NT>
+template <typename F, int NT, bool WG>
 __device__ __forceinline__ void rf_gate_up(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                                            u64 row_bytes, const unsigned short* __restrict__ x,
                                            const u32* __restrict__ sorted, const u32* __restrict__ tiles,
                                            unsigned short* __restrict__ act, int I, int H, int K) {
-    extern __shared__ __align__(16) u8 smem[];
+    extern __shared__ __align__(16) u8 rf_raw[];
+    u8* smem = rf_smem<WG>(rf_raw);
     constexpr int BN = 8 * NT;
     RfTile tile = rf_tile(tiles);
     if (tile.cnt == 0) return;
@@ -388,7 +559,7 @@ __device__ __forceinline__ void rf_gate_up(const u8* __restrict__ Wg, const u8* 
         if (t < BN) rf_xrows<F, NT>(smem)[t] = x + (size_t)(sorted[first + min(p0 + t, cnt - 1)] / K) * H;
         __syncthreads();
         float acc[2][NT][4];
-        rf_mainloop<F, NT>(smem, H / 256, cnt - p0, acc);
+        rf_loop<F, NT, WG>(smem, H / 256, cnt - p0, acc);
         int rw = r0 + 16 * (t >> 5);
         #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -404,11 +575,12 @@ __device__ __forceinline__ void rf_gate_up(const u8* __restrict__ Wg, const u8* 
 
 // Grouped down: ys[p, r] = act[p] . Wd_e[r] for the tile's sorted pairs p, BN per pass. Grid
 // (ceil(H / 256), max_tiles).
-template <typename F, int NT>
+template <typename F, int NT, bool WG>
 __device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                         const unsigned short* __restrict__ act, const u32* __restrict__ sorted,
                                         const u32* __restrict__ tiles, float* __restrict__ ys, int H, int I) {
-    extern __shared__ __align__(16) u8 smem[];
+    extern __shared__ __align__(16) u8 rf_raw[];
+    u8* smem = rf_smem<WG>(rf_raw);
     constexpr int BN = 8 * NT;
     RfTile tile = rf_tile(tiles);
     if (tile.cnt == 0) return;
@@ -420,7 +592,7 @@ __device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_by
         if (t < BN) rf_xrows<F, NT>(smem)[t] = act + (size_t)sorted[first + min(p0 + t, cnt - 1)] * I;
         __syncthreads();
         float acc[2][NT][4];
-        rf_mainloop<F, NT>(smem, I / 256, cnt - p0, acc);
+        rf_loop<F, NT, WG>(smem, I / 256, cnt - p0, acc);
         int rw = r0 + 32 * (t >> 5);
         rf_store<NT>(acc, [&](int r, int tk, float v) {
             r += rw;
@@ -430,23 +602,26 @@ __device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_by
     }
 }
 
-// The kernels of one format and tile: gemm_rf{sfx}_*, gemm_gate_up_rf{sfx}_*,
-// gemm_down_rf{sfx}_* (gemm.cu's argument lists and block; grids by the tile).
-#define RF_KERNELS(name, F, NT, sfx)                                                               \
-    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_rf##sfx##_##name(             \
+// The kernels of one format, tile and mainloop: gemm_{sfx}_*, gemm_gate_up_{sfx}_*,
+// gemm_down_{sfx}_* (gemm.cu's argument lists and block; grids by the tile).
+#define RF_KERNELS(name, F, NT, WG, sfx)                                                               \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_##sfx##_##name(             \
         const u8* W, u64 row_bytes, const unsigned short* x, float* out, int rows, int cols, int n) { \
-        rf_dense<F, NT>(W, row_bytes, x, out, rows, cols, n);                                      \
+        rf_dense<F, NT, WG>(W, row_bytes, x, out, rows, cols, n);                                      \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_gate_up_rf##sfx##_##name(     \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_gate_up_##sfx##_##name(     \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const unsigned short* x,      \
         const u32* sorted, const u32* tiles, unsigned short* act, int I, int H, int K) {           \
-        rf_gate_up<F, NT>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);        \
+        rf_gate_up<F, NT, WG>(Wg, Wu, expert_bytes, row_bytes, x, sorted, tiles, act, I, H, K);        \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_down_rf##sfx##_##name(        \
+    extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_down_##sfx##_##name(        \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const unsigned short* act, const u32* sorted,\
         const u32* tiles, float* ys, int H, int I) {                                               \
-        rf_down<F, NT>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);                 \
+        rf_down<F, NT, WG>(Wd, expert_bytes, row_bytes, act, sorted, tiles, ys, H, I);                 \
     }
-RF_KERNELS(q4_K, RfQ4K, 8, )
-RF_KERNELS(q4_K, RfQ4K, 16, 128)
-RF_KERNELS(q6_K, RfQ6K, 8, )
+RF_KERNELS(q4_K, RfQ4K, 8, false, rf)
+RF_KERNELS(q4_K, RfQ4K, 16, false, rf128)
+RF_KERNELS(q6_K, RfQ6K, 8, false, rf)
+// wgmma (sm_90a; gemm_rf.cu is compiled for it on sm_90 devices).
+RF_KERNELS(q4_K, RfQ4K, 8, true, wg)
+RF_KERNELS(q4_K, RfQ4K, 16, true, wg128)

@@ -37,6 +37,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("mmvq.cuh", include_str!("../kernels/mmvq.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("tc.cuh", include_str!("../kernels/tc.cuh")),
+    ("wgmma.cuh", include_str!("../kernels/wgmma.cuh")),
 ];
 
 /// Options every kernel is compiled with. No fast math: the kernels are held to the CPU
@@ -110,8 +111,21 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// Compiles one source file for `arch` (`"sm_90"`), through the PTX cache in `cache` (the
-/// backend passes [`cache_dir`]) when given.
+/// The target one source is compiled for on a device of `arch`: `gemm_rf.cu` holds wgmma
+/// kernels, which exist only for the arch-specific `sm_90a`, so on an sm_90 device it is
+/// compiled for that (everything else in it is plain sm_90 code; on other devices its wgmma
+/// wrappers compile to traps and the session never launches them).
+pub fn target(file: &str, arch: &str) -> String {
+    if file == "gemm_rf.cu" && arch == "sm_90" {
+        "sm_90a".to_string()
+    } else {
+        arch.to_string()
+    }
+}
+
+/// Compiles one source file for a device of `arch` (`"sm_90"`; the PTX targets
+/// [`target`]`(file, arch)`), through the PTX cache in `cache` (the backend passes
+/// [`cache_dir`]) when given.
 /// The caller has checked that NVRTC is present ([`crate::probe_nvrtc`]).
 pub fn compile(
     file: &'static str,
@@ -119,6 +133,8 @@ pub fn compile(
     arch: &str,
     cache: Option<&std::path::Path>,
 ) -> Result<Ptx, CudaError> {
+    let target = target(file, arch);
+    let arch = target.as_str();
     let full = resolve_includes(src);
     let include = include_dir();
     let (major, minor) = nvrtc_version();

@@ -189,6 +189,12 @@ manifest! {
     GemmRf128Q4K => "gemm_rf.cu", "gemm_rf128_q4_K";
     GemmGateUpRf128Q4K => "gemm_rf.cu", "gemm_gate_up_rf128_q4_K";
     GemmDownRf128Q4K => "gemm_rf.cu", "gemm_down_rf128_q4_K";
+    GemmWgQ4K => "gemm_rf.cu", "gemm_wg_q4_K";
+    GemmGateUpWgQ4K => "gemm_rf.cu", "gemm_gate_up_wg_q4_K";
+    GemmDownWgQ4K => "gemm_rf.cu", "gemm_down_wg_q4_K";
+    GemmWg128Q4K => "gemm_rf.cu", "gemm_wg128_q4_K";
+    GemmGateUpWg128Q4K => "gemm_rf.cu", "gemm_gate_up_wg128_q4_K";
+    GemmDownWg128Q4K => "gemm_rf.cu", "gemm_down_wg128_q4_K";
 }
 
 impl K {
@@ -215,6 +221,11 @@ impl K {
             K::GemmRfQ4K | K::GemmGateUpRfQ4K | K::GemmDownRfQ4K => GEMM_RF_SMEM_Q4K,
             K::GemmRfQ6K | K::GemmGateUpRfQ6K | K::GemmDownRfQ6K => GEMM_RF_SMEM_Q6K,
             K::GemmRf128Q4K | K::GemmGateUpRf128Q4K | K::GemmDownRf128Q4K => GEMM_RF_SMEM_Q4K_128,
+            // The wgmma kernels align their layout to 1024 bytes inside the allocation.
+            K::GemmWgQ4K | K::GemmGateUpWgQ4K | K::GemmDownWgQ4K => GEMM_RF_SMEM_Q4K + 1024,
+            K::GemmWg128Q4K | K::GemmGateUpWg128Q4K | K::GemmDownWg128Q4K => {
+                GEMM_RF_SMEM_Q4K_128 + 1024
+            }
             _ => 0,
         }
     }
@@ -422,6 +433,26 @@ pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
         (WType::Q6K, 64 | 128) if cols.is_multiple_of(1024) => {
             Some(k(K::GemmRfQ6K, K::GemmGateUpRfQ6K, K::GemmDownRfQ6K))
         }
+        _ => None,
+    }
+}
+
+/// The `gemm_rf.cu` kernels whose products run on Hopper's warpgroup MMA (`wgmma`, sm_90a
+/// only: the caller checks the device) for weights of type `ty`, on token or expert tiles of
+/// `tile` (64 or 128): Q4_K so far; other types return `None` and keep [`gemm_rf`]'s.
+pub fn gemm_wg(ty: WType, tile: usize) -> Option<GemmKernels> {
+    let k = |dense, gate_up, down| GemmKernels {
+        dense,
+        gate_up,
+        down,
+    };
+    match (ty, tile) {
+        (WType::Q4K, 64) => Some(k(K::GemmWgQ4K, K::GemmGateUpWgQ4K, K::GemmDownWgQ4K)),
+        (WType::Q4K, 128) => Some(k(
+            K::GemmWg128Q4K,
+            K::GemmGateUpWg128Q4K,
+            K::GemmDownWg128Q4K,
+        )),
         _ => None,
     }
 }

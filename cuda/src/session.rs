@@ -16,7 +16,7 @@ use lagoon_core::rope::RopeTable;
 use crate::device::{Arg, Device, KernelTime, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
 use crate::manifest::{
-    ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType, gemm_rf,
+    ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType, gemm_rf, gemm_wg,
 };
 use crate::weights::{DFfn, DeviceWeights};
 
@@ -215,6 +215,11 @@ pub struct CudaSession {
     /// fragments, a cp.async ring) instead of `gemm.cu`; `LAGOON_CUDA_GEMM_RF=0` / `=64`
     /// select the others (for A/B measurements).
     gemm_rf: RfUse,
+    /// Whether the `gemm_rf.cu` products of the types `gemm_wg` takes run on the wgmma
+    /// kernels (sm_90 devices, where gemm_rf.cu is compiled for sm_90a): off by default, on
+    /// with `LAGOON_CUDA_GEMM_WG=1`. They are correct but not faster yet (BENCHMARKS.md:
+    /// the per-lane weight decode, not the mma, bounds both mainloops).
+    gemm_wg: bool,
 
     dev: Device,
 }
@@ -441,6 +446,8 @@ impl CudaSession {
                 Some(v) if v == "64" => RfUse::Tile64,
                 _ => RfUse::All,
             },
+            gemm_wg: dev.arch == "sm_90"
+                && std::env::var_os("LAGOON_CUDA_GEMM_WG").is_some_and(|v| v == "1"),
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
                 Some(v) if v == "1" => true,
@@ -675,6 +682,11 @@ impl CudaSession {
         if self.gemm_rf != RfUse::Off
             && let Some(k) = gemm_rf(ty, cols, tile)
         {
+            if self.gemm_wg
+                && let Some(w) = gemm_wg(ty, tile)
+            {
+                return w;
+            }
             return k;
         }
         ty.gemm(tile)

@@ -43,6 +43,17 @@ fn every_kernel_source_compiles_for_sm_90() {
                 "{f}: no kernel `{name}` in the PTX"
             );
         }
+        if file == "gemm_rf.cu" {
+            // Its wgmma kernels need the arch-specific target (compile::target).
+            assert!(
+                text.contains(".target sm_90a"),
+                "gemm_rf.cu not compiled for sm_90a"
+            );
+            assert!(
+                text.contains("wgmma.mma_async"),
+                "gemm_rf.cu: no wgmma in the PTX"
+            );
+        }
         println!("{file}: {} bytes of PTX", text.len());
         assemble(file, text);
     }
@@ -68,8 +79,14 @@ fn assemble(file: &str, ptx: &str) {
     // LAGOON_PTXAS_VERBOSE=1 prints ptxas's per-kernel registers and spills (run with
     // --nocapture): a kernel's register budget without a GPU.
     let verbose = std::env::var_os("LAGOON_PTXAS_VERBOSE").is_some_and(|v| v == "1");
+    // The PTX's own target (`sm_90a` for gemm_rf.cu's wgmma kernels, see compile::target).
+    let target = ptx
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".target "))
+        .map(|t| t.split(',').next().unwrap_or(t).trim().to_string())
+        .unwrap_or_else(|| "sm_90".to_string());
     let out = std::process::Command::new(&ptxas)
-        .args(["-arch=sm_90"])
+        .arg(format!("-arch={target}"))
         .args(verbose.then_some("-v"))
         .arg("-o")
         .arg(dir.join(format!("{file}.cubin")))

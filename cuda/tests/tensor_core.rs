@@ -15,7 +15,7 @@ use lagoon_core::dtype::GgmlType;
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device};
 use lagoon_cuda::manifest::{
-    GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, gemm_rf,
+    GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, gemm_rf, gemm_wg,
 };
 use lagoon_cuda::weights::wtype;
 
@@ -131,8 +131,14 @@ fn widths(ty: GgmlType) -> &'static [usize] {
 
 /// The kernel sets that take `ty` with rows of `cols` on token tiles of `tile`: `gemm.cu`'s
 /// (tiles of 32 and 64), and where `gemm_rf` takes them `gemm_rf.cu`'s (same arguments and
-/// block; tiles of 64 and 128, the latter for Q4_K dense products and any grouped tile).
-fn kernel_sets(ty: GgmlType, cols: usize, tile: usize) -> Vec<(&'static str, GemmKernels)> {
+/// block; tiles of 64 and 128, the latter for Q4_K dense products and any grouped tile), and
+/// on sm_90 devices their wgmma twins where `gemm_wg` has them.
+fn kernel_sets(
+    arch: &str,
+    ty: GgmlType,
+    cols: usize,
+    tile: usize,
+) -> Vec<(&'static str, GemmKernels)> {
     let wt = wtype(ty).unwrap();
     let mut sets = Vec::new();
     if tile <= GEMM_TILE_TOKENS {
@@ -142,6 +148,12 @@ fn kernel_sets(ty: GgmlType, cols: usize, tile: usize) -> Vec<(&'static str, Gem
         && let Some(k) = gemm_rf(wt, cols, tile)
     {
         sets.push(("gemm_rf.cu", k));
+        // The same products on Hopper's wgmma (gemm_rf.cu compiled for sm_90a).
+        if arch == "sm_90"
+            && let Some(w) = gemm_wg(wt, tile)
+        {
+            sets.push(("gemm_rf.cu wgmma", w));
+        }
     }
     sets
 }
@@ -171,6 +183,8 @@ fn dense_gemm_matches_f16_rounded_reference() {
                 (77, 32),
                 (16, 128),
                 (133, 128),
+                // A last tile of 92 live tokens: the wgmma kernels' n96 width.
+                (220, 128),
                 (300, 128),
             ] {
                 // Dense products on 128-token tiles: Q4_K's gemm_rf.cu kernels only.
@@ -185,7 +199,7 @@ fn dense_gemm_matches_f16_rounded_reference() {
                     })
                     .collect();
                 let (_xb, xp) = to_f16_on_device(&dev, &x);
-                for (src, kern) in kernel_sets(ty, cols, tile) {
+                for (src, kern) in kernel_sets(&dev.arch, ty, cols, tile) {
                     let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
                     dev.launch(
                         kern.dense,
@@ -327,7 +341,7 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
             // A width gemm_rf does not take for Q6_K: gemm.cu's set alone.
             256
         };
-        for (src, kern) in kernel_sets(ty, rf_cols, tile) {
+        for (src, kern) in kernel_sets(&dev.arch, ty, rf_cols, tile) {
             // Fresh (zeroed) outputs per kernel set, so a set that skips an entry cannot pass on
             // the previous set's results.
             let act = dev.stream.alloc_zeros::<u16>(n * k * i).unwrap();
