@@ -14,8 +14,9 @@
 //! scalar reference path (on CUDA: f32 activations and exactly dequantised weights instead
 //! of quantised activations). `--device cuda[:N]` runs on CUDA device N (decode steps
 //! replayed as a CUDA graph); its floor is the device's streaming-read bandwidth, measured
-//! at start by a read kernel over a 4 GiB buffer; `--kv f16` keeps its KV cache in f16
-//! (llama-bench's `-ctk f16 -ctv f16`; default f32). `--profile N` (CUDA) then times every
+//! at start by a read kernel over a 4 GiB buffer; on CUDA the KV cache is f16 by default
+//! (llama-bench's default, `-ctk f16 -ctv f16`; f32 with `--reference`), `--kv f32` keeps it
+//! in f32. `--profile N` (CUDA) then times every
 //! kernel of N decode steps (after the last test, at its depth) and prints where a token's
 //! time goes; `--profile-prefill N` does the same for one prefill step of N tokens.
 //!
@@ -116,7 +117,8 @@ fn main() -> anyhow::Result<()> {
     let warmup = !a.flag("no-warmup");
     let as_json = a.flag("json");
     let device = a.device()?;
-    let kv_f16 = a.kv_f16(device)?;
+    // f16 KV by default on CUDA, f32 on the reference path (whose numerics are exact).
+    let kv_f16 = a.kv_f16(device, !reference)?;
     let profile_steps: usize = a.num("profile", 0)?;
     let profile_prefill: usize = a.num("profile-prefill", 0)?;
 

@@ -21,7 +21,8 @@
 //! --reasoning-budget N force `</think>` after N reasoning tokens.
 //! --ids                also print the generated ids on stdout at the end.
 //! --device D           `cpu` (default) or `cuda[:N]`: run on CUDA device N.
-//! --kv T               `f32` (default) or `f16` (CUDA): the KV cache's element type.
+//! --kv T               `f16` (the CUDA default but with --reference) or `f32` (the CPU's only
+//!                       type): the KV cache's element type.
 //! Sampling defaults: greedy (temp 0), every filter and penalty off, seed 0, 256 tokens.
 //!
 //! Reasoning is shown dimmed on a terminal, otherwise wrapped in literal `<think>…</think>`
@@ -267,7 +268,7 @@ fn main() -> anyhow::Result<()> {
     let n_ctx: usize = a.num("ctx", prompt.len() + max_tokens)?;
     let ubatch: usize = a.num("ubatch", 64)?;
     let device = a.device()?;
-    let kv_f16 = a.kv_f16(device)?;
+    let kv_f16 = a.kv_f16(device, !a.flag("reference"))?;
     let mut s = match device {
         None => Backend::Cpu(Session::new(
             &ckpt.config,

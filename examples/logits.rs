@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
     };
     let mut all = Vec::with_capacity(tokens.len() * vocab);
     let device = a.device()?;
-    let kv_f16 = a.kv_f16(device)?;
+    let kv_f16 = a.kv_f16(device, false)?;
     match device {
         None => {
             let mut session = Session::new(&ckpt.config, &weights, opts);

@@ -7,21 +7,27 @@
 //
 // A block of 4 warps takes FA_BQ = 64 consecutive queries of one head; warp w owns queries
 // 16 w .. 16 w + 16, held in registers as f16 mma A-fragments. Keys and values stream
-// through shared memory 64 at a time (rounded to f16: K as [key][d], V transposed as
-// [d][key], rows padded for conflict-free fragment loads). Per key tile the warp computes
+// through shared memory 64 at a time as f16 [key][d] rows (padded to 272 bytes, so the eight
+// rows of an ldmatrix phase fall on distinct banks); the warps read their B fragments with
+// ldmatrix (K) and ldmatrix.trans (V). With an f16 cache the tiles are copied by cp.async
+// into two buffers, the next tile's copies in flight while the current one computes (keys
+// past the step's last position zero-filled); with the f32 cache each tile is converted on
+// the way in. Per key tile the warp computes
 // S = Q K^T (f32 accumulation), masks it, updates the running row max and sum in f32 (base-2
 // exponentials of log2(e)-scaled scores), rounds P to f16 and accumulates P V in f32 — the
 // accumulator layout of S is the A-fragment layout of P, so P never leaves registers (after
 // FlashAttention-2, Dao 2023, section 3). Queries and keys/values are rounded to f16
 // (finite values beyond f16's range saturate), so results differ from the f32 kernel by
 // about f16 rounding (~1e-3 relative); the reference path keeps attention.cu.
-#include "common.cuh"
+#include "tc.cuh"
 
 #define FA_D 128
 #define FA_BQ 64
 #define FA_BK 64
 #define FA_KLD (FA_D + 8)
-#define FA_VLD (FA_BK + 8)
+// One buffer: K and V tiles of FA_BK rows of FA_KLD halves (manifest.rs FLASH_SMEM: two
+// buffers for the f16 cache, one for the f32 cache).
+#define FA_TILE_HALVES (2 * FA_BK * FA_KLD)
 
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) {
     __half2 h = __floats2half2_rn(f16_sat(lo), f16_sat(hi));
@@ -36,15 +42,73 @@ __device__ __forceinline__ void fa_mma(float d[4], u32 a0, u32 a1, u32 a2, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Grid (hq, ceil(n / FA_BQ)), block 128. Arguments as attention.cu's attention (no split).
+// ldmatrix.x4.trans: as ldmatrix_x4, each 8x8 matrix delivered transposed (lane l receives
+// rows 2 (l % 4), + 1 of column l / 4).
+__device__ __forceinline__ void fa_ldsm_t(u32 r[4], const unsigned short* p) {
+    u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// A 16-byte cp.async that writes zeros instead when !valid (src-size 0; src is not read).
+__device__ __forceinline__ void fa_cp16(void* dst, const void* src, bool valid) {
+    u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// Stages keys kb .. kb + FA_BK (ring rows j % cap; keys past p_last as zeros) into buf: K
+// then V, [key][d] f16 rows. An f16 cache is copied by cp.async (the caller commits and
+// waits); an f32 cache is loaded, rounded and stored.
+template <typename KV>
+__device__ __forceinline__ void fa_stage(unsigned short* buf, const KV* __restrict__ kc, const KV* __restrict__ vc,
+                                         int kb, int p_last, int cap, int row, int kvh, int tid) {
+    if constexpr (sizeof(KV) == 2) {
+        // 64 keys x 16 chunks of 8 halves, K and V: thread t copies chunk t % 16 of keys
+        // t / 16 + 8 m (m < 8). Ring rows from one modulo per tile.
+        int ch = tid & 15, k0 = tid >> 4, r0 = kb % cap;
+        #pragma unroll
+        for (int m = 0; m < FA_BK / 8; m++) {
+            int key = k0 + 8 * m, j = kb + key;
+            bool ok = j <= p_last;
+            int r = r0 + key;
+            r = r < cap ? r : cap >= FA_BK ? r - cap : r % cap;
+            size_t off = (size_t)r * row + (size_t)kvh * FA_D + 8 * ch;
+            unsigned short* dst = buf + key * FA_KLD + 8 * ch;
+            fa_cp16(dst, kc + off, ok);
+            fa_cp16(dst + FA_BK * FA_KLD, vc + off, ok);
+        }
+    } else {
+        for (int it = tid; it < 2 * FA_BK * (FA_D / 16); it += 128) {
+            int half_v = it >= FA_BK * (FA_D / 16), i2 = it - half_v * FA_BK * (FA_D / 16);
+            int key = i2 % FA_BK, dc = i2 / FA_BK;
+            int j = kb + key;
+            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+            if (j <= p_last) {
+                const KV* src = (half_v ? vc : kc) + (size_t)(j % cap) * row + (size_t)kvh * FA_D + 16 * dc;
+                float4 v0 = Kv<KV>::ld4(src), v1 = Kv<KV>::ld4(src + 4), v2 = Kv<KV>::ld4(src + 8),
+                       v3 = Kv<KV>::ld4(src + 12);
+                lo = make_uint4(fa_pack(v0.x, v0.y), fa_pack(v0.z, v0.w), fa_pack(v1.x, v1.y), fa_pack(v1.z, v1.w));
+                hi = make_uint4(fa_pack(v2.x, v2.y), fa_pack(v2.z, v2.w), fa_pack(v3.x, v3.y), fa_pack(v3.z, v3.w));
+            }
+            uint4* dst = (uint4*)(buf + half_v * FA_BK * FA_KLD + key * FA_KLD + 16 * dc);
+            dst[0] = lo;
+            dst[1] = hi;
+        }
+    }
+}
+
+// Grid (hq, ceil(n / FA_BQ)), block 128, dynamic shared memory FA_TILE_HALVES halves per
+// buffer (two with an f16 cache). Arguments as attention.cu's attention (no split).
 // With an f16 cache (KV = unsigned short) the staged values are the cache's own: it holds
 // what fa_pack would make of the f32 values, so both caches give the same bits.
 template <typename KV>
 __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __restrict__ kc,
                                     const KV* __restrict__ vc, float* __restrict__ out, int cap, int hq,
                                     int n_kv, int window, int n, const u32* __restrict__ params) {
-    __shared__ __align__(16) unsigned short ks[FA_BK * FA_KLD];
-    __shared__ __align__(16) unsigned short vt[FA_D * FA_VLD];
+    extern __shared__ __align__(16) unsigned short fa_smem[];
+    constexpr bool ASYNC = sizeof(KV) == 2;
     int h = blockIdx.x, t0 = blockIdx.y * FA_BQ;
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     int kvh = h / (hq / n_kv);
@@ -81,63 +145,41 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
 
     int p_first = pos0 + t0, p_last = pos0 + min(t0 + FA_BQ, n) - 1;
     int k_begin = window > 0 ? max(0, p_first + 1 - window) : 0;
-    for (int kb = k_begin; kb <= p_last; kb += FA_BK) {
-        // Stage keys kb .. kb + 64 (positions; ring rows j % cap): K as [key][d].
-        for (int it = tid; it < FA_BK * (FA_D / 16); it += 128) {
-            int key = it % FA_BK, dc = it / FA_BK;
-            int j = kb + key;
-            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-            if (j <= p_last) {
-                const KV* src = kc + (size_t)(j % cap) * row + (size_t)kvh * FA_D + 16 * dc;
-                float4 v0 = Kv<KV>::ld4(src), v1 = Kv<KV>::ld4(src + 4), v2 = Kv<KV>::ld4(src + 8),
-                       v3 = Kv<KV>::ld4(src + 12);
-                lo = make_uint4(fa_pack(v0.x, v0.y), fa_pack(v0.z, v0.w), fa_pack(v1.x, v1.y), fa_pack(v1.z, v1.w));
-                hi = make_uint4(fa_pack(v2.x, v2.y), fa_pack(v2.z, v2.w), fa_pack(v3.x, v3.y), fa_pack(v3.z, v3.w));
-            }
-            uint4* dst = (uint4*)(ks + key * FA_KLD + 16 * dc);
-            dst[0] = lo;
-            dst[1] = hi;
-        }
-        // V transposed: vt[d][key], a key pair per 32-bit word.
-        for (int it = tid; it < (FA_BK / 2) * (FA_D / 16); it += 128) {
-            int kp = it % (FA_BK / 2), dc = it / (FA_BK / 2);
-            int j = kb + 2 * kp;
-            float a[16], b[16];
-            #pragma unroll
-            for (int e = 0; e < 16; e++) a[e] = b[e] = 0.0f;
-            if (j <= p_last) {
-                const KV* src = vc + (size_t)(j % cap) * row + (size_t)kvh * FA_D + 16 * dc;
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float4 v = Kv<KV>::ld4(src + 4 * e);
-                    a[4 * e] = v.x; a[4 * e + 1] = v.y; a[4 * e + 2] = v.z; a[4 * e + 3] = v.w;
-                }
-            }
-            if (j + 1 <= p_last) {
-                const KV* src = vc + (size_t)((j + 1) % cap) * row + (size_t)kvh * FA_D + 16 * dc;
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float4 v = Kv<KV>::ld4(src + 4 * e);
-                    b[4 * e] = v.x; b[4 * e + 1] = v.y; b[4 * e + 2] = v.z; b[4 * e + 3] = v.w;
-                }
-            }
-            u32* vw = (u32*)vt;
-            #pragma unroll
-            for (int e = 0; e < 16; e++) vw[(16 * dc + e) * (FA_VLD / 2) + kp] = fa_pack(a[e], b[e]);
+    // ldmatrix lane roles: matrix mi = lane / 8, its row lane % 8.
+    int mi = lane >> 3, mr = lane & 7;
+    if constexpr (ASYNC) {
+        fa_stage<KV>(fa_smem, kc, vc, k_begin, p_last, cap, row, kvh, tid);
+        cp_async_commit();
+    }
+    for (int kb = k_begin, it = 0; kb <= p_last; kb += FA_BK, it++) {
+        const unsigned short* ks;
+        if constexpr (ASYNC) {
+            // The next tile's copies go out before this one is waited for.
+            if (kb + FA_BK <= p_last)
+                fa_stage<KV>(fa_smem + ((it + 1) & 1) * FA_TILE_HALVES, kc, vc, kb + FA_BK, p_last, cap, row, kvh, tid);
+            cp_async_commit();
+            cp_async_wait<1>();
+            ks = fa_smem + (it & 1) * FA_TILE_HALVES;
+        } else {
+            fa_stage<KV>(fa_smem, kc, vc, kb, p_last, cap, row, kvh, tid);
+            ks = fa_smem;
         }
         __syncthreads();
+        const unsigned short* vs = ks + FA_BK * FA_KLD;
 
-        // S = Q K^T for the warp's 16 queries x 64 keys: 8 n-tiles of 8 keys.
+        // S = Q K^T for the warp's 16 queries x 64 keys: 8 n-tiles of 8 keys; one ldmatrix.x4
+        // gives an n-tile's B fragments for two k16 steps.
         float s[8][4];
-        const u32* kw = (const u32*)ks;
         #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
             #pragma unroll
             for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
             #pragma unroll
-            for (int st = 0; st < 8; st++) {
-                int r = (8 * nt + g) * (FA_KLD / 2) + 8 * st + qd;
-                fa_mma(s[nt], qf[st][0], qf[st][1], qf[st][2], qf[st][3], kw[r], kw[r + 4]);
+            for (int st = 0; st < 8; st += 2) {
+                u32 b[4];
+                ldmatrix_x4(b, ks + (8 * nt + mr) * FA_KLD + 16 * (st + (mi >> 1)) + 8 * (mi & 1));
+                fa_mma(s[nt], qf[st][0], qf[st][1], qf[st][2], qf[st][3], b[0], b[1]);
+                fa_mma(s[nt], qf[st + 1][0], qf[st + 1][1], qf[st + 1][2], qf[st + 1][3], b[2], b[3]);
             }
         }
         // Mask, scale to log2 units, new row maxima.
@@ -184,14 +226,15 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
             pf[nt][1] = fa_pack(p2, p3);
         }
         // O += P V: k16 step st covers keys 16 st .. + 16 (S tiles 2 st and 2 st + 1); 16
-        // n-tiles of 8 dims.
-        const u32* vw = (const u32*)vt;
+        // n-tiles of 8 dims, two per ldmatrix.x4.trans.
         #pragma unroll
         for (int st = 0; st < 4; st++) {
             #pragma unroll
-            for (int dt = 0; dt < 16; dt++) {
-                int r = (8 * dt + g) * (FA_VLD / 2) + 8 * st + qd;
-                fa_mma(o[dt], pf[2 * st][0], pf[2 * st][1], pf[2 * st + 1][0], pf[2 * st + 1][1], vw[r], vw[r + 4]);
+            for (int dt = 0; dt < 16; dt += 2) {
+                u32 b[4];
+                fa_ldsm_t(b, vs + (16 * st + 8 * (mi & 1) + mr) * FA_KLD + 8 * (dt + (mi >> 1)));
+                fa_mma(o[dt], pf[2 * st][0], pf[2 * st][1], pf[2 * st + 1][0], pf[2 * st + 1][1], b[0], b[1]);
+                fa_mma(o[dt + 1], pf[2 * st][0], pf[2 * st][1], pf[2 * st + 1][0], pf[2 * st + 1][1], b[2], b[3]);
             }
         }
         __syncthreads();
@@ -209,14 +252,15 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, 3)
 attention_prefill(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
                   float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
                   const u32* __restrict__ params) {
     attention_prefill_t<float>(q, kc, vc, out, cap, hq, n_kv, window, n, params);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+// Three blocks per SM (their 68 KiB of buffers fit; the register bound keeps them).
+extern "C" __global__ void __launch_bounds__(128, 3)
 attention_prefill_f16(const float* __restrict__ q, const unsigned short* __restrict__ kc,
                       const unsigned short* __restrict__ vc, float* __restrict__ out, int cap, int hq, int n_kv,
                       int window, int n, const u32* __restrict__ params) {

@@ -215,12 +215,14 @@ impl K {
 
     /// Dynamic shared memory the kernel is launched with (bytes; 0 for all but the
     /// `gemm_rf.cu` products, whose cp.async ring is larger than the 48 KiB a static
-    /// allocation may take).
+    /// allocation may take, and `flash.cu`'s tile buffers).
     pub fn dyn_smem(self) -> u32 {
         match self {
             K::GemmRfQ4K | K::GemmGateUpRfQ4K | K::GemmDownRfQ4K => GEMM_RF_SMEM_Q4K,
             K::GemmRfQ6K | K::GemmGateUpRfQ6K | K::GemmDownRfQ6K => GEMM_RF_SMEM_Q6K,
             K::GemmRf128Q4K | K::GemmGateUpRf128Q4K | K::GemmDownRf128Q4K => GEMM_RF_SMEM_Q4K_128,
+            K::AttentionPrefill => FLASH_SMEM,
+            K::AttentionPrefillF16 => 2 * FLASH_SMEM,
             // The wgmma kernels align their layout to 1024 bytes inside the allocation.
             K::GemmWgQ4K | K::GemmGateUpWgQ4K | K::GemmDownWgQ4K => GEMM_RF_SMEM_Q4K + 1024,
             K::GemmWg128Q4K | K::GemmGateUpWg128Q4K | K::GemmDownWg128Q4K => {
@@ -402,6 +404,9 @@ pub const GEMM_TILE_TOKENS: usize = 64;
 /// Threads per block of the `gemm.cu` kernels (`GM_THREADS`); the `gemm_rf.cu` kernels take
 /// the same grid and block for the same tile.
 pub const GEMM_THREADS: u32 = 256;
+/// Dynamic shared memory of one `flash.cu` tile buffer (`FA_TILE_HALVES` f16: 64 keys' K and
+/// V rows of 136 halves); the f16-cache kernel double-buffers.
+pub const FLASH_SMEM: u32 = 2 * 64 * 136 * 2;
 /// Dynamic shared memory of a Q4_K `gemm_rf.cu` block (`RF_SMEM_Q4_K`): a three-stage ring
 /// of 256 rows' super-blocks and 64 tokens' activations, the rows' decoded sub-block scales,
 /// and the pointer tables.
@@ -592,6 +597,25 @@ mod tests {
             assert_eq!(k as usize, i, "{name}");
             assert!(compile::SOURCES.iter().any(|(f, _)| *f == file), "{file}");
         }
+    }
+
+    #[test]
+    fn flash_shared_memory_matches_the_kernel_source() {
+        let src = compile::SOURCES
+            .iter()
+            .find(|(f, _)| *f == "flash.cu")
+            .unwrap()
+            .1;
+        // FLASH_SMEM = FA_TILE_HALVES (2 FA_BK FA_KLD) halves.
+        for def in [
+            "#define FA_D 128\n",
+            "#define FA_BK 64\n",
+            "#define FA_KLD (FA_D + 8)\n",
+            "#define FA_TILE_HALVES (2 * FA_BK * FA_KLD)\n",
+        ] {
+            assert!(src.contains(def), "flash.cu lost `{}`", def.trim());
+        }
+        assert_eq!(FLASH_SMEM, 2 * 64 * (128 + 8) * 2);
     }
 
     #[test]

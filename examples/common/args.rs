@@ -82,12 +82,19 @@ impl Args {
         }
     }
 
-    /// `--kv f32|f16` (default f32): whether a CUDA session keeps its KV cache in f16
-    /// (llama.cpp's `-ctk f16 -ctv f16`). An error on the CPU (`device` `None`), whose cache
-    /// is f32 only.
+    /// `--kv f32|f16`: whether a CUDA session keeps its KV cache in f16 (llama.cpp's
+    /// default, `-ctk f16 -ctv f16`). The default is f16 on CUDA where `cuda_f16` (bench,
+    /// generate: half the cache memory, prefill attention on cp.async-pipelined tiles) and
+    /// f32 otherwise (logits, the checking tool, and the CPU). `--kv f16` is an error on the
+    /// CPU (`device` `None`), whose cache is f32 only.
     #[allow(dead_code)] // not every example that includes this file takes --kv
-    pub fn kv_f16(&self, device: Option<usize>) -> anyhow::Result<bool> {
-        let f16 = match self.get("kv").unwrap_or("f32") {
+    pub fn kv_f16(&self, device: Option<usize>, cuda_f16: bool) -> anyhow::Result<bool> {
+        let default = if device.is_some() && cuda_f16 {
+            "f16"
+        } else {
+            "f32"
+        };
+        let f16 = match self.get("kv").unwrap_or(default) {
             "f32" => false,
             "f16" => true,
             other => anyhow::bail!("--kv `{other}`: the KV cache types are f32 and f16"),
