@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("flash.cu", include_str!("../kernels/flash.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("gemm.cu", include_str!("../kernels/gemm.cu")),
+    ("gemm_h.cu", include_str!("../kernels/gemm_h.cu")),
     ("gemm_rf.cu", include_str!("../kernels/gemm_rf.cu")),
     ("lab.cu", include_str!("../kernels/lab.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),

@@ -195,6 +195,16 @@ manifest! {
     GemmWg128Q4K => "gemm_rf.cu", "gemm_wg128_q4_K";
     GemmGateUpWg128Q4K => "gemm_rf.cu", "gemm_gate_up_wg128_q4_K";
     GemmDownWg128Q4K => "gemm_rf.cu", "gemm_down_wg128_q4_K";
+    GemmH16 => "gemm_h.cu", "gemm_h16";
+    DequantF16F32 => "gemm_h.cu", "dequant_f16_f32";
+    DequantF16F16 => "gemm_h.cu", "dequant_f16_f16";
+    DequantF16Bf16 => "gemm_h.cu", "dequant_f16_bf16";
+    DequantF16Q8_0 => "gemm_h.cu", "dequant_f16_q8_0";
+    DequantF16Q4K => "gemm_h.cu", "dequant_f16_q4_K";
+    DequantF16Q6K => "gemm_h.cu", "dequant_f16_q6_K";
+    DequantF16Ct4 => "gemm_h.cu", "dequant_f16_ct4";
+    DequantF16Q5K => "gemm_h.cu", "dequant_f16_q5_K";
+    DequantF16Iq4Xs => "gemm_h.cu", "dequant_f16_iq4_xs";
 }
 
 impl K {
@@ -209,7 +219,7 @@ impl K {
     /// timing kernels have no wait and always launch in stream order.
     pub fn pdl(self) -> bool {
         let file = MANIFEST[self as usize].1;
-        !matches!(file, "gemm.cu" | "gemm_rf.cu" | "flash.cu")
+        !matches!(file, "gemm.cu" | "gemm_rf.cu" | "gemm_h.cu" | "flash.cu")
             && !matches!(self, K::Spin | K::ReadStream)
     }
 
@@ -221,6 +231,7 @@ impl K {
             K::GemmRfQ4K | K::GemmGateUpRfQ4K | K::GemmDownRfQ4K => GEMM_RF_SMEM_Q4K,
             K::GemmRfQ6K | K::GemmGateUpRfQ6K | K::GemmDownRfQ6K => GEMM_RF_SMEM_Q6K,
             K::GemmRf128Q4K | K::GemmGateUpRf128Q4K | K::GemmDownRf128Q4K => GEMM_RF_SMEM_Q4K_128,
+            K::GemmH16 => GEMM_H16_SMEM,
             K::AttentionPrefill => FLASH_SMEM,
             K::AttentionPrefillF16 => 2 * FLASH_SMEM,
             // The wgmma kernels align their layout to 1024 bytes inside the allocation.
@@ -251,6 +262,20 @@ pub enum WType {
 }
 
 impl WType {
+    /// `gemm_h.cu`'s decoder of this type into an f16 copy of the matrix.
+    pub fn dequant_f16(self) -> K {
+        [
+            K::DequantF16F32,
+            K::DequantF16F16,
+            K::DequantF16Bf16,
+            K::DequantF16Q8_0,
+            K::DequantF16Q4K,
+            K::DequantF16Q6K,
+            K::DequantF16Ct4,
+            K::DequantF16Q5K,
+            K::DequantF16Iq4Xs,
+        ][self as usize]
+    }
     pub fn matmul(self) -> K {
         [
             K::MatmulF32,
@@ -404,6 +429,11 @@ pub const GEMM_TILE_TOKENS: usize = 64;
 /// Threads per block of the `gemm.cu` kernels (`GM_THREADS`); the `gemm_rf.cu` kernels take
 /// the same grid and block for the same tile.
 pub const GEMM_THREADS: u32 = 256;
+/// Dynamic shared memory of a `gemm_h16` block (`GH_SMEM`): four stages of 128 rows' and 128
+/// tokens' 32 f16.
+pub const GEMM_H16_SMEM: u32 = 65_536;
+/// Rows and tokens per `gemm_h16` block.
+pub const GEMM_H16_TILE: usize = 128;
 /// Dynamic shared memory of one `flash.cu` tile buffer (`FA_TILE_HALVES` f16: 64 keys' K and
 /// V rows of 136 halves); the f16-cache kernel double-buffers.
 pub const FLASH_SMEM: u32 = 2 * 64 * 136 * 2;
@@ -597,6 +627,18 @@ mod tests {
             assert_eq!(k as usize, i, "{name}");
             assert!(compile::SOURCES.iter().any(|(f, _)| *f == file), "{file}");
         }
+    }
+
+    #[test]
+    fn gemm_h16_shared_memory_matches_the_kernel_source() {
+        let src = compile::SOURCES
+            .iter()
+            .find(|(f, _)| *f == "gemm_h.cu")
+            .unwrap()
+            .1;
+        assert!(src.contains(&format!("#define GH_SMEM {GEMM_H16_SMEM}\n")));
+        assert!(src.contains(&format!("#define GH_BM {GEMM_H16_TILE}\n")));
+        assert!(src.contains(&format!("#define GH_BN {GEMM_H16_TILE}\n")));
     }
 
     #[test]

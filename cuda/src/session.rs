@@ -16,7 +16,8 @@ use lagoon_core::rope::RopeTable;
 use crate::device::{Arg, Device, KernelTime, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
 use crate::manifest::{
-    ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType, gemm_rf, gemm_wg,
+    ActQ, GEMM_H16_TILE, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType,
+    gemm_rf, gemm_wg,
 };
 use crate::weights::{DFfn, DeviceWeights};
 
@@ -111,6 +112,17 @@ enum RfUse {
     All,
 }
 
+/// Prefill dense products of at least this many tokens decode their matrix once into an f16
+/// copy and run `gemm_h16` (`gemm_h.cu`) instead of the per-tile decoding kernels, where
+/// [`h16_takes`] the matrix (`LAGOON_CUDA_GEMM_H16=0` turns the path off).
+const GEMM_H16_MIN_TOKENS: usize = 512;
+
+/// Matrices `gemm_h16` takes: rows of a multiple of 32 and at least 1024 rows (smaller ones,
+/// the router, would leave most SMs idle on 128-row tiles).
+fn h16_takes(rows: usize, cols: usize) -> bool {
+    rows >= 1024 && cols.is_multiple_of(32)
+}
+
 /// Longest row the fused norm + quantise kernel takes (`NQ_MAX`).
 const NORM_QUANT_MAX: usize = 8192;
 /// Threads of the norm + quantise kernels' one block (`NQ_THREADS` in fused.cu).
@@ -168,6 +180,10 @@ pub struct CudaSession {
     /// The f16 activations of a tensor-core product (`to_f16`), `[ubatch, widest input]`.
     _xh: CudaSlice<u16>,
     xh: u64,
+    /// The f16 copy of the matrix a gemm_h.cu product is working on (0: that path is off for
+    /// this session's ubatch).
+    _wh: CudaSlice<u16>,
+    wh: u64,
     /// Per (token, slot) pair, the expert's down-projection output `[ubatch·K, H]`.
     _ys: CudaSlice<f32>,
     ys: u64,
@@ -301,6 +317,33 @@ impl CudaSession {
         let xh_buf = s
             .alloc_zeros::<u16>((opts.ubatch * widest).max(1))
             .during("allocating the f16 activation scratch")?;
+        // The largest matrix gemm_h.cu takes (an f16 copy per product; none when the ubatch
+        // is too small for that path).
+        let wh_len = if opts.quantized_activations
+            && opts.ubatch >= GEMM_H16_MIN_TOKENS
+            && std::env::var_os("LAGOON_CUDA_GEMM_H16").is_none_or(|v| v != "0")
+        {
+            prefill
+                .nodes
+                .iter()
+                .filter_map(|op| match *op {
+                    // Products over the step's tokens (not the last-token lm_head).
+                    Op::MatMul { x, w, .. }
+                        if prefill.values[x].rows(opts.ubatch) >= GEMM_H16_MIN_TOKENS =>
+                    {
+                        let m = weights.mat(w);
+                        h16_takes(m.rows, m.cols).then_some(m.rows * m.cols)
+                    }
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let wh_buf = s
+            .alloc_zeros::<u16>(wh_len.max(1))
+            .during("allocating the f16 weight scratch")?;
         let ys_buf = s
             .alloc_zeros::<f32>((opts.ubatch * cfg.n_experts_used * cfg.hidden_size).max(1))
             .during("allocating the expert outputs")?;
@@ -414,6 +457,12 @@ impl CudaSession {
             act,
             _xh: xh_buf,
             xh,
+            wh: if wh_len > 0 {
+                wh_buf.device_ptr(s).0
+            } else {
+                0
+            },
+            _wh: wh_buf,
             _ys: ys_buf,
             ys,
             _part: part_buf,
@@ -962,6 +1011,35 @@ impl CudaSession {
                             GEMM_TILE_TOKENS
                         };
                         self.to_f16(at(x), nt * m.cols)?;
+                        if self.wh != 0 && nt >= GEMM_H16_MIN_TOKENS && h16_takes(m.rows, m.cols) {
+                            let len = m.rows * m.cols;
+                            dev.launch(
+                                m.ty.dequant_f16(),
+                                (blocks(len / 32, 256), 1),
+                                256,
+                                &[
+                                    P(m.ptr),
+                                    P(m.row_bytes),
+                                    P(self.wh),
+                                    I(m.rows as i32),
+                                    I(m.cols as i32),
+                                ],
+                            )?;
+                            dev.launch(
+                                K::GemmH16,
+                                (blocks(nt, GEMM_H16_TILE), blocks(m.rows, GEMM_H16_TILE)),
+                                GEMM_THREADS,
+                                &[
+                                    P(self.wh),
+                                    P(self.xh),
+                                    P(at(out)),
+                                    I(m.rows as i32),
+                                    I(m.cols as i32),
+                                    I(nt as i32),
+                                ],
+                            )?;
+                            continue;
+                        }
                         dev.launch(
                             self.gemm(m.ty, m.cols, tile).dense,
                             (blocks(m.rows, GEMM_TILE_ROWS), blocks(nt, tile)),

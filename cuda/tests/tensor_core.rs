@@ -15,7 +15,7 @@ use lagoon_core::dtype::GgmlType;
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device};
 use lagoon_cuda::manifest::{
-    GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, gemm_rf, gemm_wg,
+    GEMM_H16_TILE, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, gemm_rf, gemm_wg,
 };
 use lagoon_cuda::weights::wtype;
 
@@ -227,6 +227,62 @@ fn dense_gemm_matches_f16_rounded_reference() {
                     assert!(
                         e < BOUND,
                         "{src} gemm {ty} {rows}x{cols} n={n} tile {tile}: {e:.2e}"
+                    );
+                }
+                // gemm_h.cu: the matrix decoded once into an f16 copy, then gemm_h16 (its own
+                // 128 x 128 tiles; once per token count).
+                if tile != 32 {
+                    let wh = dev.stream.alloc_zeros::<u16>(rows * cols).unwrap();
+                    let whp = wh.device_ptr(&dev.stream).0;
+                    dev.launch(
+                        wtype(ty).unwrap().dequant_f16(),
+                        ((rows * cols / 32).div_ceil(256) as u32, 1),
+                        256,
+                        &[
+                            Arg::P(wp),
+                            Arg::P(ty.row_bytes(cols as u64).unwrap()),
+                            Arg::P(whp),
+                            Arg::I(rows as i32),
+                            Arg::I(cols as i32),
+                        ],
+                    )
+                    .unwrap();
+                    // The copy is each weight exactly decoded, then rounded to f16.
+                    let whost: Vec<u16> = dev.stream.clone_dtoh(&wh).unwrap();
+                    for (r, wrow) in wr.iter().enumerate() {
+                        for (c, &v) in wrow.iter().enumerate() {
+                            let h = half::f16::from_bits(whost[r * cols + c]);
+                            assert_eq!(
+                                f64::from(h.to_f32()),
+                                v,
+                                "dequant_f16 {ty} row {r} col {c}"
+                            );
+                        }
+                    }
+                    let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+                    dev.launch(
+                        K::GemmH16,
+                        (
+                            n.div_ceil(GEMM_H16_TILE) as u32,
+                            rows.div_ceil(GEMM_H16_TILE) as u32,
+                        ),
+                        GEMM_THREADS,
+                        &[
+                            Arg::P(whp),
+                            Arg::P(xp),
+                            Arg::P(ob.device_ptr(&dev.stream).0),
+                            Arg::I(rows as i32),
+                            Arg::I(cols as i32),
+                            Arg::I(n as i32),
+                        ],
+                    )
+                    .unwrap();
+                    let got = download(&dev, &ob);
+                    let e = max_rel(&got, &want);
+                    println!("gemm_h.cu gemm {ty} {rows}x{cols} n={n}: max rel err {e:.2e}");
+                    assert!(
+                        e < BOUND,
+                        "gemm_h.cu gemm {ty} {rows}x{cols} n={n}: {e:.2e}"
                     );
                 }
             }
