@@ -292,6 +292,23 @@ __device__ __forceinline__ void rf_compute(const u8* st, const u8* sc, float acc
     }
 }
 
+// Zeroes the accumulators and issues the copies of the ring's first STAGES - 1 stages
+// (load(slot, kb)), one commit group each (empty past nkb), as both mainloops start.
+template <int NT, int STAGES, typename Load>
+__device__ __forceinline__ void rf_start(float acc[2][NT][4], int nkb, Load load) {
+    #pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+        #pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nkb) load(s, s);
+        cp_async_commit();
+    }
+}
+
 // The K loop over nkb super-blocks for a tile of `live` tokens, the pointer tables already in
 // shared memory. Each stage: wait until it has landed and every warp is done with the stage
 // the next copies overwrite (one barrier), issue the copies of super-block kb + STAGES - 1,
@@ -318,17 +335,7 @@ __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, int live, float a
         #pragma unroll
         for (int j = 0; j < NT; j++) cp_async16(st + xoff + 512 * 8 * j, xs[j] + 512 * (size_t)kb);
     };
-    #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-        #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
-    #pragma unroll
-    for (int s = 0; s < L::STAGES - 1; s++) {
-        if (s < nkb) load(s, s);
-        cp_async_commit();
-    }
+    rf_start<NT, L::STAGES>(acc, nkb, load);
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<L::STAGES - 2>();
         __syncthreads();
@@ -421,17 +428,7 @@ __device__ __forceinline__ void wg_mainloop(u8* smem, int nkb, int live, float a
         #pragma unroll
         for (int j = 0; j < NT; j++) cp_async16(sp + xoff + 1024 * j, xrows[(t >> 5) + 8 * j] + 16 * (t & 31) + 512 * (size_t)kb);
     };
-    #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-        #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
-    #pragma unroll
-    for (int st = 0; st < L::STAGES - 1; st++) {
-        if (st < nkb) load(st, st);
-        cp_async_commit();
-    }
+    rf_start<NT, L::STAGES>(acc, nkb, load);
     u32 base = (u32)__cvta_generic_to_shared(smem);
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<L::STAGES - 2>();
