@@ -210,18 +210,24 @@ fn q4k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
         da[t] = &a[t].d[..nb];
         bsums[t] = &a[t].bsums.as_chunks::<16>().0[..nb];
     }
-    let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); N];
+    // The mins' sums first, in a pass of their own: per token the same operations in the
+    // same order as the one-row kernel's, and the quant loop below then keeps only its
+    // N f32 and N i32 accumulators in registers (with them, N = 4 spilled to the stack).
     let mut accm = [_mm_setzero_ps(); N];
     for (b, blk) in wb.iter().enumerate() {
-        let dw = f16_at::<0, 144>(blk);
         let dminw = f16_at::<2, 144>(blk);
-        let (sc, m) = scales_mins(at::<u8, 4, 12, 144>(blk));
-        let dat: [f32; N] = core::array::from_fn(|t| f32::from_le_bytes(da[t][b]));
+        let (_, m) = scales_mins(at::<u8, 4, 12, 144>(blk));
         for t in 0..N {
-            let dmin = _mm_set1_ps(dat[t] * dminw);
+            let dmin = _mm_set1_ps(f32::from_le_bytes(da[t][b]) * dminw);
             accm[t] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins_dot(&m, &bsums[t][b])), accm[t]);
         }
+    }
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (b, blk) in wb.iter().enumerate() {
+        let dw = f16_at::<0, 144>(blk);
+        let (sc, _) = scales_mins(at::<u8, 4, 12, 144>(blk));
+        let dat: [f32; N] = core::array::from_fn(|t| f32::from_le_bytes(da[t][b]));
         let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(
             i64::from_le_bytes(sc),
         )));
