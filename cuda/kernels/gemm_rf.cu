@@ -309,6 +309,25 @@ __device__ __forceinline__ void rf_start(float acc[2][NT][4], int nkb, Load load
     }
 }
 
+// One iteration's start in both mainloops: wait until stage kb has landed (and, for the
+// wgmma loop, make it visible to the async proxy) and every warp is done with the slot the
+// next copies overwrite (one barrier), issue the copies of stage kb + STAGES - 1, decode the
+// warp's scales of stage kb into its table. Returns stage kb's slot.
+template <typename F, int NT, bool WG, typename Load>
+__device__ __forceinline__ const u8* rf_stage(u8* smem, int kb, int nkb, Load load, int w, int lane) {
+    using L = RfLayout<F, NT>;
+    cp_async_wait<L::STAGES - 2>();
+    if constexpr (WG) wg_proxy_fence();
+    __syncthreads();
+    int nx = kb + L::STAGES - 1;
+    if (nx < nkb) load(nx % L::STAGES, nx);
+    cp_async_commit();
+    const u8* st = smem + L::STAGE * (kb % L::STAGES);
+    F::scales(st, smem + L::SC, w, lane, kb);
+    __syncwarp();
+    return st;
+}
+
 // The K loop over nkb super-blocks for a tile of `live` tokens, the pointer tables already in
 // shared memory. Each stage: wait until it has landed and every warp is done with the stage
 // the next copies overwrite (one barrier), issue the copies of super-block kb + STAGES - 1,
@@ -337,14 +356,7 @@ __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, int live, float a
     };
     rf_start<NT, L::STAGES>(acc, nkb, load);
     for (int kb = 0; kb < nkb; kb++) {
-        cp_async_wait<L::STAGES - 2>();
-        __syncthreads();
-        int nx = kb + L::STAGES - 1;
-        if (nx < nkb) load(nx % L::STAGES, nx);
-        cp_async_commit();
-        const u8* st = smem + L::STAGE * (kb % L::STAGES);
-        F::scales(st, smem + L::SC, w, lane, kb);
-        __syncwarp();
+        const u8* st = rf_stage<F, NT, false>(smem, kb, nkb, load, w, lane);
         rf_compute<F, NT>(st, smem + L::SC, acc, w, lane, kb, ntv);
     }
     // Every warp is done with the ring and the tables before a caller refills them.
@@ -431,15 +443,7 @@ __device__ __forceinline__ void wg_mainloop(u8* smem, int nkb, int live, float a
     rf_start<NT, L::STAGES>(acc, nkb, load);
     u32 base = (u32)__cvta_generic_to_shared(smem);
     for (int kb = 0; kb < nkb; kb++) {
-        cp_async_wait<L::STAGES - 2>();
-        wg_proxy_fence();
-        __syncthreads();
-        int nx = kb + L::STAGES - 1;
-        if (nx < nkb) load(nx % L::STAGES, nx);
-        cp_async_commit();
-        const u8* st = smem + L::STAGE * (kb % L::STAGES);
-        F::scales(st, smem + L::SC, w, lane, kb);
-        __syncwarp();
+        const u8* st = rf_stage<F, NT, true>(smem, kb, nkb, load, w, lane);
         u32 bsh = base + L::STAGE * (kb % L::STAGES) + L::A_BYTES;
         if (NT == 16 && wn == 128) wg_compute<F, NT, 8 * NT>(st, smem + L::SC, acc, w, lane, bsh);
         else if (NT == 16 && wn == 96) wg_compute<F, NT, (NT == 16 ? 96 : 64)>(st, smem + L::SC, acc, w, lane, bsh);
