@@ -117,7 +117,7 @@ enum RfUse {
 /// [`h16_takes`] the matrix (`LAGOON_CUDA_GEMM_H16=0` turns the path off).
 const GEMM_H16_MIN_TOKENS: usize = 512;
 
-/// Matrices `gemm_h16` takes: rows of a multiple of 32 and at least 1024 rows (smaller ones,
+/// Matrices `gemm_h16` takes: columns a multiple of 32 and at least 1024 rows (smaller ones,
 /// the router, would leave most SMs idle on 128-row tiles).
 fn h16_takes(rows: usize, cols: usize) -> bool {
     rows >= 1024 && cols.is_multiple_of(32)
