@@ -8,7 +8,9 @@
 #   ../shared/device/stage.sh tests -p lagoon-cuda && ../shared/device/stage.sh example bench synth
 # then run `cuda/dev/prefill-profile.sh` with carry [".device"]. Logs land in $OUT.
 # SKIP_TESTS=1 leaves the tests out; NCU=0 leaves ncu out; KERNEL is ncu's kernel regex
-# (default gemm_rf_q4_K); MODEL a checkpoint path.
+# (default gemm_rf_q4_K); MODEL a checkpoint path. Other A/B switches for VARIANTS:
+# LAGOON_CUDA_GEMM_H16=0|1 (gemm_h.cu for the dense products), LAGOON_CUDA_GEMM_WG=0|1
+# (the wgmma Q4_K kernels), and bench's --kv f32|f16 through a wrapper.
 set -u
 out=${OUT:-/tmp}
 t0=$(date +%s)
