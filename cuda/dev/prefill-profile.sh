@@ -10,7 +10,7 @@
 # SKIP_TESTS=1 leaves the tests out; NCU=0 leaves ncu out; KERNEL is ncu's kernel regex
 # (default gemm_rf_q4_K); MODEL a checkpoint path. Other A/B switches for VARIANTS:
 # LAGOON_CUDA_GEMM_H16=0|1 (gemm_h.cu for the dense products), LAGOON_CUDA_GEMM_WG=0|1
-# (the wgmma Q4_K kernels), and bench's --kv f32|f16 through a wrapper.
+# (the wgmma Q4_K kernels).
 set -u
 out=${OUT:-/tmp}
 t0=$(date +%s)
