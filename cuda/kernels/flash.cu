@@ -100,13 +100,19 @@ __device__ __forceinline__ void fa_stage(unsigned short* buf, const KV* __restri
 }
 
 // Grid (hq, ceil(n / FA_BQ)), block 128, dynamic shared memory FA_TILE_HALVES halves per
-// buffer (two with an f16 cache). Arguments as attention.cu's attention (no split).
+// buffer (two with an f16 cache). Arguments as attention.cu's attention (no split), then the
+// fused epilogue: with `g` (gcols per token, else null) each output is multiplied by the
+// softplus output gate as gate_mul does (g per head or per element); with `oh` (else null)
+// the result is written rounded to f16 as to_f16 rounds it, into oh instead of out (the
+// output projection's tensor-core input). Either way the bits are those of the unfused
+// gate_mul / to_f16 kernels.
 // With an f16 cache (KV = unsigned short) the staged values are the cache's own: it holds
 // what fa_pack would make of the f32 values, so both caches give the same bits.
 template <typename KV>
 __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __restrict__ kc,
                                     const KV* __restrict__ vc, float* __restrict__ out, int cap, int hq,
-                                    int n_kv, int window, int n, const u32* __restrict__ params) {
+                                    int n_kv, int window, int n, const u32* __restrict__ params,
+                                    const float* __restrict__ gt, int gcols, unsigned short* __restrict__ oh) {
     extern __shared__ __align__(16) unsigned short fa_smem[];
     constexpr bool ASYNC = sizeof(KV) == 2;
     int h = blockIdx.x, t0 = blockIdx.y * FA_BQ;
@@ -244,25 +250,48 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
     lb += __shfl_xor_sync(0xffffffffu, lb, 1);
     lb += __shfl_xor_sync(0xffffffffu, lb, 2);
     float ia = 1.0f / la, ib = 1.0f / lb;
+    int per = gt ? hq * FA_D / gcols : 1;
+    // A gate per head (per == FA_D) is one softplus per row, taken once; a gate per element
+    // takes one per output.
+    bool head_gate = gt && per == FA_D;
+    float ga = head_gate && ta < n ? softplus_f(gt[(size_t)ta * gcols + h]) : 1.0f;
+    float gb = head_gate && tb < n ? softplus_f(gt[(size_t)tb * gcols + h]) : 1.0f;
+    // The token's two outputs at dims d0, d0 + 1: gated, then stored as f32 or f16.
+    auto store = [&](int t, float gh, int d0, float v0, float v1) {
+        if (t >= n) return;
+        size_t i = ((size_t)t * hq + h) * FA_D + d0;
+        if (head_gate) {
+            v0 *= gh;
+            v1 *= gh;
+        } else if (gt) {
+            const float* gr = gt + (size_t)t * gcols;
+            v0 *= softplus_f(gr[(h * FA_D + d0) / per]);
+            v1 *= softplus_f(gr[(h * FA_D + d0 + 1) / per]);
+        }
+        if (oh) *(u32*)(oh + i) = pack_f16x2(f16_range(v0), f16_range(v1));
+        else *(float2*)(out + i) = make_float2(v0, v1);
+    };
     #pragma unroll
     for (int dt = 0; dt < 16; dt++) {
         int d0 = 8 * dt + 2 * qd;
-        if (ta < n) *(float2*)(out + ((size_t)ta * hq + h) * FA_D + d0) = make_float2(o[dt][0] * ia, o[dt][1] * ia);
-        if (tb < n) *(float2*)(out + ((size_t)tb * hq + h) * FA_D + d0) = make_float2(o[dt][2] * ib, o[dt][3] * ib);
+        store(ta, ga, d0, o[dt][0] * ia, o[dt][1] * ia);
+        store(tb, gb, d0, o[dt][2] * ib, o[dt][3] * ib);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(128, 3)
 attention_prefill(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
                   float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
-                  const u32* __restrict__ params) {
-    attention_prefill_t<float>(q, kc, vc, out, cap, hq, n_kv, window, n, params);
+                  const u32* __restrict__ params, const float* __restrict__ g, int gcols,
+                  unsigned short* __restrict__ oh) {
+    attention_prefill_t<float>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
 }
 
 // Three blocks per SM (their 68 KiB of buffers fit; the register bound keeps them).
 extern "C" __global__ void __launch_bounds__(128, 3)
 attention_prefill_f16(const float* __restrict__ q, const unsigned short* __restrict__ kc,
                       const unsigned short* __restrict__ vc, float* __restrict__ out, int cap, int hq, int n_kv,
-                      int window, int n, const u32* __restrict__ params) {
-    attention_prefill_t<unsigned short>(q, kc, vc, out, cap, hq, n_kv, window, n, params);
+                      int window, int n, const u32* __restrict__ params, const float* __restrict__ g,
+                      int gcols, unsigned short* __restrict__ oh) {
+    attention_prefill_t<unsigned short>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
 }

@@ -76,12 +76,14 @@ rms_norm_q8_0(const float* x, const float* w, float* out, u8* xq, int glen, floa
     rms_norm_quant<false>(x, w, out, xq, glen, eps);
 }
 
-// QK-norm, RoPE and the KV store of one token (graph nodes RmsNorm q, RmsNorm k, Rope q,
-// Rope k, KvStore): one warp per head over the hq query heads then the n_kv key heads. A
-// query head is normed with qw (d wide), rotated (norm.cu's rope arithmetic) and written to
-// q_out; a key head likewise with kw, written straight into the cache row of the step's
-// position, and the matching value head copied next to it. Grid ceil((hq + n_kv) /
-// QKR_WARPS), block 32 * QKR_WARPS; d <= QKR_MAX_D.
+// QK-norm, RoPE and the KV store of the step's tokens (graph nodes RmsNorm q, RmsNorm k,
+// Rope q, Rope k, KvStore): one warp per (head, token) over the hq query heads then the n_kv
+// key heads of token t = blockIdx.y. A query head is normed with qw (d wide), rotated
+// (norm.cu's rope arithmetic) and written to q_out; a key head likewise with kw, written
+// straight into the cache row of the token's position, and the matching value head copied
+// next to it. The arithmetic is rms_norm's and rope's, in their order: the results are
+// bitwise those of the five unfused kernels. Grid (ceil((hq + n_kv) / QKR_WARPS), n), block
+// 32 * QKR_WARPS; d <= QKR_MAX_D; rows of q, k, v and q_out are hq d, n_kv d, n_kv d, hq d.
 // The cache is f32 (qk_norm_rope_store) or f16 (qk_norm_rope_store_f16, common.cuh's Kv).
 template <typename KV>
 __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* __restrict__ k,
@@ -95,10 +97,14 @@ __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* _
     int h = blockIdx.x * QKR_WARPS + warp;
     if (h >= hq + n_kv) return;
     bool is_q = h < hq;
-    int hk = h - hq;
+    int hk = h - hq, t = blockIdx.y;
+    q += (size_t)t * hq * d;
+    q_out += (size_t)t * hq * d;
+    k += (size_t)t * n_kv * d;
+    v += (size_t)t * n_kv * d;
     const float* x = is_q ? q + (size_t)h * d : k + (size_t)hk * d;
     const float* w = is_q ? qw : kw;
-    u32 pos = params[P_POS0];
+    u32 pos = params[P_POS0] + t;
     // An f32 cache takes the query's and the key's values through one pointer; an f16 cache
     // stores the key's rounded (Kv).
     KV* kd = kc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;

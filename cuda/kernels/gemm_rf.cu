@@ -1,7 +1,8 @@
 // Tensor-core Q4_K and Q6_K products for prefill with the weights decoded straight into mma
 // fragments ("register fragments"): the dense product out[t, r] = x[t] . W[r] and the
-// expert-grouped gate/up (+ SwiGLU) and down products, for tiles of 64 tokens (both types) or
-// 128 (Q4_K; Q6_K's 64-token kernels take a 128-pair expert tile in two passes).
+// expert-grouped gate/up (+ SwiGLU) and down products, for tiles of 64 tokens (both types),
+// 128 (Q4_K) or 96 (Q6_K's grouped products, whose 128-token ring would not fit in shared
+// memory: a 128-pair expert tile of fewer than 97 pairs then takes one pass, not two).
 //
 // Numerics: gemm.cu's. Each weight is decoded exactly as the CPU decodes it (Q4_K
 // fsub(fmul(d·sc, q), dmin·m), Q6_K fmul(d·sc, q - 32); no contraction that changes a value)
@@ -42,9 +43,10 @@
 #define RF_SMEM_Q4_K 229888
 #define RF_SMEM_Q4_K_128 226304
 #define RF_SMEM_Q6_K 199168
+#define RF_SMEM_Q6_K_96 232192
 
 // Shared-memory layout of a block for weight format F and NT n8 tiles per warp (a tile of
-// BN = 8 NT tokens): the ring of STAGES stages (each the rows' super-blocks, F::SLOT bytes per
+// BN = 8 NT tokens; NT = 8, 12 or 16): the ring of STAGES stages (each the rows' super-blocks, F::SLOT bytes per
 // row, then the tokens' 256 f16 activations, 512 bytes per token, no padding: token t's
 // 16-byte chunk c sits at chunk c ^ 4 (t & 1), so the two tokens of each eight-lane phase of a
 // 16-byte load fall on different banks), each warp's scale table for its 32 rows
@@ -255,11 +257,13 @@ struct RfQ6K {
 static_assert(RfLayout<RfQ4K, 8>::SMEM == RF_SMEM_Q4_K, "RF_SMEM_Q4_K");
 static_assert(RfLayout<RfQ4K, 16>::SMEM == RF_SMEM_Q4_K_128, "RF_SMEM_Q4_K_128");
 static_assert(RfLayout<RfQ6K, 8>::SMEM == RF_SMEM_Q6_K, "RF_SMEM_Q6_K");
+static_assert(RfLayout<RfQ6K, 12>::SMEM == RF_SMEM_Q6_K_96, "RF_SMEM_Q6_K_96");
+static_assert(RF_SMEM_Q6_K_96 <= 232448, "Q6_K 96-token ring over the 227 KiB block limit");
 
 // acc += the warp's 32 rows x BN tokens over the stage's super-block: per unit, the A
-// fragments of both steps, then per eight n8 tiles the 16-byte activation loads (two steps'
-// B fragments each) and the mma. n8 tiles at or past ntv (the tile's live tokens / 8,
-// rounded up; warp-uniform) are skipped.
+// fragments of both steps, then per eight n8 tiles (the last group of NT = 12 has four) the
+// 16-byte activation loads (two steps' B fragments each) and the mma. n8 tiles at or past
+// ntv (the tile's live tokens / 8, rounded up; warp-uniform) are skipped.
 template <typename F, int NT>
 __device__ __forceinline__ void rf_compute(const u8* st, const u8* sc, float acc[2][NT][4], int w, int lane, int kb,
                                            int ntv) {
@@ -272,17 +276,18 @@ __device__ __forceinline__ void rf_compute(const u8* st, const u8* sc, float acc
         F::frags(st, sc, rw, q, kb, u, a);
         int chunk = (4 * u + q) ^ ((g & 1) << 2);
         #pragma unroll
-        for (int nh = 0; nh < NT / 8; nh++) {
+        for (int nh = 0; nh < (NT + 7) / 8; nh++) {
             if (8 * nh >= ntv) break;
             uint4 b[8];
             #pragma unroll
-            for (int j = 0; j < 8; j++) b[j] = *(const uint4*)(sb + 512 * (64 * nh + 8 * j + g) + 16 * chunk);
+            for (int j = 0; j < 8; j++)
+                if (8 * nh + j < NT) b[j] = *(const uint4*)(sb + 512 * (64 * nh + 8 * j + g) + 16 * chunk);
             #pragma unroll
             for (int s2 = 0; s2 < 2; s2++)
                 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     int nt = 8 * nh + j;
-                    if (nt < ntv) {
+                    if (nt < NT && nt < ntv) {
                         u32 bb[2] = {s2 ? b[j].z : b[j].x, s2 ? b[j].w : b[j].y};
                         mma_16816(acc[0][nt], a[s2][0], bb);
                         mma_16816(acc[1][nt], a[s2][1], bb);
@@ -343,16 +348,24 @@ __device__ __forceinline__ void rf_mainloop(u8* smem, int nkb, int live, float a
     typename F::Copies ca = F::copies((const u8* const*)(smem + L::TABLES), t);
     // This thread's activation copies: token t / 32 + 8 j, 16 bytes at chunk t % 32 (stored
     // swizzled by the token's parity, t / 32 % 2).
+    // Held in registers (2 NT of them) where they fit; Q6_K's 96-token tiles read them from
+    // the table per copy instead, as the wgmma loop does (held, they spill).
+    constexpr bool HOLD = NT != 12;
     const u8* const* xrows = (const u8* const*)(smem + L::TABLES + 8 * RF_BM);
-    const u8* xs[NT];
-    #pragma unroll
-    for (int j = 0; j < NT; j++) xs[j] = xrows[(t >> 5) + 8 * j] + 16 * (t & 31);
+    const u8* xs[HOLD ? NT : 1];
+    if constexpr (HOLD) {
+        #pragma unroll
+        for (int j = 0; j < NT; j++) xs[j] = xrows[(t >> 5) + 8 * j] + 16 * (t & 31);
+    }
     int xoff = L::A_BYTES + 16 * ((t & 31) ^ (((t >> 5) & 1) << 2)) + 512 * (t >> 5);
     auto load = [&](int s, int kb) {
         u8* st = smem + L::STAGE * s;
         F::load(st, ca, kb, t);
         #pragma unroll
-        for (int j = 0; j < NT; j++) cp_async16(st + xoff + 512 * 8 * j, xs[j] + 512 * (size_t)kb);
+        for (int j = 0; j < NT; j++) {
+            const u8* src = HOLD ? xs[HOLD ? j : 0] : xrows[(t >> 5) + 8 * j] + 16 * (t & 31);
+            cp_async16(st + xoff + 512 * 8 * j, src + 512 * (size_t)kb);
+        }
     };
     rf_start<NT, L::STAGES>(acc, nkb, load);
     for (int kb = 0; kb < nkb; kb++) {
@@ -603,13 +616,16 @@ __device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_by
     }
 }
 
-// The kernels of one format, tile and mainloop: gemm_{sfx}_*, gemm_gate_up_{sfx}_*,
-// gemm_down_{sfx}_* (gemm.cu's argument lists and block; grids by the tile).
+// The kernels of one format, tile and mainloop: gemm_{sfx}_* (RF_KERNELS only),
+// gemm_gate_up_{sfx}_*, gemm_down_{sfx}_* (gemm.cu's argument lists and block; grids by the
+// tile).
 #define RF_KERNELS(name, F, NT, WG, sfx)                                                               \
     extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_##sfx##_##name(             \
         const u8* W, u64 row_bytes, const unsigned short* x, float* out, int rows, int cols, int n) { \
         rf_dense<F, NT, WG>(W, row_bytes, x, out, rows, cols, n);                                      \
     }                                                                                              \
+    RF_GROUPED(name, F, NT, WG, sfx)
+#define RF_GROUPED(name, F, NT, WG, sfx)                                                               \
     extern "C" __global__ void __launch_bounds__(RF_THREADS, 1) gemm_gate_up_##sfx##_##name(     \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const unsigned short* x,      \
         const u32* sorted, const u32* tiles, unsigned short* act, int I, int H, int K) {           \
@@ -623,6 +639,7 @@ __device__ __forceinline__ void rf_down(const u8* __restrict__ Wd, u64 expert_by
 RF_KERNELS(q4_K, RfQ4K, 8, false, rf)
 RF_KERNELS(q4_K, RfQ4K, 16, false, rf128)
 RF_KERNELS(q6_K, RfQ6K, 8, false, rf)
+RF_GROUPED(q6_K, RfQ6K, 12, false, rf96)
 // wgmma (sm_90a; gemm_rf.cu is compiled for it on sm_90 devices).
 RF_KERNELS(q4_K, RfQ4K, 8, true, wg)
 RF_KERNELS(q4_K, RfQ4K, 16, true, wg128)

@@ -1,14 +1,17 @@
 // RMSNorm and RoPE.
-#include "common.cuh"
+#include "tc.cuh"
 
 #define NORM_WARPS 4
 
 // RMSNorm over groups of `glen` (lagoon_core::ops::norm::rms_norm): y = w * (x * r) with
 // r = 1 / sqrt(mean(x^2) + eps). One warp per group (hidden size for layer norms, head_dim
 // for QK-norm, the gain shared by every group). Grid ceil(n_groups / NORM_WARPS).
-extern "C" __global__ void __launch_bounds__(32 * NORM_WARPS)
-rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
-         int glen, int n_groups, float eps) { PDL_ENTRY();
+// With `oh` (rms_norm_h) each output is also written rounded to f16 as to_f16 rounds it
+// (f16_range, nearest): the input of the tensor-core products that read the norm.
+template <bool H>
+__device__ __forceinline__ void rms_norm_t(const float* __restrict__ x, const float* __restrict__ w,
+                                           float* __restrict__ out, unsigned short* __restrict__ oh, int glen,
+                                           int n_groups, float eps) {
     int g = blockIdx.x * NORM_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (g >= n_groups) return;
@@ -18,7 +21,23 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __rest
     for (int i = lane; i < glen; i += 32) ss += xg[i] * xg[i];
     ss = warp_sum(ss);
     float r = 1.0f / sqrtf(ss / (float)glen + eps);
-    for (int i = lane; i < glen; i += 32) og[i] = w[i] * (xg[i] * r);
+    for (int i = lane; i < glen; i += 32) {
+        float y = w[i] * (xg[i] * r);
+        og[i] = y;
+        if constexpr (H) oh[(size_t)g * glen + i] = __half_as_ushort(__float2half_rn(f16_range(y)));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * NORM_WARPS)
+rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+         int glen, int n_groups, float eps) { PDL_ENTRY();
+    rms_norm_t<false>(x, w, out, nullptr, glen, n_groups, eps);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * NORM_WARPS)
+rms_norm_h(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+           unsigned short* __restrict__ oh, int glen, int n_groups, float eps) { PDL_ENTRY();
+    rms_norm_t<true>(x, w, out, oh, glen, n_groups, eps);
 }
 
 // NeoX RoPE on the first `rd` dims of every `d`-wide head (lagoon_core::rope::RopeTable::

@@ -82,6 +82,7 @@ manifest! {
     MvF32 => "mmvq.cu", "mv_f32";
     MoeCombine => "moe.cu", "moe_combine";
     RmsNorm => "norm.cu", "rms_norm";
+    RmsNormH => "norm.cu", "rms_norm_h";
     Rope => "norm.cu", "rope";
     Add => "elementwise.cu", "add";
     SwiGlu => "elementwise.cu", "swiglu";
@@ -186,6 +187,8 @@ manifest! {
     GemmRfQ6K => "gemm_rf.cu", "gemm_rf_q6_K";
     GemmGateUpRfQ6K => "gemm_rf.cu", "gemm_gate_up_rf_q6_K";
     GemmDownRfQ6K => "gemm_rf.cu", "gemm_down_rf_q6_K";
+    GemmGateUpRf96Q6K => "gemm_rf.cu", "gemm_gate_up_rf96_q6_K";
+    GemmDownRf96Q6K => "gemm_rf.cu", "gemm_down_rf96_q6_K";
     GemmRf128Q4K => "gemm_rf.cu", "gemm_rf128_q4_K";
     GemmGateUpRf128Q4K => "gemm_rf.cu", "gemm_gate_up_rf128_q4_K";
     GemmDownRf128Q4K => "gemm_rf.cu", "gemm_down_rf128_q4_K";
@@ -230,6 +233,7 @@ impl K {
         match self {
             K::GemmRfQ4K | K::GemmGateUpRfQ4K | K::GemmDownRfQ4K => GEMM_RF_SMEM_Q4K,
             K::GemmRfQ6K | K::GemmGateUpRfQ6K | K::GemmDownRfQ6K => GEMM_RF_SMEM_Q6K,
+            K::GemmGateUpRf96Q6K | K::GemmDownRf96Q6K => GEMM_RF_SMEM_Q6K_96,
             K::GemmRf128Q4K | K::GemmGateUpRf128Q4K | K::GemmDownRf128Q4K => GEMM_RF_SMEM_Q4K_128,
             K::GemmH16 => GEMM_H16_SMEM,
             K::AttentionPrefill => FLASH_SMEM,
@@ -445,13 +449,17 @@ pub const GEMM_RF_SMEM_Q4K: u32 = 229_888;
 pub const GEMM_RF_SMEM_Q4K_128: u32 = 226_304;
 /// The same for Q6_K (`RF_SMEM_Q6_K`: two stages of 216-byte row slots).
 pub const GEMM_RF_SMEM_Q6K: u32 = 199_168;
+/// Q6_K's grouped products on 96-pair passes (`RF_SMEM_Q6_K_96`: two stages; 256 bytes under
+/// the 227 KiB a block may take).
+pub const GEMM_RF_SMEM_Q6K_96: u32 = 232_192;
 
 /// The `gemm_rf.cu` kernels for weights of type `ty` whose rows are `cols` long, for token
 /// tiles (dense) or expert tiles (grouped) of `tile` pairs (64 or 128), where that path takes
 /// them: Q4_K, and Q6_K rows of a multiple of four super-blocks (each stage's copy needs
-/// 8-byte-aligned rows). Q4_K has kernels for both tiles; Q6_K's 64-token kernels take a
-/// 128-pair expert tile in two passes (their 128-token ring would not fit in shared memory),
-/// so its dense products must stay on 64-token tiles.
+/// 8-byte-aligned rows). Q4_K has kernels for both tiles. Q6_K's 128-token ring would not
+/// fit in shared memory: its grouped kernels for 128-pair expert tiles take passes of 96
+/// pairs, and its dense products must stay on 64-token tiles (the 128-tile set's `dense` is
+/// the 64-token kernel).
 pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
     let k = |dense, gate_up, down| GemmKernels {
         dense,
@@ -465,8 +473,11 @@ pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
             K::GemmGateUpRf128Q4K,
             K::GemmDownRf128Q4K,
         )),
-        (WType::Q6K, 64 | 128) if cols.is_multiple_of(1024) => {
+        (WType::Q6K, 64) if cols.is_multiple_of(1024) => {
             Some(k(K::GemmRfQ6K, K::GemmGateUpRfQ6K, K::GemmDownRfQ6K))
+        }
+        (WType::Q6K, 128) if cols.is_multiple_of(1024) => {
+            Some(k(K::GemmRfQ6K, K::GemmGateUpRf96Q6K, K::GemmDownRf96Q6K))
         }
         _ => None,
     }
@@ -671,6 +682,7 @@ mod tests {
             ("Q4_K", GEMM_RF_SMEM_Q4K),
             ("Q4_K_128", GEMM_RF_SMEM_Q4K_128),
             ("Q6_K", GEMM_RF_SMEM_Q6K),
+            ("Q6_K_96", GEMM_RF_SMEM_Q6K_96),
         ] {
             assert!(
                 src.contains(&format!("#define RF_SMEM_{name} {v}\n")),

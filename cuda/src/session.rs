@@ -22,6 +22,7 @@ use crate::manifest::{
 use crate::weights::{DFfn, DeviceWeights};
 
 mod fused;
+mod fused_prefill;
 
 /// Sizes fixed at session creation.
 #[derive(Clone, Copy, Debug)]
@@ -117,10 +118,16 @@ enum RfUse {
 /// [`h16_takes`] the matrix (`LAGOON_CUDA_GEMM_H16=0` turns the path off).
 const GEMM_H16_MIN_TOKENS: usize = 512;
 
-/// Matrices `gemm_h16` takes: columns a multiple of 32 and at least 1024 rows (smaller ones,
-/// the router, would leave most SMs idle on 128-row tiles).
-fn h16_takes(rows: usize, cols: usize) -> bool {
-    rows >= 1024 && cols.is_multiple_of(32)
+/// Fewest rows of a matrix `gemm_h16` takes by default (`LAGOON_CUDA_H16_MIN_ROWS`
+/// overrides it). The router's 256 rows give a grid of only two row tiles, but its f32
+/// weights on the per-tile kernels (`gemm32_f32`: each block re-reads 4-byte weights for 32
+/// tokens) took 3.9 µs per token of a 2048-token S 2.1 step.
+const GEMM_H16_MIN_ROWS: usize = 256;
+
+/// Matrices `gemm_h16` takes: columns a multiple of 32 and at least `min_rows` rows
+/// (smaller ones would leave most SMs idle on 128-row tiles).
+fn h16_takes(rows: usize, cols: usize, min_rows: usize) -> bool {
+    rows >= min_rows && cols.is_multiple_of(32)
 }
 
 /// Longest row the fused norm + quantise kernel takes (`NQ_MAX`).
@@ -180,6 +187,11 @@ pub struct CudaSession {
     /// The f16 activations of a tensor-core product (`to_f16`), `[ubatch, widest input]`.
     _xh: CudaSlice<u16>,
     xh: u64,
+    /// Which value of the graph being walked `xh` holds (consecutive products of one input
+    /// convert it once; the prefill fusions write it directly).
+    xh_holds: Cell<Option<usize>>,
+    /// [`GEMM_H16_MIN_ROWS`], or `LAGOON_CUDA_H16_MIN_ROWS` when set.
+    h16_min_rows: usize,
     /// The f16 copy of the matrix a gemm_h.cu product is working on (0: that path is off for
     /// this session's ubatch).
     _wh: CudaSlice<u16>,
@@ -222,6 +234,8 @@ pub struct CudaSession {
     /// How many nodes of the decode graph read each value (the fusions skip values only
     /// their fused partner reads).
     readers: Vec<u32>,
+    /// The same for the prefill graph.
+    prefill_readers: Vec<u32>,
     /// Multi-node decode fusions on (`LAGOON_CUDA_NO_FUSE=1` turns them off, for bisecting;
     /// the quantised products still run one node at a time).
     fuse: bool,
@@ -319,6 +333,10 @@ impl CudaSession {
             .during("allocating the f16 activation scratch")?;
         // The largest matrix gemm_h.cu takes (an f16 copy per product; none when the ubatch
         // is too small for that path).
+        let h16_min_rows = std::env::var("LAGOON_CUDA_H16_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(GEMM_H16_MIN_ROWS);
         let wh_len = if opts.quantized_activations
             && opts.ubatch >= GEMM_H16_MIN_TOKENS
             && std::env::var_os("LAGOON_CUDA_GEMM_H16").is_none_or(|v| v != "0")
@@ -332,7 +350,7 @@ impl CudaSession {
                         if prefill.values[x].rows(opts.ubatch) >= GEMM_H16_MIN_TOKENS =>
                     {
                         let m = weights.mat(w);
-                        h16_takes(m.rows, m.cols).then_some(m.rows * m.cols)
+                        h16_takes(m.rows, m.cols, h16_min_rows).then_some(m.rows * m.cols)
                     }
                     _ => None,
                 })
@@ -423,13 +441,8 @@ impl CudaSession {
         ];
         let out_len = prefill.values[prefill.output].capacity(opts.ubatch);
         let (xq_len, actq_len) = quant_scratch(cfg, &decode, &weights);
-        let mut readers = vec![0u32; decode.values.len()];
-        for op in &decode.nodes {
-            for v in op.inputs() {
-                readers[v] += 1;
-            }
-        }
-        readers[decode.output] += 1;
+        let readers = graph_readers(&decode);
+        let prefill_readers = graph_readers(&prefill);
         let xq_buf = s
             .alloc_zeros::<u8>(xq_len.max(1))
             .during("allocating the activation quantisation scratch")?;
@@ -457,6 +470,8 @@ impl CudaSession {
             act,
             _xh: xh_buf,
             xh,
+            xh_holds: Cell::new(None),
+            h16_min_rows,
             wh: if wh_len > 0 {
                 wh_buf.device_ptr(s).0
             } else {
@@ -489,6 +504,7 @@ impl CudaSession {
             route_copy,
             profile: None,
             readers,
+            prefill_readers,
             fuse: std::env::var_os("LAGOON_CUDA_NO_FUSE").is_none_or(|v| v != "1"),
             gemm_rf: match std::env::var_os("LAGOON_CUDA_GEMM_RF") {
                 Some(v) if v == "0" => RfUse::Off,
@@ -623,6 +639,17 @@ impl CudaSession {
         Ok(())
     }
 
+    /// Turns the multi-node fusions of both step kinds on (the default) or off, for
+    /// bisecting and for tests that compare the two (the environment's
+    /// `LAGOON_CUDA_NO_FUSE=1` sets the same at creation). The decode graph is captured
+    /// again on the next decode step.
+    pub fn set_fusions(&mut self, on: bool) {
+        if self.fuse != on {
+            self.fuse = on;
+            self.decode_graph = None;
+        }
+    }
+
     /// Starts (`true`) or stops timing every kernel of the following steps (which then run
     /// without CUDA graphs, each queued behind a spin kernel). Stopping returns the totals.
     pub fn set_profiling(&mut self, on: bool) -> Option<Vec<KernelTime>> {
@@ -660,6 +687,7 @@ impl CudaSession {
         n: usize,
         split: usize,
         gate: Option<(u64, usize)>,
+        oh: u64,
     ) -> Result<(), CudaError> {
         use Arg::{I, P};
         let c = &self.cfg;
@@ -685,6 +713,10 @@ impl CudaSession {
                     I(window as i32),
                     I(n as i32),
                     P(self.params),
+                    // The fused epilogue: gate (null: none) and f16 output (null: f32 out).
+                    P(gate.map_or(0, |g| g.0)),
+                    I(gate.map_or(0, |g| g.1 as i32)),
+                    P(oh),
                 ],
             );
         }
@@ -728,6 +760,19 @@ impl CudaSession {
     /// The tensor-core prefill kernels for weights of type `ty` (rows of `cols`) on token
     /// tiles of `tile`.
     fn gemm(&self, ty: WType, cols: usize, tile: usize) -> GemmKernels {
+        // Q6_K's 128-pair expert tiles run on the 64-pair kernels (two passes) unless
+        // `LAGOON_CUDA_RF96=1`: the 96-pair kernels decode each weight once instead of twice
+        // (28% fewer instructions) but are slower (S 2.1 Q6_K down 15.8 -> 26.6 µs/token,
+        // ncu: L1 hit rate 66% -> 26%; their 227 KiB of shared memory leaves L1 too small
+        // for the 8-byte cp.async.ca row copies; BENCHMARKS.md).
+        let tile = if ty == WType::Q6K
+            && tile == 128
+            && std::env::var_os("LAGOON_CUDA_RF96").is_none_or(|v| v != "1")
+        {
+            64
+        } else {
+            tile
+        };
         if self.gemm_rf != RfUse::Off
             && let Some(k) = gemm_rf(ty, cols, tile)
         {
@@ -746,9 +791,14 @@ impl CudaSession {
         if self.opts.kv_f16 { f16 } else { f32 }
     }
 
-    /// Rounds `len` f32 values at `x` to f16 into the activation scratch (`to_f16`; `len` is a
-    /// multiple of 4, as every tensor-core product's input is).
-    fn to_f16(&self, x: u64, len: usize) -> Result<(), CudaError> {
+    /// Rounds the `len` f32 values of value `v` (at `x`) to f16 into the activation scratch
+    /// (`to_f16`; `len` is a multiple of 4, as every tensor-core product's input is), unless
+    /// the scratch holds `v` already.
+    fn to_f16(&self, v: usize, x: u64, len: usize) -> Result<(), CudaError> {
+        if self.xh_holds.get() == Some(v) {
+            return Ok(());
+        }
+        self.xh_holds.set(Some(v));
         let len4 = len / 4;
         self.dev.launch(
             K::ToF16,
@@ -763,6 +813,7 @@ impl CudaSession {
     fn experts(
         &self,
         layer: usize,
+        xv: usize,
         x: u64,
         ids: u64,
         weights: u64,
@@ -831,7 +882,7 @@ impl CudaSession {
             if tc {
                 // x in f16 for gate/up, which writes the SwiGLU activations in f16 (into the
                 // expert scratch) for down.
-                self.to_f16(x, n * h)?;
+                self.to_f16(xv, x, n * h)?;
                 let kernels = (
                     self.gemm(gate.ty, h, group).gate_up,
                     self.gemm(down.ty, i, group).down,
@@ -910,6 +961,18 @@ impl CudaSession {
         self.dev.launch(down_k, grid_d, block, &a[..n])
     }
 
+    /// Steps of `n` tokens on the fast path multiply on the tensor cores (products whose
+    /// rows are a multiple of 32 wide: [`Self::tc_product`]).
+    fn tc_step(&self, n: usize) -> bool {
+        self.opts.quantized_activations && n >= GEMM_MIN_TOKENS
+    }
+
+    /// A product of `cols`-wide rows over `nt` token rows takes the tensor-core kernels
+    /// (with f16 activations from `xh`).
+    fn tc_product(&self, cols: usize, nt: usize) -> bool {
+        self.tc_step(nt) && cols.is_multiple_of(32)
+    }
+
     /// Prefill steps on the fast path take the tensor-core attention (`flash.cu`, head_dim
     /// 128 only; f16 operands, f32 softmax and accumulation).
     fn prefill_attention(&self, n: usize, split: usize) -> bool {
@@ -935,15 +998,21 @@ impl CudaSession {
         let d = c.head_dim;
         let params = self.params;
         let fast = n == 1 && self.opts.quantized_activations;
+        let fast_prefill = self.fuse && self.tc_step(n);
         self.xq_holds.set(None);
+        self.xh_holds.set(None);
         let mut i = 0;
         while i < graph.nodes.len() {
-            if fast {
-                let used = self.fused_decode(graph, i)?;
-                if used > 0 {
-                    i += used;
-                    continue;
-                }
+            let used = if fast {
+                self.fused_decode(graph, i)?
+            } else if fast_prefill {
+                self.fused_prefill(graph, i, n)?
+            } else {
+                0
+            };
+            if used > 0 {
+                i += used;
+                continue;
             }
             let op = &graph.nodes[i];
             i += 1;
@@ -984,10 +1053,7 @@ impl CudaSession {
                 Op::MatMul { x, w, out } => {
                     let m = self.w.mat(w);
                     let nt = rows(x);
-                    if self.opts.quantized_activations
-                        && nt >= GEMM_MIN_TOKENS
-                        && m.cols.is_multiple_of(32)
-                    {
+                    if self.tc_product(m.cols, nt) {
                         // gemm_rf.cu where it takes the type, on 128-token tiles (Q4_K) where
                         // the grid still fills the GPU twice; gemm.cu on half-width token tiles
                         // where 64-token ones would not fill two blocks per SM (K/V
@@ -1010,8 +1076,11 @@ impl CudaSession {
                         } else {
                             GEMM_TILE_TOKENS
                         };
-                        self.to_f16(at(x), nt * m.cols)?;
-                        if self.wh != 0 && nt >= GEMM_H16_MIN_TOKENS && h16_takes(m.rows, m.cols) {
+                        self.to_f16(x, at(x), nt * m.cols)?;
+                        if self.wh != 0
+                            && nt >= GEMM_H16_MIN_TOKENS
+                            && h16_takes(m.rows, m.cols, self.h16_min_rows)
+                        {
                             let len = m.rows * m.cols;
                             dev.launch(
                                 m.ty.dequant_f16(),
@@ -1116,7 +1185,7 @@ impl CudaSession {
                     } else {
                         1
                     };
-                    self.attention(layer, at(q), at(out), n, split, None)?;
+                    self.attention(layer, at(q), at(out), n, split, None, 0)?;
                     if split > 1 {
                         dev.launch(
                             K::AttentionMerge,
@@ -1197,7 +1266,7 @@ impl CudaSession {
                     ids,
                     weights,
                     out,
-                } => self.experts(layer, at(x), at(ids), at(weights), at(out), n)?,
+                } => self.experts(layer, x, at(x), at(ids), at(weights), at(out), n)?,
                 Op::LastRow { x, out } => {
                     let cols = vals[x].cols;
                     dev.launch(
@@ -1215,6 +1284,18 @@ impl CudaSession {
         }
         Ok(())
     }
+}
+
+/// How many nodes of `graph` read each value (the graph's output counts as one more).
+fn graph_readers(graph: &Graph) -> Vec<u32> {
+    let mut readers = vec![0u32; graph.values.len()];
+    for op in &graph.nodes {
+        for v in op.inputs() {
+            readers[v] += 1;
+        }
+    }
+    readers[graph.output] += 1;
+    readers
 }
 
 /// Bytes of the decode path's quantisation scratch: the widest quantised matrix input, and

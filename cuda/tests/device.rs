@@ -512,6 +512,57 @@ fn decode_graph_replay_equals_eager_steps() {
     }
 }
 
+/// The prefill fusions (`session/fused_prefill.rs`: QK-norm + RoPE + KV store, the norm
+/// writing the products' f16 input) give the unfused kernels' bits: whole tensor-core
+/// prefill steps with fusions on and off, both KV caches, one-shot and in 16-token chunks,
+/// on the tiny models with a per-head and a per-element gate. (The attention epilogue's
+/// fusion needs head_dim 128; tests/tensor_core.rs checks it against gate_mul + to_f16.)
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prefill_fusions_give_the_unfused_bits() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
+    for model in [
+        "xs2_style/model-q8_0.gguf",
+        "hybrid_perhead/model-f16.gguf",
+        "perelem_legacy/model-q8_0.gguf",
+    ] {
+        let path = PathBuf::from(root).join(model);
+        if !path.exists() {
+            continue;
+        }
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let w = weights(&ckpt);
+        let toks = xs2_tokens(&ckpt);
+        for kv_f16 in [false, true] {
+            for ubatch in [toks.len(), 16] {
+                let run = |fuse: bool| {
+                    let opts = CudaSessionOptions {
+                        n_ctx: toks.len(),
+                        ubatch,
+                        all_logits: true,
+                        kv_f16,
+                        ..Default::default()
+                    };
+                    let mut s = CudaSession::new(&ckpt.config, &w, opts).unwrap();
+                    s.set_fusions(fuse);
+                    let mut out = Vec::new();
+                    s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
+                    out
+                };
+                let (fused, plain) = (run(true), run(false));
+                println!(
+                    "{model} kv_f16 {kv_f16} ubatch {ubatch}: fused vs unfused prefill rel L2 {:.3e}",
+                    rel_l2(&fused, &plain)
+                );
+                assert!(
+                    same_bits(&fused, &plain),
+                    "{model} kv_f16 {kv_f16} ubatch {ubatch}: the prefill fusions changed the logits"
+                );
+            }
+        }
+    }
+}
+
 /// The f16 KV cache (`kv_f16`) on a whole tiny model: every attention kernel and both cache
 /// writers, in prefill, chunked and decode steps (split-K at decode), against the f32
 /// cache. K and V rounded to f16 move the logits by about f16 rounding (~2e-4 here) on every

@@ -507,8 +507,9 @@ fn prefill_attention_matches_the_f32_kernel() {
         let (_q, qp) = upload(&dev, &q);
         let (_p, pp) = upload(&dev, &params);
         let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, d, window, n, pp);
-        // The kernel (f32 or f16 cache) on the rings at kp / vp.
-        let run = |kernel: K, kp: u64, vp: u64| {
+        // The kernel (f32 or f16 cache) on the rings at kp / vp; `epi`: the fused gate
+        // (g, gcols) and f16 output pointer (0 / 0 / 0: none).
+        let run_epi = |kernel: K, kp: u64, vp: u64, epi: (u64, usize, u64)| {
             let ob = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
             dev.launch(
                 kernel,
@@ -525,11 +526,15 @@ fn prefill_attention_matches_the_f32_kernel() {
                     Arg::I(window as i32),
                     Arg::I(n as i32),
                     Arg::P(pp),
+                    Arg::P(epi.0),
+                    Arg::I(epi.1 as i32),
+                    Arg::P(epi.2),
                 ],
             )
             .unwrap();
             download(&dev, &ob)
         };
+        let run = |kernel: K, kp: u64, vp: u64| run_epi(kernel, kp, vp, (0, 0, 0));
         let got = run(K::AttentionPrefill, kp, vp);
         let e = max_rel(&got, &want);
         println!("attention_prefill window {window} pos0 {pos0} n {n}: max rel err {e:.2e}");
@@ -549,6 +554,61 @@ fn prefill_attention_matches_the_f32_kernel() {
             same_bits(&got16, &got),
             "attention_prefill_f16 differs from the f32 cache's result (window {window} pos0 {pos0} n {n})"
         );
+        // The fused epilogue (softplus gate per head and per element, f16 output): bitwise
+        // gate_mul then to_f16 on the unfused output.
+        for gcols in [hq, hq * d] {
+            let g: Vec<f32> = (0..n * gcols).map(|_| 4.0 * rng.f()).collect();
+            let (_g, gp) = upload(&dev, &g);
+            let len = n * hq * d;
+            let (_o, op) = upload(&dev, &got);
+            let gated = dev.stream.alloc_zeros::<f32>(len).unwrap();
+            let gated_p = gated.device_ptr(&dev.stream).0;
+            let want_h = dev.stream.alloc_zeros::<u16>(len).unwrap();
+            let got_h = dev.stream.alloc_zeros::<u16>(len).unwrap();
+            let (want_hp, got_hp) = (
+                want_h.device_ptr(&dev.stream).0,
+                got_h.device_ptr(&dev.stream).0,
+            );
+            dev.launch(
+                K::GateMul,
+                (len.div_ceil(256) as u32, 1),
+                256,
+                &[
+                    Arg::P(op),
+                    Arg::P(gp),
+                    Arg::P(gated_p),
+                    Arg::I((hq * d) as i32),
+                    Arg::I(gcols as i32),
+                    Arg::P(len as u64),
+                ],
+            )
+            .unwrap();
+            dev.launch(
+                K::ToF16,
+                ((len / 4).div_ceil(256) as u32, 1),
+                256,
+                &[Arg::P(gated_p), Arg::P(want_hp), Arg::P((len / 4) as u64)],
+            )
+            .unwrap();
+            for (kernel, kp, vp) in [
+                (K::AttentionPrefill, kp, vp),
+                (K::AttentionPrefillF16, kp16, vp16),
+            ] {
+                let untouched = run_epi(kernel, kp, vp, (gp, gcols, got_hp));
+                let a = dev.stream.clone_dtoh(&want_h).unwrap();
+                let b = dev.stream.clone_dtoh(&got_h).unwrap();
+                dev.stream.synchronize().unwrap();
+                assert!(
+                    a == b,
+                    "{} gate ({gcols} per token) + f16 epilogue differs from gate_mul + to_f16 (window {window} pos0 {pos0} n {n})",
+                    kernel.name()
+                );
+                assert!(
+                    untouched.iter().all(|&v| v == 0.0),
+                    "f16 epilogue wrote the f32 output"
+                );
+            }
+        }
     }
 }
 

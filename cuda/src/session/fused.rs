@@ -252,13 +252,13 @@ impl CudaSession {
                 let gcols = vals[g].cols;
                 // One kernel reads q and writes og: og must not overlap another head's q.
                 if split < 2 && (apart(og, q) || vals[og].offset == vals[q].offset) {
-                    self.attention(layer, at(q), at(og), 1, 1, Some((at(g), gcols)))?;
+                    self.attention(layer, at(q), at(og), 1, 1, Some((at(g), gcols)), 0)?;
                     return Ok(2);
                 }
                 if split < 2 {
                     return Ok(0);
                 }
-                self.attention(layer, at(q), at(out), 1, split, None)?;
+                self.attention(layer, at(q), at(out), 1, split, None, 0)?;
                 dev.launch(
                     K::AttentionMergeGate,
                     (hq as u32, 1),

@@ -1,0 +1,162 @@
+//! The prefill step's fusions (tensor-core path): node patterns of the many-token graph that
+//! one kernel computes, each giving the bits of the unfused kernels it replaces (a device
+//! test compares whole prefill steps with fusions on and off). See
+//! [`CudaSession::fused_prefill`]. A child module of `session`, so it reads the session's
+//! fields directly.
+
+use lagoon_core::graph::{Graph, Op};
+
+use super::CudaSession;
+use crate::device::{Arg, blocks};
+use crate::error::CudaError;
+use crate::manifest::K;
+
+impl CudaSession {
+    /// Prefill fusions on the tensor-core path (`n` tokens): recognises, at node `i`, a run
+    /// of nodes one fused kernel does, launches it and returns how many nodes it covered; 0 =
+    /// none, the node runs on its own. Each pattern checks that the values it skips are read
+    /// by nobody else.
+    ///
+    /// - QK-norm, RoPE and the KV store (five nodes) in one `qk_norm_rope_store` launch
+    ///   over every (head, token).
+    /// - A whole-row RMSNorm whose output a tensor-core product reads next also writes the
+    ///   product's f16 input (`rms_norm_h`), so the products of that value (Q/K/V/gate, or
+    ///   the router, the experts and the shared expert) convert nothing.
+    /// - Prefill attention followed by the softplus output gate and the output projection:
+    ///   the gate and the f16 rounding in the attention kernel's epilogue, straight into the
+    ///   projection's f16 input (neither the f32 output nor the gated one is written).
+    pub(super) fn fused_prefill(
+        &self,
+        graph: &Graph,
+        i: usize,
+        n: usize,
+    ) -> Result<usize, CudaError> {
+        use Arg::{F, I, P};
+        let c = &self.cfg;
+        let nodes = &graph.nodes;
+        let vals = &graph.values;
+        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
+        let once = |v: usize| self.prefill_readers[v] == 1;
+        // A fused output must not overlap a fused input (the planner lets a value reuse the
+        // space of values that died before it was made).
+        let apart = |a: usize, b: usize| {
+            let (ra, rb) = (&vals[a], &vals[b]);
+            ra.offset + ra.capacity(n) <= rb.offset || rb.offset + rb.capacity(n) <= ra.offset
+        };
+        let next = |k: usize| nodes.get(i + k).copied();
+        // Whether node k is a product of value v on the tensor cores.
+        let tc_reads = |k: usize, v: usize| match next(k) {
+            Some(Op::MatMul { x, w, .. }) => {
+                x == v && self.tc_product(self.w.mat(w).cols, vals[x].rows(n))
+            }
+            _ => false,
+        };
+        let dev = &self.dev;
+        let d = c.head_dim;
+        match nodes[i] {
+            Op::RmsNorm {
+                x: q,
+                w: qw,
+                out: qn,
+            } => {
+                if let (
+                    Some(Op::RmsNorm {
+                        x: k,
+                        w: kw,
+                        out: kn,
+                    }),
+                    Some(Op::Rope {
+                        x: rq,
+                        sliding,
+                        out: qr,
+                    }),
+                    Some(Op::Rope { x: rk, out: kr, .. }),
+                    Some(Op::KvStore { layer, k: sk, v }),
+                ) = (next(1), next(2), next(3), next(4))
+                    && rq == qn
+                    && rk == kn
+                    && sk == kr
+                    && once(qn)
+                    && once(kn)
+                    && once(kr)
+                    && (apart(qr, q) || vals[qr].offset == vals[q].offset)
+                    && apart(qr, k)
+                    && apart(qr, v)
+                    && self.w.vector(qw).len == d
+                    && self.w.vector(kw).len == d
+                {
+                    let kv = self.kv[layer];
+                    let hq = c.n_heads[layer];
+                    let (freq, scale, rd) = self.ropes[sliding as usize];
+                    dev.launch(
+                        self.kv_kernel(K::QkNormRopeStore, K::QkNormRopeStoreF16),
+                        (blocks(hq + c.n_kv_heads, 4), n as u32),
+                        128,
+                        &[
+                            P(at(q)),
+                            P(at(k)),
+                            P(at(v)),
+                            P(self.w.vector(qw).ptr),
+                            P(self.w.vector(kw).ptr),
+                            P(at(qr)),
+                            P(kv.k),
+                            P(kv.v),
+                            I(kv.cap as i32),
+                            P(freq),
+                            F(scale),
+                            I(rd as i32),
+                            I(d as i32),
+                            I(hq as i32),
+                            I(c.n_kv_heads as i32),
+                            F(c.rms_eps),
+                            P(self.params),
+                        ],
+                    )?;
+                    return Ok(5);
+                }
+                // A whole-row norm read next by a tensor-core product.
+                let g = self.w.vector(qw);
+                let cols = vals[q].cols;
+                if g.len != cols || !tc_reads(1, qn) {
+                    return Ok(0);
+                }
+                let groups = vals[q].rows(n);
+                dev.launch(
+                    K::RmsNormH,
+                    (blocks(groups, 4), 1),
+                    128,
+                    &[
+                        P(at(q)),
+                        P(g.ptr),
+                        P(at(qn)),
+                        P(self.xh),
+                        I(cols as i32),
+                        I(groups as i32),
+                        F(c.rms_eps),
+                    ],
+                )?;
+                self.xh_holds.set(Some(qn));
+                Ok(1)
+            }
+            Op::Attention { layer, q, out } => {
+                if !self.prefill_attention(n, 1) || !once(out) {
+                    return Ok(0);
+                }
+                // The gate, when the layer has one, then the product reading the result.
+                let (gate, last, used) = match next(1) {
+                    Some(Op::GateMul { o, g, out: og }) if o == out => {
+                        (Some((at(g), vals[g].cols)), og, 2)
+                    }
+                    _ => (None, out, 1),
+                };
+                if !once(last) || !tc_reads(used, last) {
+                    return Ok(0);
+                }
+                self.attention(layer, at(q), at(out), n, 1, gate, self.xh)?;
+                self.xh_holds.set(Some(last));
+                Ok(used)
+            }
+            _ => Ok(0),
+        }
+    }
+}
