@@ -140,8 +140,8 @@ extern "C" __global__ void attention_merge(const float* __restrict__ part, float
 // and visibility as `attention`, a different work split): each warp takes runs of 32 keys,
 // lane l scoring key l of the run on its own (the whole d-wide dot from 16-byte loads, q in
 // shared memory), so a run costs one warp max/sum instead of a shuffle reduction per key;
-// then lanes switch to owning dims (lane + 32 i) to add the run's p-weighted V rows
-// (coalesced). Online softmax per warp, warps merged as in `attention`. The summation order
+// then lanes switch to owning dim pairs (2 lane + 64 i, + 1) to add the run's p-weighted V
+// rows (coalesced). Online softmax per warp, warps merged as in `attention`. The summation order
 // differs from `attention` (and the CPU), so this kernel is not on the exact path. With one
 // split and a gate g (not null), the output is multiplied by softplus(g[c / per]) as
 // gate_mul does (per = hq d / gcols), fusing that node.
@@ -169,9 +169,13 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
     for (int k = threadIdx.x; k < d; k += blockDim.x) qs[k] = q[(size_t)h * d + k];
     __syncthreads();
     float scale = 1.0f / sqrtf((float)d);
-    float acc[ATT_MAX_D / 32];
+    // Lane l holds output dims 2 l + 64 i and 2 l + 64 i + 1 (i < d / 64, rounded up): the
+    // value rows are read as pairs (4 bytes per lane from an f16 cache, not 2). Each dim
+    // still takes its keys one at a time in order, so the sums are those of a lane-per-dim
+    // layout.
+    float acc[ATT_MAX_D / 64][2];
     #pragma unroll
-    for (int i = 0; i < ATT_MAX_D / 32; i++) acc[i] = 0.0f;
+    for (int i = 0; i < ATT_MAX_D / 64; i++) acc[i][0] = acc[i][1] = 0.0f;
     float m = -LG_INF, l = 0.0f;
     for (int base = first + 32 * warp; base <= last; base += 32 * ATT_WARPS) {
         int j = base + lane;
@@ -199,30 +203,36 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
         float p = live ? expf(s - mn) : 0.0f;
         l = l * corr + warp_sum(p);
         #pragma unroll
-        for (int i = 0; i < ATT_MAX_D / 32; i++) acc[i] *= corr;
+        for (int i = 0; i < ATT_MAX_D / 64; i++) {
+            acc[i][0] *= corr;
+            acc[i][1] *= corr;
+        }
         int nk = min(32, last - base + 1);
         // Four keys' value rows are loaded before any is added (rolled, each key's loads
         // waited for their own round trip: 32 per chunk of keys); the additions keep the
         // one-key-at-a-time order.
         int jj = 0;
         for (; jj + ATT_VB <= nk; jj += ATT_VB) {
-            float pv[ATT_VB], xv[ATT_VB][ATT_MAX_D / 32];
+            float pv[ATT_VB];
+            float2 xv[ATT_VB][ATT_MAX_D / 64];
             #pragma unroll
             for (int u = 0; u < ATT_VB; u++) {
                 pv[u] = __shfl_sync(0xffffffffu, p, jj + u);
                 const KV* vr = vc + (size_t)((base + jj + u) % cap) * row + (size_t)kvh * d;
                 #pragma unroll
-                for (int i = 0; i < ATT_MAX_D / 32; i++) {
-                    int k = lane + 32 * i;
-                    xv[u][i] = k < d ? Kv<KV>::ld(vr + k) : 0.0f;
+                for (int i = 0; i < ATT_MAX_D / 64; i++) {
+                    int k = 2 * lane + 64 * i;
+                    xv[u][i] = k < d ? Kv<KV>::ld2(vr + k) : make_float2(0.0f, 0.0f);
                 }
             }
             #pragma unroll
             for (int u = 0; u < ATT_VB; u++) {
                 #pragma unroll
-                for (int i = 0; i < ATT_MAX_D / 32; i++) {
-                    int k = lane + 32 * i;
-                    if (k < d) acc[i] += pv[u] * xv[u][i];
+                for (int i = 0; i < ATT_MAX_D / 64; i++) {
+                    if (2 * lane + 64 * i < d) {
+                        acc[i][0] += pv[u] * xv[u][i].x;
+                        acc[i][1] += pv[u] * xv[u][i].y;
+                    }
                 }
             }
         }
@@ -230,9 +240,13 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
             float pj = __shfl_sync(0xffffffffu, p, jj);
             const KV* vr = vc + (size_t)((base + jj) % cap) * row + (size_t)kvh * d;
             #pragma unroll
-            for (int i = 0; i < ATT_MAX_D / 32; i++) {
-                int k = lane + 32 * i;
-                if (k < d) acc[i] += pj * Kv<KV>::ld(vr + k);
+            for (int i = 0; i < ATT_MAX_D / 64; i++) {
+                int k = 2 * lane + 64 * i;
+                if (k < d) {
+                    float2 x = Kv<KV>::ld2(vr + k);
+                    acc[i][0] += pj * x.x;
+                    acc[i][1] += pj * x.y;
+                }
             }
         }
         m = mn;
@@ -241,9 +255,12 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
     __shared__ float sacc[ATT_WARPS][ATT_MAX_D];
     if (lane == 0) { sm[warp] = m; sl[warp] = l; }
     #pragma unroll
-    for (int i = 0; i < ATT_MAX_D / 32; i++) {
-        int k = lane + 32 * i;
-        if (k < d) sacc[warp][k] = acc[i];
+    for (int i = 0; i < ATT_MAX_D / 64; i++) {
+        int k = 2 * lane + 64 * i;
+        if (k < d) {
+            sacc[warp][k] = acc[i][0];
+            sacc[warp][k + 1] = acc[i][1];
+        }
     }
     __syncthreads();
     float M = -LG_INF;

@@ -60,6 +60,8 @@ template <> struct Kv<float> {
     static __device__ __forceinline__ void st(float* p, float v) { *p = v; }
     // Four consecutive values (p 16-byte aligned).
     static __device__ __forceinline__ float4 ld4(const float* p) { return *(const float4*)p; }
+    // Two consecutive values (p 8-byte aligned).
+    static __device__ __forceinline__ float2 ld2(const float* p) { return *(const float2*)p; }
 };
 template <> struct Kv<unsigned short> {
     static __device__ __forceinline__ float ld(const unsigned short* p) { return f16_to_f32(*p); }
@@ -71,6 +73,11 @@ template <> struct Kv<unsigned short> {
         uint2 u = *(const uint2*)p;
         return make_float4(f16_to_f32((unsigned short)(u.x & 0xFFFF)), f16_to_f32((unsigned short)(u.x >> 16)),
                            f16_to_f32((unsigned short)(u.y & 0xFFFF)), f16_to_f32((unsigned short)(u.y >> 16)));
+    }
+    // Two consecutive values (p 4-byte aligned).
+    static __device__ __forceinline__ float2 ld2(const unsigned short* p) {
+        u32 u = *(const u32*)p;
+        return make_float2(f16_to_f32((unsigned short)(u & 0xFFFF)), f16_to_f32((unsigned short)(u >> 16)));
     }
 };
 

@@ -19,7 +19,7 @@ use crate::manifest::{
     ActQ, GEMM_H16_TILE, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType,
     gemm_rf, gemm_wg,
 };
-use crate::weights::{DFfn, DeviceWeights};
+use crate::weights::{DFfn, DMat, DeviceWeights};
 
 mod fused;
 mod fused_prefill;
@@ -973,6 +973,44 @@ impl CudaSession {
         self.tc_step(nt) && cols.is_multiple_of(32)
     }
 
+    /// Whether the product of `m` over `nt` token rows runs on `gemm_h.cu` (a per-step f16
+    /// copy of the matrix, then `gemm_h16`).
+    fn h16_takes(&self, m: &DMat, nt: usize) -> bool {
+        self.wh != 0 && nt >= GEMM_H16_MIN_TOKENS && h16_takes(m.rows, m.cols, self.h16_min_rows)
+    }
+
+    /// `out = xh · m` over `nt` token rows through the f16 copy of `m` (the caller checked
+    /// [`Self::h16_takes`] and filled `xh`).
+    fn h16_product(&self, m: &DMat, nt: usize, out: u64) -> Result<(), CudaError> {
+        use Arg::{I, P};
+        let len = m.rows * m.cols;
+        self.dev.launch(
+            m.ty.dequant_f16(),
+            (blocks(len / 32, 256), 1),
+            256,
+            &[
+                P(m.ptr),
+                P(m.row_bytes),
+                P(self.wh),
+                I(m.rows as i32),
+                I(m.cols as i32),
+            ],
+        )?;
+        self.dev.launch(
+            K::GemmH16,
+            (blocks(nt, GEMM_H16_TILE), blocks(m.rows, GEMM_H16_TILE)),
+            GEMM_THREADS,
+            &[
+                P(self.wh),
+                P(self.xh),
+                P(out),
+                I(m.rows as i32),
+                I(m.cols as i32),
+                I(nt as i32),
+            ],
+        )
+    }
+
     /// Prefill steps on the fast path take the tensor-core attention (`flash.cu`, head_dim
     /// 128 only; f16 operands, f32 softmax and accumulation).
     fn prefill_attention(&self, n: usize, split: usize) -> bool {
@@ -1077,36 +1115,8 @@ impl CudaSession {
                             GEMM_TILE_TOKENS
                         };
                         self.to_f16(x, at(x), nt * m.cols)?;
-                        if self.wh != 0
-                            && nt >= GEMM_H16_MIN_TOKENS
-                            && h16_takes(m.rows, m.cols, self.h16_min_rows)
-                        {
-                            let len = m.rows * m.cols;
-                            dev.launch(
-                                m.ty.dequant_f16(),
-                                (blocks(len / 32, 256), 1),
-                                256,
-                                &[
-                                    P(m.ptr),
-                                    P(m.row_bytes),
-                                    P(self.wh),
-                                    I(m.rows as i32),
-                                    I(m.cols as i32),
-                                ],
-                            )?;
-                            dev.launch(
-                                K::GemmH16,
-                                (blocks(nt, GEMM_H16_TILE), blocks(m.rows, GEMM_H16_TILE)),
-                                GEMM_THREADS,
-                                &[
-                                    P(self.wh),
-                                    P(self.xh),
-                                    P(at(out)),
-                                    I(m.rows as i32),
-                                    I(m.cols as i32),
-                                    I(nt as i32),
-                                ],
-                            )?;
+                        if self.h16_takes(&m, nt) {
+                            self.h16_product(&m, nt, at(out))?;
                             continue;
                         }
                         dev.launch(

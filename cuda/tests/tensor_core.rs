@@ -259,24 +259,27 @@ fn dense_gemm_matches_f16_rounded_reference() {
                             );
                         }
                     }
+                    let h16 = |out: u64| {
+                        dev.launch(
+                            K::GemmH16,
+                            (
+                                n.div_ceil(GEMM_H16_TILE) as u32,
+                                rows.div_ceil(GEMM_H16_TILE) as u32,
+                            ),
+                            GEMM_THREADS,
+                            &[
+                                Arg::P(whp),
+                                Arg::P(xp),
+                                Arg::P(out),
+                                Arg::I(rows as i32),
+                                Arg::I(cols as i32),
+                                Arg::I(n as i32),
+                            ],
+                        )
+                        .unwrap();
+                    };
                     let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
-                    dev.launch(
-                        K::GemmH16,
-                        (
-                            n.div_ceil(GEMM_H16_TILE) as u32,
-                            rows.div_ceil(GEMM_H16_TILE) as u32,
-                        ),
-                        GEMM_THREADS,
-                        &[
-                            Arg::P(whp),
-                            Arg::P(xp),
-                            Arg::P(ob.device_ptr(&dev.stream).0),
-                            Arg::I(rows as i32),
-                            Arg::I(cols as i32),
-                            Arg::I(n as i32),
-                        ],
-                    )
-                    .unwrap();
+                    h16(ob.device_ptr(&dev.stream).0);
                     let got = download(&dev, &ob);
                     let e = max_rel(&got, &want);
                     println!("gemm_h.cu gemm {ty} {rows}x{cols} n={n}: max rel err {e:.2e}");
