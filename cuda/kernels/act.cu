@@ -11,7 +11,7 @@ quantize_q8_K(const float* __restrict__ x, u8* __restrict__ out, int cols, u64 s
     int w = blockIdx.x * ACT_WARPS + threadIdx.x / 32;
     if (w >= rows * nb) return;
     int r = w / nb, b = w % nb;
-    warp_quantize_q8K(x + (size_t)r * cols, out + (size_t)r * stride, cols, b);
+    warp_quantize_q8K(x + (size_t)r * cols + (size_t)b * QK_K, out + (size_t)r * stride, cols, b);
 }
 
 // One thread per 32-block. Grid ceil(rows * nb / 128), block 128.
@@ -21,5 +21,5 @@ extern "C" __global__ void quantize_q8_0(const float* __restrict__ x, u8* __rest
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * nb) return;
     int r = i / nb, b = i % nb;
-    thread_quantize_q8_0(x + (size_t)r * cols, out + (size_t)r * stride, cols, b);
+    thread_quantize_q8_0(x + (size_t)r * cols + (size_t)b * QK, out + (size_t)r * stride, cols, b);
 }

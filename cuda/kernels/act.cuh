@@ -20,13 +20,14 @@ __device__ __forceinline__ int nearest_int(float v) {
     return (bits & 0x007FFFFF) - 0x00400000;
 }
 
-// Quantises 256-block b of the row x (cols wide) into the Q8_K row `row`: the calling warp
-// does the whole block, lane l elements 8l .. 8l + 8 (x 16-byte aligned).
-__device__ __forceinline__ void warp_quantize_q8K(const float* __restrict__ x, u8* __restrict__ row, int cols,
+// Quantises 256-block b of a row (cols wide) into the Q8_K row `row`, from the block's
+// values at xb (16-byte aligned): the calling warp does the whole block, lane l elements
+// 8l .. 8l + 8.
+__device__ __forceinline__ void warp_quantize_q8K(const float* __restrict__ xb, u8* __restrict__ row, int cols,
                                                   int b) {
     int lane = threadIdx.x & 31;
     int nb = cols / QK_K;
-    const float* xb = x + (size_t)b * QK_K + 8 * lane;
+    xb += 8 * lane;
     float4 v0 = *(const float4*)xb, v1 = *(const float4*)(xb + 4);
     float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     // The first element of largest magnitude, with its sign; NaN never wins.
@@ -74,13 +75,12 @@ __device__ __forceinline__ void warp_quantize_q8K(const float* __restrict__ x, u
     if ((lane & 1) == 0) ((short*)(row + cols + 4 * nb))[16 * b + lane / 2] = (short)s;
 }
 
-// Quantises 32-block b of the row x into the Q8_0 row `row` (one thread). d = fp16(amax /
-// 127) widened back to f32, q = roundf(x * id) (ties away from zero) with id = 1 / d taken
-// before the fp16 rounding, ds = d * sum q.
-__device__ __forceinline__ void thread_quantize_q8_0(const float* __restrict__ x, u8* __restrict__ row, int cols,
+// Quantises 32-block b of a row into the Q8_0 row `row` from the block's values at xb (one
+// thread). d = fp16(amax / 127) widened back to f32, q = roundf(x * id) (ties away from
+// zero) with id = 1 / d taken before the fp16 rounding, ds = d * sum q.
+__device__ __forceinline__ void thread_quantize_q8_0(const float* __restrict__ xb, u8* __restrict__ row, int cols,
                                                      int b) {
     int nb = cols / QK;
-    const float* xb = x + (size_t)b * QK;
     float v[32];
     #pragma unroll
     for (int j = 0; j < 32; j += 4) {

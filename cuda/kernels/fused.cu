@@ -60,9 +60,9 @@ __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restr
     }
     __syncthreads();
     if (Q8K) {
-        for (int b = warp; b < glen / QK_K; b += NQ_THREADS / 32) warp_quantize_q8K(y, xq, glen, b);
+        for (int b = warp; b < glen / QK_K; b += NQ_THREADS / 32) warp_quantize_q8K(y + b * QK_K, xq, glen, b);
     } else {
-        for (int b = tid; b < glen / QK; b += NQ_THREADS) thread_quantize_q8_0(y, xq, glen, b);
+        for (int b = tid; b < glen / QK; b += NQ_THREADS) thread_quantize_q8_0(y + b * QK, xq, glen, b);
     }
 }
 
@@ -176,4 +176,68 @@ extern "C" __global__ void attention_merge_gate(const float* __restrict__ part, 
         }
         oh[k] = (o / L) * softplus_f(g[(h * d + k) / per]);
     }
+}
+
+// attention_merge_gate followed by the output projection's activation quantiser (Q8_K or
+// Q8_0, act.cuh): a block merges the split states of G consecutive heads (G d a multiple of
+// the quantiser's block; G d <= MGQ_MAX), gates them, writes the f32 output as
+// attention_merge_gate does, and quantises its G d values into the one-row scratch xq
+// (cols = hq d) with act.cuh's functions, so the values and quants are bitwise those of
+// attention_merge_gate then quantize_q8_K / quantize_q8_0. Grid (hq / G), block MGQ_THREADS.
+#define MGQ_THREADS 128
+#define MGQ_MAX 1024
+template <bool Q8K>
+__device__ void merge_gate_quant(const float* __restrict__ part, const float* __restrict__ g, float* __restrict__ out,
+                                 u8* __restrict__ xq, int hq, int d, int n_split, int gcols, int G) {
+    __shared__ __align__(16) float y[MGQ_MAX];
+    __shared__ float hm[MGQ_MAX / 32], hl[MGQ_MAX / 32];
+    int tid = threadIdx.x, h0 = blockIdx.x * G;
+    // Each head's max and sum over its splits, in attention_merge_gate's order.
+    if (tid < G) {
+        const float* ps = part + (size_t)(h0 + tid) * n_split * (d + 2);
+        float M = -LG_INF;
+        for (int s = 0; s < n_split; s++) M = fmaxf(M, ps[s * (d + 2) + d]);
+        float L = 0.0f;
+        for (int s = 0; s < n_split; s++) {
+            float ms = ps[s * (d + 2) + d];
+            if (ms != -LG_INF) L += ps[s * (d + 2) + d + 1] * expf(ms - M);
+        }
+        hm[tid] = M;
+        hl[tid] = L;
+    }
+    __syncthreads();
+    int per = hq * d / gcols;
+    for (int i = tid; i < G * d; i += MGQ_THREADS) {
+        int hh = i / d, k = i - hh * d, h = h0 + hh;
+        const float* ps = part + (size_t)h * n_split * (d + 2);
+        float M = hm[hh], L = hl[hh];
+        float o = 0.0f;
+        for (int s = 0; s < n_split; s++) {
+            float ms = ps[s * (d + 2) + d];
+            if (ms != -LG_INF) o += ps[s * (d + 2) + k] * expf(ms - M);
+        }
+        float v = (o / L) * softplus_f(g[(h * d + k) / per]);
+        out[(size_t)h * d + k] = v;
+        y[i] = v;
+    }
+    __syncthreads();
+    int cols = hq * d, first = h0 * d;
+    if constexpr (Q8K) {
+        for (int j = tid / 32; j < G * d / QK_K; j += MGQ_THREADS / 32)
+            warp_quantize_q8K(y + j * QK_K, xq, cols, first / QK_K + j);
+    } else {
+        for (int j = tid; j < G * d / QK; j += MGQ_THREADS) thread_quantize_q8_0(y + j * QK, xq, cols, first / QK + j);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MGQ_THREADS)
+attention_merge_gate_q8_K(const float* part, const float* g, float* out, u8* xq, int hq, int d, int n_split,
+                          int gcols, int G) { PDL_ENTRY();
+    merge_gate_quant<true>(part, g, out, xq, hq, d, n_split, gcols, G);
+}
+
+extern "C" __global__ void __launch_bounds__(MGQ_THREADS)
+attention_merge_gate_q8_0(const float* part, const float* g, float* out, u8* xq, int hq, int d, int n_split,
+                          int gcols, int G) { PDL_ENTRY();
+    merge_gate_quant<false>(part, g, out, xq, hq, d, n_split, gcols, G);
 }

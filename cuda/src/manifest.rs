@@ -120,6 +120,8 @@ manifest! {
     QkNormRopeStore => "fused.cu", "qk_norm_rope_store";
     QkNormRopeStoreF16 => "fused.cu", "qk_norm_rope_store_f16";
     AttentionMergeGate => "fused.cu", "attention_merge_gate";
+    AttentionMergeGateQ8K => "fused.cu", "attention_merge_gate_q8_K";
+    AttentionMergeGateQ8_0 => "fused.cu", "attention_merge_gate_q8_0";
     GateUpQQ8_0 => "mmvq.cu", "moe_gate_up_q_q8_0";
     GateUpQQ4K => "mmvq.cu", "moe_gate_up_q_q4_K";
     GateUpQQ6K => "mmvq.cu", "moe_gate_up_q_q6_K";
@@ -559,7 +561,32 @@ impl ActQ {
             ActQ::Q8_0 => K::RmsNormQ8_0,
         }
     }
+    /// The merge of split-K attention states with the output gate and this quantisation
+    /// fused (`fused.cu`).
+    pub fn merge_gate_kernel(self) -> K {
+        match self {
+            ActQ::Q8K => K::AttentionMergeGateQ8K,
+            ActQ::Q8_0 => K::AttentionMergeGateQ8_0,
+        }
+    }
+    /// Heads per block of [`Self::merge_gate_kernel`] for head_dim `d` (the fewest whose
+    /// values fill whole blocks), if that block fits the kernel (`MGQ_MAX` values, 32 heads).
+    pub fn merge_heads(self, d: usize) -> Option<usize> {
+        let (mut a, mut b) = (d, self.block());
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        let g = self.block() / a;
+        (d > 0 && g <= MERGE_QUANT_HEADS && g * d <= MERGE_QUANT_MAX).then_some(g)
+    }
 }
+
+/// Values per block of the fused merge + quantise kernels (`MGQ_MAX`).
+pub const MERGE_QUANT_MAX: usize = 1024;
+/// Heads per block those kernels hold statistics for (`MGQ_MAX / 32`).
+pub const MERGE_QUANT_HEADS: usize = 32;
+/// Threads per block of those kernels (`MGQ_THREADS`).
+pub const MERGE_QUANT_THREADS: u32 = 128;
 
 /// The loaded kernels, indexed by [`K`].
 #[derive(Debug)]

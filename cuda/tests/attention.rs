@@ -125,3 +125,107 @@ fn decode_attention_matches_the_f32_kernel_for_both_caches() {
         }
     }
 }
+
+/// The split-K merge with the output gate and the O projection's quantiser fused
+/// (`attention_merge_gate_q8_K` / `_q8_0`): bitwise `attention_merge_gate` then
+/// `quantize_q8_K` / `quantize_q8_0`, the f32 output and every byte of the quantised row,
+/// for head_dims 128 (S 2.1: two heads per Q8_K block) and 16 (the tiny fixtures), per-head
+/// and per-element gates, splits with no visible key (max -inf).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn merge_gate_quantise_equals_the_unfused_kernels() {
+    use lagoon_cuda::manifest::{ActQ, MERGE_QUANT_THREADS};
+    let dev = device();
+    let mut rng = Rng(0x6e33_0012);
+    for (fmt, d, hq) in [
+        (ActQ::Q8K, 128usize, 72usize),
+        (ActQ::Q8_0, 128, 6),
+        (ActQ::Q8K, 16, 32),
+        (ActQ::Q8_0, 16, 6),
+    ] {
+        let heads = fmt.merge_heads(d).unwrap();
+        let cols = hq * d;
+        for (n_split, gcols) in [(16usize, hq), (3, cols)] {
+            // Split states: unnormalised sums, max and sum of exponentials; some splits see
+            // no key.
+            let mut part = Vec::with_capacity(hq * n_split * (d + 2));
+            for _ in 0..hq * n_split {
+                part.extend((0..d).map(|_| 3.0 * rng.f()));
+                let empty = rng.next().is_multiple_of(5);
+                part.push(if empty {
+                    f32::NEG_INFINITY
+                } else {
+                    4.0 * rng.f()
+                });
+                part.push(if empty {
+                    0.0
+                } else {
+                    1.0 + rng.f().abs() * 30.0
+                });
+            }
+            // Keep at least split 0 of every head visible.
+            for h in 0..hq {
+                let i = h * n_split * (d + 2);
+                part[i + d] = rng.f();
+                part[i + d + 1] = 2.0;
+            }
+            let g: Vec<f32> = (0..gcols).map(|_| 3.0 * rng.f()).collect();
+            let (_p, pp) = upload(&dev, &part);
+            let (_g, gp) = upload(&dev, &g);
+            let stride = fmt.row_stride(cols);
+            let out_ref = dev.stream.alloc_zeros::<f32>(cols).unwrap();
+            let out_new = dev.stream.alloc_zeros::<f32>(cols).unwrap();
+            let q_ref = dev.stream.alloc_zeros::<u8>(stride).unwrap();
+            let q_new = dev.stream.alloc_zeros::<u8>(stride).unwrap();
+            let ptr = |b: &cudarc::driver::CudaSlice<f32>| b.device_ptr(&dev.stream).0;
+            let ptr8 = |b: &cudarc::driver::CudaSlice<u8>| b.device_ptr(&dev.stream).0;
+            dev.launch(
+                K::AttentionMergeGate,
+                (hq as u32, 1),
+                128,
+                &[
+                    Arg::P(pp),
+                    Arg::P(gp),
+                    Arg::P(ptr(&out_ref)),
+                    Arg::I(hq as i32),
+                    Arg::I(d as i32),
+                    Arg::I(n_split as i32),
+                    Arg::I(gcols as i32),
+                ],
+            )
+            .unwrap();
+            dev.quantize_act(fmt, ptr(&out_ref), ptr8(&q_ref), cols, stride, 1)
+                .unwrap();
+            dev.launch(
+                fmt.merge_gate_kernel(),
+                ((hq / heads) as u32, 1),
+                MERGE_QUANT_THREADS,
+                &[
+                    Arg::P(pp),
+                    Arg::P(gp),
+                    Arg::P(ptr(&out_new)),
+                    Arg::P(ptr8(&q_new)),
+                    Arg::I(hq as i32),
+                    Arg::I(d as i32),
+                    Arg::I(n_split as i32),
+                    Arg::I(gcols as i32),
+                    Arg::I(heads as i32),
+                ],
+            )
+            .unwrap();
+            let (a, b) = (download(&dev, &out_ref), download(&dev, &out_new));
+            let qa: Vec<u8> = dev.stream.clone_dtoh(&q_ref).unwrap();
+            let qb: Vec<u8> = dev.stream.clone_dtoh(&q_new).unwrap();
+            dev.stream.synchronize().unwrap();
+            println!(
+                "merge+gate+quantise {fmt:?} d {d} hq {hq} splits {n_split} gcols {gcols}: {} heads per block",
+                heads
+            );
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{fmt:?} d {d}: merged output differs"
+            );
+            assert!(qa == qb, "{fmt:?} d {d}: quantised row differs");
+        }
+    }
+}

@@ -7,7 +7,7 @@ use lagoon_core::graph::{Graph, Op};
 use super::{CudaSession, NORM_QUANT_MAX, NORM_QUANT_THREADS};
 use crate::device::{Arg, MV_MATS, MvMat, blocks};
 use crate::error::CudaError;
-use crate::manifest::{ActQ, K, WType};
+use crate::manifest::{ActQ, K, MERGE_QUANT_THREADS, WType};
 use crate::weights::{DFfn, DMat};
 
 impl CudaSession {
@@ -259,6 +259,40 @@ impl CudaSession {
                     return Ok(0);
                 }
                 self.attention(layer, at(q), at(out), 1, split, None, 0)?;
+                // The output projection's quantiser in the merge, when the product after it
+                // reads og quantised.
+                let quant = match next(2) {
+                    Some(Op::MatMul { x, w, .. }) if x == og && self.fuse => {
+                        let m = self.w.mat(w);
+                        match (m.ty.act(), m.ty.mvq()) {
+                            (Some(fmt), Some(_)) if (hq * d).is_multiple_of(fmt.block()) => {
+                                fmt.merge_heads(d).map(|g| (fmt, g))
+                            }
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some((fmt, heads)) = quant {
+                    dev.launch(
+                        fmt.merge_gate_kernel(),
+                        ((hq / heads) as u32, 1),
+                        MERGE_QUANT_THREADS,
+                        &[
+                            P(self.part),
+                            P(at(g)),
+                            P(at(og)),
+                            P(self.xq),
+                            I(hq as i32),
+                            I(d as i32),
+                            I(split as i32),
+                            I(gcols as i32),
+                            I(heads as i32),
+                        ],
+                    )?;
+                    self.xq_holds.set(Some((og, fmt)));
+                    return Ok(2);
+                }
                 dev.launch(
                     K::AttentionMergeGate,
                     (hq as u32, 1),
