@@ -3,7 +3,7 @@
 // Layer caches are rings of `cap` rows of `row = n_kv * d` elements, f32 or f16 (KV, see
 // common.cuh's Kv; every kernel here has an `_f16` twin): position p lives in row p % cap
 // (full layers: cap = n_ctx; sliding: window - 1 + ubatch, see cpu-experts/kv.rs).
-#include "common.cuh"
+#include "merge.cuh"
 
 #define ATT_WARPS 4
 #define ATT_MAX_D 256
@@ -118,22 +118,10 @@ extern "C" __global__ void attention_merge(const float* __restrict__ part, float
                                            int hq, int d, int n_split) { PDL_ENTRY();
     int h = blockIdx.x, t = blockIdx.y;
     const float* ps = part + ((size_t)t * hq + h) * n_split * (d + 2);
-    float M = -LG_INF;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, ps[s * (d + 2) + d]);
-    float L = 0.0f;
-    for (int s = 0; s < n_split; s++) {
-        float ms = ps[s * (d + 2) + d];
-        if (ms != -LG_INF) L += ps[s * (d + 2) + d + 1] * expf(ms - M);
-    }
+    float M, L;
+    merge_stats(ps, d, n_split, M, L);
     float* oh = out + ((size_t)t * hq + h) * d;
-    for (int k = threadIdx.x; k < d; k += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            float ms = ps[s * (d + 2) + d];
-            if (ms != -LG_INF) o += ps[s * (d + 2) + k] * expf(ms - M);
-        }
-        oh[k] = o / L;
-    }
+    for (int k = threadIdx.x; k < d; k += blockDim.x) oh[k] = merge_sum(ps, d, n_split, k, M) / L;
 }
 
 // Decode attention for the quantised-activation path (one token; same grid, splits, outputs

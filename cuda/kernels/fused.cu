@@ -2,6 +2,7 @@
 // does the work of two to five graph nodes in one launch, since at batch 1 the launches,
 // not the bytes, are what these ops cost.
 #include "act.cuh"
+#include "merge.cuh"
 
 #define NQ_THREADS 1024
 #define NQ_MAX 8192
@@ -159,23 +160,12 @@ extern "C" __global__ void attention_merge_gate(const float* __restrict__ part, 
                                                 float* __restrict__ out, int hq, int d, int n_split, int gcols) { PDL_ENTRY();
     int h = blockIdx.x;
     const float* ps = part + (size_t)h * n_split * (d + 2);
-    float M = -LG_INF;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, ps[s * (d + 2) + d]);
-    float L = 0.0f;
-    for (int s = 0; s < n_split; s++) {
-        float ms = ps[s * (d + 2) + d];
-        if (ms != -LG_INF) L += ps[s * (d + 2) + d + 1] * expf(ms - M);
-    }
+    float M, L;
+    merge_stats(ps, d, n_split, M, L);
     int per = hq * d / gcols;
     float* oh = out + (size_t)h * d;
-    for (int k = threadIdx.x; k < d; k += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            float ms = ps[s * (d + 2) + d];
-            if (ms != -LG_INF) o += ps[s * (d + 2) + k] * expf(ms - M);
-        }
-        oh[k] = (o / L) * softplus_f(g[(h * d + k) / per]);
-    }
+    for (int k = threadIdx.x; k < d; k += blockDim.x)
+        oh[k] = (merge_sum(ps, d, n_split, k, M) / L) * softplus_f(g[(h * d + k) / per]);
 }
 
 // attention_merge_gate followed by the output projection's activation quantiser (Q8_K or
@@ -194,14 +184,8 @@ __device__ void merge_gate_quant(const float* __restrict__ part, const float* __
     int tid = threadIdx.x, h0 = blockIdx.x * G;
     // Each head's max and sum over its splits, in attention_merge_gate's order.
     if (tid < G) {
-        const float* ps = part + (size_t)(h0 + tid) * n_split * (d + 2);
-        float M = -LG_INF;
-        for (int s = 0; s < n_split; s++) M = fmaxf(M, ps[s * (d + 2) + d]);
-        float L = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            float ms = ps[s * (d + 2) + d];
-            if (ms != -LG_INF) L += ps[s * (d + 2) + d + 1] * expf(ms - M);
-        }
+        float M, L;
+        merge_stats(part + (size_t)(h0 + tid) * n_split * (d + 2), d, n_split, M, L);
         hm[tid] = M;
         hl[tid] = L;
     }
@@ -211,12 +195,7 @@ __device__ void merge_gate_quant(const float* __restrict__ part, const float* __
         int hh = i / d, k = i - hh * d, h = h0 + hh;
         const float* ps = part + (size_t)h * n_split * (d + 2);
         float M = hm[hh], L = hl[hh];
-        float o = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            float ms = ps[s * (d + 2) + d];
-            if (ms != -LG_INF) o += ps[s * (d + 2) + k] * expf(ms - M);
-        }
-        float v = (o / L) * softplus_f(g[(h * d + k) / per]);
+        float v = (merge_sum(ps, d, n_split, k, M) / L) * softplus_f(g[(h * d + k) / per]);
         out[(size_t)h * d + k] = v;
         y[i] = v;
     }
