@@ -38,6 +38,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("merge.cuh", include_str!("../kernels/merge.cuh")),
     ("mmvq.cuh", include_str!("../kernels/mmvq.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
+    ("rf_formats.cuh", include_str!("../kernels/rf_formats.cuh")),
     ("tc.cuh", include_str!("../kernels/tc.cuh")),
     ("wgmma.cuh", include_str!("../kernels/wgmma.cuh")),
 ];

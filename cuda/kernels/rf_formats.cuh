@@ -1,0 +1,221 @@
+// The weight formats of gemm_rf.cu's products: the block's shared-memory layout (RfLayout)
+// and, per format (RfQ4K, RfQ6K), how a stage's rows are copied, how their scales are
+// decoded into the warp's table, and how a lane decodes its mma A fragments (both k orders:
+// mma.sync's and wgmma's). gemm_rf.cu's header comment describes the scheme and the k
+// permutation; its mainloops call these.
+#pragma once
+#include "quant.cuh"
+#include "tc.cuh"
+
+// Weight rows and threads per block.
+#define RF_BM 256
+#define RF_THREADS 256
+
+// Shared-memory layout of a block for weight format F and NT n8 tiles per warp (a tile of
+// BN = 8 NT tokens; NT = 8, 12 or 16): the ring of STAGES stages (each the rows'
+// super-blocks, F::SLOT bytes per row, then the tokens' 256 f16 activations, 512 bytes per token, no padding: token t's
+// 16-byte chunk c sits at chunk c ^ 4 (t & 1), so the two tokens of each eight-lane phase of a
+// 16-byte load fall on different banks), each warp's scale table for its 32 rows
+// (F::SC_STRIDE bytes per row), the row and token pointer tables.
+template <typename F, int NT>
+struct RfLayout {
+    static constexpr int BN = 8 * NT;
+    static constexpr int STAGES = NT == 8 ? F::STAGES : 2;
+    static constexpr int A_BYTES = RF_BM * F::SLOT;
+    static constexpr int STAGE = A_BYTES + BN * 512;
+    static constexpr int SC = STAGES * STAGE;
+    static constexpr int TABLES = SC + RF_BM * F::SC_STRIDE;
+    static constexpr int SMEM = TABLES + 8 * RF_BM + 8 * BN;
+};
+
+// Byte i (0..255) of v as a float plus 2^23, exactly (a byte permute into 0x4B0000xx).
+__device__ __forceinline__ float rf_byte_f(u32 v, int i) {
+    return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i));
+}
+
+// 8 bytes at a 2-byte-aligned shared address, from three aligned words.
+__device__ __forceinline__ uint2 rf_lds8(const u8* p) {
+    const u32* w = (const u32*)((size_t)p & ~(size_t)3);
+    u32 sh = 8 * ((u32)(size_t)p & 3);
+    u32 w0 = w[0], w1 = w[1], w2 = w[2];
+    return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
+}
+
+// The rows of lane (g, q) of warp w within the block: m16 tile mt, half h (rows g, g + 8).
+struct RfRows {
+    int r[2][2];
+    __device__ __forceinline__ RfRows(int w, int g) {
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) r[mt][h] = 32 * w + 16 * mt + 8 * h + g;
+    }
+};
+
+// A format gives, for each of the eight 32-weight units u of a super-block (weights
+// 32 u .. 32 u + 32), the A fragments of its two k16 steps: a[s2][mt][0..4] for lane (g, q),
+// rows (mt, h) at the weights 32 u + 8 q + 4 s2 + {0, 1, 2, 3} (the permutation above).
+
+// ---- Q4_K ----
+//
+// A stage holds one super-block (144 bytes) of each row, rows back to back. Each thread
+// copies nine 16-byte pieces (piece c = t + 256 j of the stage's 2304: row c / 9, bytes
+// 16 (c % 9) .., at stage offset 16 c) through pointers taken once from the row table. The
+// scale table holds each row's eight (d sc, dmin m) as float2, rows 72 bytes apart (8 bytes
+// of padding, so the eight rows one 8-byte load touches fall on distinct banks). Unit u is
+// group u / 2 (32 bytes of nibbles), sub-block u: low nibbles for even u, high for odd.
+struct RfQ4K {
+    static constexpr int STAGES = 3, SLOT = 144, SC_STRIDE = 72;
+    struct Copies {
+        const u8* a[9];
+    };
+    static __device__ __forceinline__ Copies copies(const u8* const* arows, int t) {
+        Copies c;
+        #pragma unroll
+        for (int j = 0; j < 9; j++) {
+            int i = t + RF_THREADS * j, r = i / 9;
+            c.a[j] = arows[r] + 16 * (i - 9 * r);
+        }
+        return c;
+    }
+    static __device__ __forceinline__ void load(u8* st, const Copies& c, int kb, int t) {
+        #pragma unroll
+        for (int j = 0; j < 9; j++) cp_async16(st + 16 * (t + RF_THREADS * j), c.a[j] + 144 * (size_t)kb);
+    }
+    // Lane l of warp w: row 32 w + l's eight sub-block scales (k4_sub_scales: the
+    // reference's products).
+    static __device__ __forceinline__ void scales(const u8* st, u8* sc, int w, int lane, int) {
+        uint4 hd = *(const uint4*)(st + 144 * (32 * w + lane));
+        float2* dst = (float2*)(sc + SC_STRIDE * (32 * w + lane));
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float d1, m1;
+            k4_sub_scales(hd, j, &d1, &m1);
+            dst[j] = make_float2(d1, m1);
+        }
+    }
+    // A weight is fmaf(d sc, q, -dmin m): the reference's fsub(fmul(d sc, q), dmin m) exactly,
+    // since d sc q is exact in f32 (an f16 d of 11 significant bits times a 6-bit scale times
+    // a 4-bit q: at most 21 bits), so the multiply-add rounds once where the reference does.
+    static __device__ __forceinline__ void frags(const u8* st, const u8* sc, const RfRows& rw, int q, int, int u,
+                                                 u32 a[2][2][4]) {
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = rw.r[mt][h];
+                uint2 qv = *(const uint2*)(st + 144 * row + 16 + 32 * (u >> 1) + 8 * q);
+                float2 dm = *(const float2*)(sc + SC_STRIDE * row + 8 * u);
+                #pragma unroll
+                for (int s2 = 0; s2 < 2; s2++) {
+                    u32 nib = ((s2 ? qv.y : qv.x) >> (4 * (u & 1))) & 0x0F0F0F0Fu;
+                    float wv[4];
+                    #pragma unroll
+                    for (int i = 0; i < 4; i++) wv[i] = __fmaf_rn(dm.x, __fsub_rn(rf_byte_f(nib, i), 8388608.0f), -dm.y);
+                    a[s2][mt][h] = pack_f16x2(wv[0], wv[1]);
+                    a[s2][mt][2 + h] = pack_f16x2(wv[2], wv[3]);
+                }
+            }
+    }
+
+    // The wgmma mainloop's k order (B is read by the tensor cores from 16-byte chunks, so a
+    // k16 step's logical k 0..7 and 8..15 must each be eight consecutive weights): step j
+    // (0..3) of group G (bytes 32 G .. + 32 of the nibbles) takes k 0..7 from the low nibbles
+    // of bytes 8 j .. 8 j + 8 (sub-block 2 G) and k 8..15 from their high nibbles (sub-block
+    // 2 G + 1). Lane (g, q)'s fragment is then bytes 8 j + 2 q, + 1 of its rows: a[mt][h] their
+    // low nibbles, a[mt][2 + h] their high ones. WgGroup holds the lane's rows' two sub-block
+    // scales (d sc, dmin m) of the group.
+    struct WgGroup {
+        float2 lo[2][2], hi[2][2];
+    };
+    static __device__ __forceinline__ void wg_group(const u8* st, const u8* sc, const RfRows& rw, int G,
+                                                    WgGroup& gr) {
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = rw.r[mt][h];
+                gr.lo[mt][h] = *(const float2*)(sc + SC_STRIDE * row + 16 * G);
+                gr.hi[mt][h] = *(const float2*)(sc + SC_STRIDE * row + 16 * G + 8);
+            }
+    }
+    // The fragments of step j of group G: each row's word holding bytes 8 j + 2 q, + 1 (at
+    // half q % 2, shift sh = 16 (q % 2)).
+    static __device__ __forceinline__ void wg_frags(const u8* st, const RfRows& rw, const WgGroup& gr, int q, int G,
+                                                    int j, u32 a[2][4]) {
+        u32 sh = 16 * (q & 1);
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                u32 v = *(const u32*)(st + 144 * rw.r[mt][h] + 16 + 32 * G + 8 * j + 4 * (q >> 1));
+                u32 lo = (v >> sh) & 0x0F0Fu, hi = (v >> (sh + 4)) & 0x0F0Fu;
+                float2 dl = gr.lo[mt][h], dh = gr.hi[mt][h];
+                a[mt][h] = pack_f16x2(__fmaf_rn(dl.x, __fsub_rn(rf_byte_f(lo, 0), 8388608.0f), -dl.y),
+                                      __fmaf_rn(dl.x, __fsub_rn(rf_byte_f(lo, 1), 8388608.0f), -dl.y));
+                a[mt][2 + h] = pack_f16x2(__fmaf_rn(dh.x, __fsub_rn(rf_byte_f(hi, 0), 8388608.0f), -dh.y),
+                                          __fmaf_rn(dh.x, __fsub_rn(rf_byte_f(hi, 1), 8388608.0f), -dh.y));
+            }
+    }
+};
+
+// ---- Q6_K ----
+//
+// Super-blocks are 210 bytes, so a stage's cannot be copied in aligned 16-byte pieces; rows
+// of a multiple of four super-blocks (the session's condition: row_bytes % 8 == 0) keep every
+// super-block at an even offset, 0, 2, 4 or 6 past an 8-byte boundary (sh = 210 kb % 8, the
+// same for every row). Thread t copies row t's 216 bytes from that boundary (27 8-byte
+// pieces; for a row's last super-block sh = 6, so nothing past the row is read) into a
+// 216-byte slot, and the fields are read at slot + sh with rf_lds8. Two stages (88 KiB
+// each). The scale table holds each row's sixteen d sc, rows 80 bytes apart. Unit u is half
+// n = u / 4 (128 weights: ql[64 n ..], qh[32 n ..]), group g4 = u % 4: weight 32 u + l is
+// ql[64 n + 32 (g4 % 2) + l] (low nibble for g4 < 2, high otherwise) with bits 2 g4 of
+// qh[32 n + l], scale 8 n + 2 g4 + l / 16.
+struct RfQ6K {
+    static constexpr int STAGES = 2, SLOT = 216, SC_STRIDE = 80;
+    struct Copies {
+        const u8* a;
+    };
+    static __device__ __forceinline__ Copies copies(const u8* const* arows, int t) { return Copies{arows[t]}; }
+    static __device__ __forceinline__ void load(u8* st, const Copies& c, int kb, int t) {
+        const u8* src = c.a + ((210 * (size_t)kb) & ~(size_t)7);
+        u8* dst = st + 216 * t;
+        #pragma unroll
+        for (int p = 0; p < 27; p++) cp_async8(dst + 8 * p, src + 8 * p);
+    }
+    static __device__ __forceinline__ void scales(const u8* st, u8* sc, int w, int lane, int kb) {
+        const u8* p = st + 216 * (32 * w + lane) + ((210 * kb) & 7);
+        float d = f16_to_f32(*(const unsigned short*)(p + 208));
+        uint2 s0 = rf_lds8(p + 192), s1 = rf_lds8(p + 200);
+        u32 sw[4] = {s0.x, s0.y, s1.x, s1.y};
+        float* dst = (float*)(sc + SC_STRIDE * (32 * w + lane));
+        #pragma unroll
+        for (int i = 0; i < 16; i++) dst[i] = __fmul_rn(d, (float)(int)(signed char)((sw[i >> 2] >> (8 * (i & 3))) & 0xFF));
+    }
+    // A weight is fmul(d sc, q - 32), exact as the reference's (d sc q has at most 11 + 7 + 5
+    // significant bits).
+    static __device__ __forceinline__ void frags(const u8* st, const u8* sc, const RfRows& rw, int q, int kb, int u,
+                                                 u32 a[2][2][4]) {
+        int n = u >> 2, g4 = u & 3, sh = (210 * kb) & 7;
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = rw.r[mt][h];
+                const u8* p = st + 216 * row + sh;
+                uint2 fl = rf_lds8(p + 64 * n + 32 * (g4 & 1) + 8 * q);
+                uint2 fh = rf_lds8(p + 128 + 32 * n + 8 * q);
+                float ds = *(const float*)(sc + SC_STRIDE * row + 4 * (8 * n + 2 * g4 + (q >> 1)));
+                #pragma unroll
+                for (int s2 = 0; s2 < 2; s2++) {
+                    u32 qlw = s2 ? fl.y : fl.x, qhw = s2 ? fh.y : fh.x;
+                    u32 q6 = ((qlw >> (4 * (g4 >> 1))) & 0x0F0F0F0Fu) | (((qhw >> (2 * g4)) & 0x03030303u) << 4);
+                    float wv[4];
+                    #pragma unroll
+                    for (int i = 0; i < 4; i++) wv[i] = __fmul_rn(ds, __fsub_rn(rf_byte_f(q6, i), 8388640.0f));
+                    a[s2][mt][h] = pack_f16x2(wv[0], wv[1]);
+                    a[s2][mt][2 + h] = pack_f16x2(wv[2], wv[3]);
+                }
+            }
+    }
+};
