@@ -699,6 +699,46 @@ mod tests {
     }
 
     #[test]
+    fn merge_quantise_constants_match_the_kernel_source() {
+        let src = compile::SOURCES
+            .iter()
+            .find(|(f, _)| *f == "fused.cu")
+            .unwrap()
+            .1;
+        for def in [
+            format!("#define MGQ_THREADS {MERGE_QUANT_THREADS}\n"),
+            format!("#define MGQ_MAX {MERGE_QUANT_MAX}\n"),
+            format!(
+                "__shared__ float hm[MGQ_MAX / {}]",
+                MERGE_QUANT_MAX / MERGE_QUANT_HEADS
+            ),
+        ] {
+            assert!(src.contains(&def), "fused.cu lost `{}`", def.trim());
+        }
+    }
+
+    #[test]
+    fn merge_heads_fill_whole_quantiser_blocks() {
+        // head_dim 128 (S 2.1): two heads per Q8_K block, one per Q8_0 block; the tiny
+        // fixtures' 16: 16 and 2; 96: 8 heads (768 values); blocks past the kernel's limits
+        // (64 heads of 4, or no head dim) have no fused kernel.
+        for (fmt, d, want) in [
+            (ActQ::Q8K, 128, Some(2)),
+            (ActQ::Q8_0, 128, Some(1)),
+            (ActQ::Q8K, 16, Some(16)),
+            (ActQ::Q8_0, 16, Some(2)),
+            (ActQ::Q8K, 96, Some(8)),
+            (ActQ::Q8K, 4, None),
+            (ActQ::Q8K, 0, None),
+        ] {
+            assert_eq!(fmt.merge_heads(d), want, "{fmt:?} d {d}");
+            if let Some(g) = want {
+                assert!((g * d).is_multiple_of(fmt.block()) && g * d <= MERGE_QUANT_MAX);
+            }
+        }
+    }
+
+    #[test]
     fn gemm_rf_shared_memory_matches_the_kernel_source() {
         let src = compile::SOURCES
             .iter()
