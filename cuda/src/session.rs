@@ -24,6 +24,7 @@ use crate::weights::{DFfn, DMat, DeviceWeights};
 mod experts;
 mod fused;
 mod fused_prefill;
+mod qk_fusion;
 
 /// Sizes fixed at session creation.
 #[derive(Clone, Copy, Debug)]

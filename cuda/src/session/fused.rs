@@ -46,60 +46,11 @@ impl CudaSession {
                 w: qw,
                 out: qn,
             } => {
-                if let (
-                    Some(Op::RmsNorm {
-                        x: k,
-                        w: kw,
-                        out: kn,
-                    }),
-                    Some(Op::Rope {
-                        x: rq,
-                        sliding,
-                        out: qr,
-                    }),
-                    Some(Op::Rope { x: rk, out: kr, .. }),
-                    Some(Op::KvStore { layer, k: sk, v }),
-                ) = (next(1), next(2), next(3), next(4))
-                    && rq == qn
-                    && rk == kn
-                    && sk == kr
-                    && once(qn)
-                    && once(kn)
-                    && once(kr)
-                    && (apart(qr, q) || vals[qr].offset == vals[q].offset)
-                    && apart(qr, k)
-                    && apart(qr, v)
-                    && self.w.vector(qw).len == d
-                    && self.w.vector(kw).len == d
-                {
-                    let kv = self.kv[layer];
-                    let hq = c.n_heads[layer];
-                    let (freq, scale, rd) = self.ropes[sliding as usize];
-                    dev.launch(
-                        self.kv_kernel(K::QkNormRopeStore, K::QkNormRopeStoreF16),
-                        (blocks(hq + c.n_kv_heads, 4), 1),
-                        128,
-                        &[
-                            P(at(q)),
-                            P(at(k)),
-                            P(at(v)),
-                            P(self.w.vector(qw).ptr),
-                            P(self.w.vector(kw).ptr),
-                            P(at(qr)),
-                            P(kv.k),
-                            P(kv.v),
-                            I(kv.cap as i32),
-                            P(freq),
-                            F(scale),
-                            I(rd as i32),
-                            I(d as i32),
-                            I(hq as i32),
-                            I(c.n_kv_heads as i32),
-                            F(c.rms_eps),
-                            P(self.params),
-                        ],
-                    )?;
-                    return Ok(5);
+                if self.fuse {
+                    let used = self.fused_qk(graph, i, 1, &self.readers)?;
+                    if used > 0 {
+                        return Ok(used);
+                    }
                 }
                 // A whole-row norm whose output feeds quantised products: quantise in the
                 // same kernel.

@@ -40,12 +40,6 @@ impl CudaSession {
         let vals = &graph.values;
         let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
         let once = |v: usize| self.prefill_readers[v] == 1;
-        // A fused output must not overlap a fused input (the planner lets a value reuse the
-        // space of values that died before it was made).
-        let apart = |a: usize, b: usize| {
-            let (ra, rb) = (&vals[a], &vals[b]);
-            ra.offset + ra.capacity(n) <= rb.offset || rb.offset + rb.capacity(n) <= ra.offset
-        };
         let next = |k: usize| nodes.get(i + k).copied();
         // Whether node k is a product of value v on the tensor cores.
         let tc_reads = |k: usize, v: usize| match next(k) {
@@ -55,67 +49,15 @@ impl CudaSession {
             _ => false,
         };
         let dev = &self.dev;
-        let d = c.head_dim;
         match nodes[i] {
             Op::RmsNorm {
                 x: q,
                 w: qw,
                 out: qn,
             } => {
-                if let (
-                    Some(Op::RmsNorm {
-                        x: k,
-                        w: kw,
-                        out: kn,
-                    }),
-                    Some(Op::Rope {
-                        x: rq,
-                        sliding,
-                        out: qr,
-                    }),
-                    Some(Op::Rope { x: rk, out: kr, .. }),
-                    Some(Op::KvStore { layer, k: sk, v }),
-                ) = (next(1), next(2), next(3), next(4))
-                    && rq == qn
-                    && rk == kn
-                    && sk == kr
-                    && once(qn)
-                    && once(kn)
-                    && once(kr)
-                    && (apart(qr, q) || vals[qr].offset == vals[q].offset)
-                    && apart(qr, k)
-                    && apart(qr, v)
-                    && self.w.vector(qw).len == d
-                    && self.w.vector(kw).len == d
-                {
-                    let kv = self.kv[layer];
-                    let hq = c.n_heads[layer];
-                    let (freq, scale, rd) = self.ropes[sliding as usize];
-                    dev.launch(
-                        self.kv_kernel(K::QkNormRopeStore, K::QkNormRopeStoreF16),
-                        (blocks(hq + c.n_kv_heads, 4), n as u32),
-                        128,
-                        &[
-                            P(at(q)),
-                            P(at(k)),
-                            P(at(v)),
-                            P(self.w.vector(qw).ptr),
-                            P(self.w.vector(kw).ptr),
-                            P(at(qr)),
-                            P(kv.k),
-                            P(kv.v),
-                            I(kv.cap as i32),
-                            P(freq),
-                            F(scale),
-                            I(rd as i32),
-                            I(d as i32),
-                            I(hq as i32),
-                            I(c.n_kv_heads as i32),
-                            F(c.rms_eps),
-                            P(self.params),
-                        ],
-                    )?;
-                    return Ok(5);
+                let used = self.fused_qk(graph, i, n, &self.prefill_readers)?;
+                if used > 0 {
+                    return Ok(used);
                 }
                 // A whole-row norm read next by a tensor-core product.
                 let g = self.w.vector(qw);
