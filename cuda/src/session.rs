@@ -252,6 +252,13 @@ pub struct CudaSession {
     /// with `LAGOON_CUDA_GEMM_WG=1`. They are correct but not faster yet (BENCHMARKS.md:
     /// the per-lane weight decode, not the mma, bounds both mainloops).
     gemm_wg: bool,
+    /// Whether Q6_K's 128-pair expert tiles run on the 96-pair `gemm_rf.cu` kernels (one pass
+    /// for up to 96 pairs) instead of two 64-pair passes: off by default, on with
+    /// `LAGOON_CUDA_RF96=1`. They decode each weight once instead of twice (28% fewer
+    /// instructions) but are slower (S 2.1 Q6_K down 15.8 -> 26.6 µs/token; ncu: L1 hit rate
+    /// 66% -> 26%, as their 227 KiB of shared memory leaves L1 too small for the 8-byte
+    /// cp.async.ca row copies; BENCHMARKS.md).
+    rf96: bool,
 
     dev: Device,
 }
@@ -515,6 +522,7 @@ impl CudaSession {
             },
             gemm_wg: dev.arch == "sm_90"
                 && std::env::var_os("LAGOON_CUDA_GEMM_WG").is_some_and(|v| v == "1"),
+            rf96: std::env::var_os("LAGOON_CUDA_RF96").is_some_and(|v| v == "1"),
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
                 Some(v) if v == "1" => true,
@@ -763,14 +771,8 @@ impl CudaSession {
     /// tiles of `tile`.
     fn gemm(&self, ty: WType, cols: usize, tile: usize) -> GemmKernels {
         // Q6_K's 128-pair expert tiles run on the 64-pair kernels (two passes) unless
-        // `LAGOON_CUDA_RF96=1`: the 96-pair kernels decode each weight once instead of twice
-        // (28% fewer instructions) but are slower (S 2.1 Q6_K down 15.8 -> 26.6 µs/token,
-        // ncu: L1 hit rate 66% -> 26%; their 227 KiB of shared memory leaves L1 too small
-        // for the 8-byte cp.async.ca row copies; BENCHMARKS.md).
-        let tile = if ty == WType::Q6K
-            && tile == 128
-            && std::env::var_os("LAGOON_CUDA_RF96").is_none_or(|v| v != "1")
-        {
+        // `rf96` ([`CudaSession::rf96`]).
+        let tile = if ty == WType::Q6K && tile == 128 && !self.rf96 {
             64
         } else {
             tile
