@@ -60,9 +60,10 @@ route(const float* __restrict__ z, const float* __restrict__ bias, float* __rest
 // of rank < K fill the slots. That equals route's K sequential picks whenever every score is
 // finite; a token with a NaN or -inf score (where route's knock-out-to--inf rules decide)
 // or K > E takes route's sequential algorithm on one thread. The slots' weights are kept in
-// shared memory for the normalisation (the same sum, in slot order, as route's): read back
-// from global memory one by one, they had made the one-token step 9.4 µs (ncu, S 2.1
-// decode). Grid (n), block RB_THREADS; K <= RB_MAX_K.
+// shared memory for the normalisation (the same sum, in slot order, as route's) rather than
+// read back from global memory one by one; that made no measurable difference to S 2.1
+// decode (BENCHMARKS.md), so the kernel's 9.4 µs per launch in the profile is spent
+// elsewhere. Grid (n), block RB_THREADS; K <= RB_MAX_K.
 #define RB_THREADS 256
 #define RB_MAX_K 64
 extern "C" __global__ void __launch_bounds__(RB_THREADS)

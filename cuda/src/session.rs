@@ -117,7 +117,7 @@ enum RfUse {
 
 /// Prefill dense products of at least this many tokens decode their matrix once into an f16
 /// copy and run `gemm_h16` (`gemm_h.cu`) instead of the per-tile decoding kernels, where
-/// [`h16_takes`] the matrix (`LAGOON_CUDA_GEMM_H16=0` turns the path off).
+/// [`h16_shape`] takes the matrix (`LAGOON_CUDA_GEMM_H16=0` turns the path off).
 const GEMM_H16_MIN_TOKENS: usize = 512;
 
 /// Fewest rows of a matrix `gemm_h16` takes by default (`LAGOON_CUDA_H16_MIN_ROWS`
@@ -128,7 +128,7 @@ const GEMM_H16_MIN_ROWS: usize = 256;
 
 /// Matrices `gemm_h16` takes: columns a multiple of 32 and at least `min_rows` rows
 /// (smaller ones would leave most SMs idle on 128-row tiles).
-fn h16_takes(rows: usize, cols: usize, min_rows: usize) -> bool {
+fn h16_shape(rows: usize, cols: usize, min_rows: usize) -> bool {
     rows >= min_rows && cols.is_multiple_of(32)
 }
 
@@ -359,7 +359,7 @@ impl CudaSession {
                         if prefill.values[x].rows(opts.ubatch) >= GEMM_H16_MIN_TOKENS =>
                     {
                         let m = weights.mat(w);
-                        h16_takes(m.rows, m.cols, h16_min_rows).then_some(m.rows * m.cols)
+                        h16_shape(m.rows, m.cols, h16_min_rows).then_some(m.rows * m.cols)
                     }
                     _ => None,
                 })
@@ -827,7 +827,7 @@ impl CudaSession {
     /// Whether the product of `m` over `nt` token rows runs on `gemm_h.cu` (a per-step f16
     /// copy of the matrix, then `gemm_h16`).
     fn h16_takes(&self, m: &DMat, nt: usize) -> bool {
-        self.wh != 0 && nt >= GEMM_H16_MIN_TOKENS && h16_takes(m.rows, m.cols, self.h16_min_rows)
+        self.wh != 0 && nt >= GEMM_H16_MIN_TOKENS && h16_shape(m.rows, m.cols, self.h16_min_rows)
     }
 
     /// `out = xh · m` over `nt` token rows through the f16 copy of `m` (the caller checked

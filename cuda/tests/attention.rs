@@ -12,7 +12,7 @@ use lagoon_cuda::manifest::K;
 
 mod common;
 
-use common::{Rng, attention_f32, device, download, max_rel, upload};
+use common::{Rng, attention_f32, device, download, max_rel, same_bits, upload};
 
 /// Relative to the largest output: f32 sums over ≤ a few thousand keys.
 const BOUND: f32 = 1e-5;
@@ -221,10 +221,7 @@ fn merge_gate_quantise_equals_the_unfused_kernels() {
                 "merge+gate+quantise {fmt:?} d {d} hq {hq} splits {n_split} gcols {gcols}: {} heads per block",
                 heads
             );
-            assert!(
-                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{fmt:?} d {d}: merged output differs"
-            );
+            assert!(same_bits(&a, &b), "{fmt:?} d {d}: merged output differs");
             assert!(qa == qb, "{fmt:?} d {d}: quantised row differs");
         }
     }

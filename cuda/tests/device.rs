@@ -17,7 +17,7 @@ use lagoon_gguf::Checkpoint;
 
 mod common;
 
-use common::{Rng, device, download, max_rel, random_rows, same_bits, upload};
+use common::{Rng, device, download, max_rel, random_rows, rel_l2, same_bits, upload};
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -187,16 +187,6 @@ fn read_f32(p: &Path) -> Vec<f32> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut n, mut d) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        n += (x as f64 - y as f64).powi(2);
-        d += (y as f64).powi(2);
-    }
-    (n / d).sqrt()
 }
 
 fn weights(ckpt: &Checkpoint) -> ModelWeights<'_> {

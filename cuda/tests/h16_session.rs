@@ -10,14 +10,9 @@ use lagoon_core::laguna::ModelWeights;
 use lagoon_cuda::{CudaSession, CudaSessionOptions};
 use lagoon_gguf::Checkpoint;
 
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += (f64::from(*x) - f64::from(*y)).powi(2);
-        den += f64::from(*y).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
+mod common;
+
+use common::{rel_l2, same_bits};
 
 /// 600-token prefill steps of a tiny model with every matrix of at least 32 rows on
 /// `gemm_h16`: the prefill fusions give the unfused kernels' bits there too (the f16 input
@@ -67,11 +62,7 @@ fn gemm_h16_products_in_a_session() {
         n_fused > 0 && n_fused == n_plain,
         "the 600-token steps did not run gemm_h16"
     );
-    let same = fused.len() == plain.len()
-        && fused
-            .iter()
-            .zip(&plain)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
+    let same = same_bits(&fused, &plain);
     println!(
         "gemm_h16 session, fused vs unfused: bitwise equal {same}, rel L2 {:.3e}",
         rel_l2(&fused, &plain)

@@ -27,7 +27,7 @@ impl CudaSession {
     ///   projection's f16 input (neither the f32 output nor the gated one is written).
     ///
     /// Measured and not kept: the residual add after a `gemm_h16` product in that kernel's
-    /// epilogue (pp4096 unchanged, pp512 1% slower: its strided stores then also load).
+    /// epilogue (pp4096 unchanged, pp512 1% slower; not profiled further).
     pub(super) fn fused_prefill(
         &self,
         graph: &Graph,

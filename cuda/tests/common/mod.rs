@@ -96,6 +96,17 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Relative L2 distance of `a` from `b` (the whole-model logits measure).
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut n, mut d) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        n += (x as f64 - y as f64).powi(2);
+        d += (y as f64).powi(2);
+    }
+    (n / d).sqrt()
+}
+
 pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
     a.iter()
