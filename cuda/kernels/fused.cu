@@ -17,8 +17,12 @@
 // S 2.1): thread t loads float4s t and t + NQ_THREADS of x and of w at once and keeps them,
 // so the row is read once; one block-wide sum; then every 256-block is quantised by its own
 // warp in a single round. (The 256-thread version that read x twice and quantised in two
-// rounds took 7.8 µs per norm on the H200, ncu, S 2.1 decode.)
-template <bool Q8K>
+// rounds took 7.8 µs per norm on the H200, ncu, S 2.1 decode.) Q: NQ_NONE writes the f32
+// output only (rms_norm_row: the input of float-weight products, which read it as it is).
+#define NQ_NONE 0
+#define NQ_Q8K 1
+#define NQ_Q8_0 2
+template <int Q>
 __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
                                u8* __restrict__ xq, int glen, float eps) {
     __shared__ __align__(16) float y[NQ_MAX];
@@ -55,12 +59,13 @@ __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restr
         if (i < n4) {
             float4 v = make_float4(wv[k].x * (xv[k].x * r), wv[k].y * (xv[k].y * r), wv[k].z * (xv[k].z * r),
                                    wv[k].w * (xv[k].w * r));
-            ((float4*)y)[i] = v;
+            if (Q != NQ_NONE) ((float4*)y)[i] = v;
             ((float4*)out)[i] = v;
         }
     }
+    if (Q == NQ_NONE) return;
     __syncthreads();
-    if (Q8K) {
+    if (Q == NQ_Q8K) {
         for (int b = warp; b < glen / QK_K; b += NQ_THREADS / 32) warp_quantize_q8K(y + b * QK_K, xq, glen, b);
     } else {
         for (int b = tid; b < glen / QK; b += NQ_THREADS) thread_quantize_q8_0(y + b * QK, xq, glen, b);
@@ -69,12 +74,18 @@ __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restr
 
 extern "C" __global__ void __launch_bounds__(NQ_THREADS)
 rms_norm_q8_K(const float* x, const float* w, float* out, u8* xq, int glen, float eps) { PDL_ENTRY();
-    rms_norm_quant<true>(x, w, out, xq, glen, eps);
+    rms_norm_quant<NQ_Q8K>(x, w, out, xq, glen, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(NQ_THREADS)
 rms_norm_q8_0(const float* x, const float* w, float* out, u8* xq, int glen, float eps) { PDL_ENTRY();
-    rms_norm_quant<false>(x, w, out, xq, glen, eps);
+    rms_norm_quant<NQ_Q8_0>(x, w, out, xq, glen, eps);
+}
+
+// The same norm of one row without a quantised copy (xq unused).
+extern "C" __global__ void __launch_bounds__(NQ_THREADS)
+rms_norm_row(const float* x, const float* w, float* out, u8* xq, int glen, float eps) { PDL_ENTRY();
+    rms_norm_quant<NQ_NONE>(x, w, out, xq, glen, eps);
 }
 
 // QK-norm, RoPE and the KV store of the step's tokens (graph nodes RmsNorm q, RmsNorm k,

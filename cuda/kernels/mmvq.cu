@@ -272,7 +272,7 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
     }
 }
 
-#define MVQ_TYPES(X) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K)
+#define MVQ_TYPES(X) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K) X(ct4, WT_CT4)
 
 #define DEFINE_MVQ(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_##name(                        \
@@ -303,3 +303,23 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
                       K, scale);                                                                   \
     }
 MVQ_TYPES(DEFINE_MVQ)
+
+// Float weights at batch 1 (attention and shared-expert matrices of W4A16 checkpoints, bf16
+// models): the same mat-vec and SwiGLU kernels, `aq` being the f32 input row itself.
+#define MVH_TYPES(X) X(bf16, WT_BF16) X(f16, WT_F16)
+
+#define DEFINE_MVH(name, T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_##name(                        \
+        const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
+        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
+        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
+        int n3) {                                                                                  \
+        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
+                    {n0, n1, n2, n3}};                                                             \
+        mv_multi<T>(m, n_mats, aq, cols);                                                          \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_swiglu_##name(                 \
+        const u8* Wg, const u8* Wu, u64 row_bytes, const u8* aq, float* act, int rows, int cols) { \
+        mv_swiglu<T>(Wg, Wu, row_bytes, aq, act, rows, cols);                                      \
+    }
+MVH_TYPES(DEFINE_MVH)

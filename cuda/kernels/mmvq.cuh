@@ -382,10 +382,164 @@ __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const
     return warp_sum(lane_part_q8_0(row, a, cols));
 }
 
-// Dispatch by weight type: Q4_K/Q6_K against Q8_K, Q8_0 against Q8_0.
+// ---- CT4 (compressed-tensors int4 in 32-element blocks, blocks.cuh block_ct4) against Q8_0 ----
+// The CPU's pairing (cpu-experts/src/kernels/ct.rs): per block the exact Σ (c − 8)·q of the
+// codes c with the activation quants q, times d_a, times the block's scale s; an asymmetric
+// block then takes off s·(z·ds), ds = d_a·Σ q being the Q8_0 row's second per-block word
+// (act.cuh). Σ c·q is four pairs of dp4a on the codes put back in element order (byte j of
+// the codes holds elements 2j and 2j + 1 in its low and high nibbles), Σ q a dp4a of the
+// quants with ones. Lane l takes blocks l, l + 32, ..., CT4_BATCH of them fetched before any
+// is computed (five aligned words each: blocks are 20 bytes, 4-byte aligned). The float
+// rounding differs from the CPU's by a few ulp per block (the CPU subtracts the zero-point
+// terms of the whole row at its end).
+#define CT4_BATCH 4
+
+// A block's scale from its header word (bits 0-15, the scale dtype in bits 24-31).
+__device__ __forceinline__ float ct4_scale(u32 h) {
+    u32 bits = h & 0xFFFFu;
+    return (h >> 24) == WT_BF16 ? __uint_as_float(bits << 16) : f16_to_f32((unsigned short)bits);
+}
+
+__device__ __forceinline__ float ct4_block_dot(const u32 w[5], const u8* __restrict__ aqb, float da, float ds) {
+    const int4* a4 = (const int4*)aqb;
+    int4 a0 = a4[0], a1 = a4[1];
+    int qa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    int sc = 0, sq = 0;
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 lo = w[1 + k] & 0x0F0F0F0Fu, hi = (w[1 + k] >> 4) & 0x0F0F0F0Fu;
+        sc = __dp4a((int)__byte_perm(lo, hi, 0x5140), qa[2 * k], sc);
+        sc = __dp4a((int)__byte_perm(lo, hi, 0x7362), qa[2 * k + 1], sc);
+        sq = __dp4a(qa[2 * k], 0x01010101, sq);
+        sq = __dp4a(qa[2 * k + 1], 0x01010101, sq);
+    }
+    float s = ct4_scale(w[0]);
+    float v = __fmul_rn(s, __fmul_rn(da, (float)(sc - 8 * sq)));
+    int z = (int)(signed char)((w[0] >> 16) & 0xFFu);
+    return z != 0 ? __fsub_rn(v, __fmul_rn(s, __fmul_rn((float)z, ds))) : v;
+}
+
+__device__ __forceinline__ float lane_part_ct4(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    int nb = cols / QK;
+    const float* ad = q8_0_d(a, cols);
+    const float* ads = ad + nb;
+    float acc = 0.0f;
+    for (int b0 = lane; b0 < nb; b0 += 32 * CT4_BATCH) {
+        u32 w[CT4_BATCH][5];
+        #pragma unroll
+        for (int i = 0; i < CT4_BATCH; i++) {
+            int b = b0 + 32 * i;
+            if (b < nb) {
+                const u32* p = (const u32*)(row + (size_t)b * 20);
+                #pragma unroll
+                for (int k = 0; k < 5; k++) w[i][k] = __ldg(p + k);
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < CT4_BATCH; i++) {
+            int b = b0 + 32 * i;
+            if (b < nb) acc = __fadd_rn(acc, ct4_block_dot(w[i], a + (size_t)b * QK, ad[b], ads[b]));
+        }
+    }
+    return acc;
+}
+
+// ---- BF16 / F16 against the f32 activation itself ----
+// No quantisation: `a` is the f32 input row. Lane l takes the 8-element (16-byte) pieces
+// l, l + 32, ... of the row, H_BATCH of them fetched before any is used (a 3072-wide bf16 row
+// is 12 pieces per lane: one round). Widening bf16/f16 to f32 is exact; the products are
+// f32 FMAs, so the sum differs from the CPU's only in order. Rows 16-byte aligned, cols % 8
+// == 0.
+#define H_BATCH 8
+
+template <int T>
+__device__ __forceinline__ float h_lo(u32 w) {
+    if constexpr (T == WT_BF16) return __uint_as_float(w << 16);
+    else return f16_to_f32((unsigned short)(w & 0xFFFFu));
+}
+
+template <int T>
+__device__ __forceinline__ float h_hi(u32 w) {
+    if constexpr (T == WT_BF16) return __uint_as_float(w & 0xFFFF0000u);
+    else return f16_to_f32((unsigned short)(w >> 16));
+}
+
+template <int T>
+__device__ __forceinline__ float h_dot8(const uint4& w, const float4& x0, const float4& x1, float acc) {
+    acc = fmaf(h_lo<T>(w.x), x0.x, acc);
+    acc = fmaf(h_hi<T>(w.x), x0.y, acc);
+    acc = fmaf(h_lo<T>(w.y), x0.z, acc);
+    acc = fmaf(h_hi<T>(w.y), x0.w, acc);
+    acc = fmaf(h_lo<T>(w.z), x1.x, acc);
+    acc = fmaf(h_hi<T>(w.z), x1.y, acc);
+    acc = fmaf(h_lo<T>(w.w), x1.z, acc);
+    return fmaf(h_hi<T>(w.w), x1.w, acc);
+}
+
+template <int T>
+__device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    const uint4* w4 = (const uint4*)row;
+    const float4* x4 = (const float4*)a;
+    int n8 = cols / 8;
+    float acc = 0.0f;
+    for (int i0 = lane; i0 < n8; i0 += 32 * H_BATCH) {
+        uint4 w[H_BATCH];
+        #pragma unroll
+        for (int u = 0; u < H_BATCH; u++) {
+            int i = i0 + 32 * u;
+            if (i < n8) w[u] = __ldg(w4 + i);
+        }
+        #pragma unroll
+        for (int u = 0; u < H_BATCH; u++) {
+            int i = i0 + 32 * u;
+            if (i < n8) acc = h_dot8<T>(w[u], x4[2 * i], x4[2 * i + 1], acc);
+        }
+    }
+    return acc;
+}
+
+// Two float rows (gate and up) against one activation, both rows' pieces in flight together.
+template <int T>
+__device__ __forceinline__ float2 warp_dot2_h(const u8* __restrict__ r0, const u8* __restrict__ r1,
+                                              const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    const uint4* g4 = (const uint4*)r0;
+    const uint4* u4 = (const uint4*)r1;
+    const float4* x4 = (const float4*)a;
+    int n8 = cols / 8;
+    float ag = 0.0f, au = 0.0f;
+    for (int i0 = lane; i0 < n8; i0 += 32 * (H_BATCH / 2)) {
+        uint4 wg[H_BATCH / 2], wu[H_BATCH / 2];
+        #pragma unroll
+        for (int u = 0; u < H_BATCH / 2; u++) {
+            int i = i0 + 32 * u;
+            if (i < n8) {
+                wg[u] = __ldg(g4 + i);
+                wu[u] = __ldg(u4 + i);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < H_BATCH / 2; u++) {
+            int i = i0 + 32 * u;
+            if (i < n8) {
+                float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
+                ag = h_dot8<T>(wg[u], x0, x1, ag);
+                au = h_dot8<T>(wu[u], x0, x1, au);
+            }
+        }
+    }
+    return make_float2(warp_sum(ag), warp_sum(au));
+}
+
+// Dispatch by weight type: Q4_K/Q6_K against Q8_K, Q8_0 and CT4 against Q8_0, BF16/F16
+// against the f32 activation.
 template <int T>
 __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return warp_dot_q8_0(row, a, cols);
+    else if constexpr (T == WT_CT4) return warp_sum(lane_part_ct4(row, a, cols));
+    else if constexpr (T == WT_BF16 || T == WT_F16) return warp_sum(lane_part_h<T>(row, a, cols));
     // Q4_K rows on their own (mv_multi, the generic down loop): four lanes per super-block
     // (kernel lab, H200: Q projection 9216x3072 18.1 -> 9.5 us, lm_head shape 152 -> 61 us
     // against the eight-lane loop; the pair kernels below keep warp_dot_q4k_rows<2>, which
@@ -399,6 +553,8 @@ __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8
 template <int T>
 __device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return lane_part_q8_0(row, a, cols);
+    else if constexpr (T == WT_CT4) return lane_part_ct4(row, a, cols);
+    else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T>(row, a, cols);
     else if constexpr (T == WT_Q4_K) return group_part_q4k<8>(row, a, cols);
     else return lane_part_q6k(row, a, cols);
 }
@@ -408,6 +564,12 @@ template <int T>
 __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u8* __restrict__ r1,
                                               const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return make_float2(warp_dot_q8_0(r0, a, cols), warp_dot_q8_0(r1, a, cols));
+    else if constexpr (T == WT_CT4) {
+        // Both rows' blocks in flight before either is reduced.
+        float p0 = lane_part_ct4(r0, a, cols), p1 = lane_part_ct4(r1, a, cols);
+        return make_float2(warp_sum(p0), warp_sum(p1));
+    }
+    else if constexpr (T == WT_BF16 || T == WT_F16) return warp_dot2_h<T>(r0, r1, a, cols);
     else if constexpr (T == WT_Q4_K) {
         const u8* rows[2] = {r0, r1};
         float y[2];

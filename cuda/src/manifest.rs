@@ -107,6 +107,12 @@ manifest! {
     MvSwigluQ8_0 => "mmvq.cu", "mv_swiglu_q8_0";
     MvSwigluQ4K => "mmvq.cu", "mv_swiglu_q4_K";
     MvSwigluQ6K => "mmvq.cu", "mv_swiglu_q6_K";
+    MvCt4 => "mmvq.cu", "mv_ct4";
+    MvSwigluCt4 => "mmvq.cu", "mv_swiglu_ct4";
+    MvBf16 => "mmvq.cu", "mv_bf16";
+    MvF16 => "mmvq.cu", "mv_f16";
+    MvSwigluBf16 => "mmvq.cu", "mv_swiglu_bf16";
+    MvSwigluF16 => "mmvq.cu", "mv_swiglu_f16";
     LabMvsQ4K => "lab.cu", "mvs_q4_K";
     LabMvsMemOnlyQ4K => "lab.cu", "mvs_memonly_q4_K";
     LabMvhQ4K => "lab.cu", "mvh_q4_K";
@@ -117,6 +123,7 @@ manifest! {
     LabGateUpHQ4K => "lab.cu", "moe_gate_up_h_q4_K";
     RmsNormQ8K => "fused.cu", "rms_norm_q8_K";
     RmsNormQ8_0 => "fused.cu", "rms_norm_q8_0";
+    RmsNormRow => "fused.cu", "rms_norm_row";
     QkNormRopeStore => "fused.cu", "qk_norm_rope_store";
     QkNormRopeStoreF16 => "fused.cu", "qk_norm_rope_store_f16";
     AttentionMergeGate => "fused.cu", "attention_merge_gate";
@@ -128,6 +135,8 @@ manifest! {
     DownQQ8_0 => "mmvq.cu", "moe_down_q_q8_0";
     DownQQ4K => "mmvq.cu", "moe_down_q_q4_K";
     DownQQ6K => "mmvq.cu", "moe_down_q_q6_K";
+    GateUpQCt4 => "mmvq.cu", "moe_gate_up_q_ct4";
+    DownQCt4 => "mmvq.cu", "moe_down_q_ct4";
     GemmF32 => "gemm.cu", "gemm_f32";
     GemmF16 => "gemm.cu", "gemm_f16";
     GemmBf16 => "gemm.cu", "gemm_bf16";
@@ -347,12 +356,13 @@ impl WType {
             K::DownGroupedIq4Xs,
         ][self as usize]
     }
-    /// The activation format of the quantised mat-vec path, `None` for float and CT4 weights
-    /// (which keep the f32 kernels at decode).
+    /// The activation format of the quantised mat-vec path, `None` for float weights (see
+    /// [`WType::mvh`]) and for the types that keep the f32 kernels at decode. CT4 pairs with
+    /// Q8_0 as on the CPU (`cpu-experts/src/kernels/ct.rs`).
     pub fn act(self) -> Option<ActQ> {
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 | WType::Ct4 | WType::Q5K | WType::Iq4Xs => None,
-            WType::Q8_0 => Some(ActQ::Q8_0),
+            WType::F32 | WType::F16 | WType::Bf16 | WType::Q5K | WType::Iq4Xs => None,
+            WType::Q8_0 | WType::Ct4 => Some(ActQ::Q8_0),
             WType::Q4K | WType::Q6K => Some(ActQ::Q8K),
         }
     }
@@ -365,10 +375,20 @@ impl WType {
             down,
         };
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 | WType::Ct4 | WType::Q5K | WType::Iq4Xs => None,
+            WType::F32 | WType::F16 | WType::Bf16 | WType::Q5K | WType::Iq4Xs => None,
             WType::Q8_0 => Some(k(K::MvQ8_0, K::MvSwigluQ8_0, K::GateUpQQ8_0, K::DownQQ8_0)),
+            WType::Ct4 => Some(k(K::MvCt4, K::MvSwigluCt4, K::GateUpQCt4, K::DownQCt4)),
             WType::Q4K => Some(k(K::MvQ4K, K::MvSwigluQ4K, K::GateUpQQ4K, K::DownQQ4K)),
             WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
+        }
+    }
+    /// Batch-1 kernels of float weights, `(mv, swiglu)` (`mmvq.cu`'s `mv_bf16`, ...): they
+    /// read the f32 input itself, so the decode fusions run them with no quantiser.
+    pub fn mvh(self) -> Option<(K, K)> {
+        match self {
+            WType::Bf16 => Some((K::MvBf16, K::MvSwigluBf16)),
+            WType::F16 => Some((K::MvF16, K::MvSwigluF16)),
+            _ => None,
         }
     }
     /// Tensor-core prefill kernels (`gemm.cu`) for token tiles of `tile` (64 or 32).

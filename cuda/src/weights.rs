@@ -101,6 +101,12 @@ pub fn wtype(ty: GgmlType) -> Option<WType> {
 /// 32 unsigned codes, two per byte, low nibble first.
 pub const CT4_BLOCK_BYTES: usize = 20;
 
+/// Whether `m` is a 4-bit compressed-tensors matrix [`ct4_blocks`] can repack: whole
+/// 32-column scale runs in f16/bf16 and zero points that fit an `i8`.
+fn ct4_fits(m: &MatRef<'_>) -> bool {
+    matches!(m.enc, Encoding::Ct(ct) if ct.int4_chunked().is_some() && ct.int4_zeros_fit_i8())
+}
+
 /// A 4-bit compressed-tensors matrix repacked into [`WType::Ct4`] blocks, or `None` where
 /// its layout has no such form (other widths, 3-D blocks, f32 scales, scale runs that are
 /// not whole 32-column chunks, or a zero point outside `i8`).
@@ -108,8 +114,10 @@ pub fn ct4_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
     let Encoding::Ct(ct) = m.enc else {
         return None;
     };
-    let sd = ct.int4_chunked()?;
-    let dtype = match sd {
+    if !ct4_fits(m) {
+        return None;
+    }
+    let dtype = match ct.int4_chunked()? {
         lagoon_core::quant::ct::ScaleDtype::F16 => 1u8,
         _ => 2u8,
     };
@@ -119,55 +127,81 @@ pub fn ct4_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
     // repacks billions of chunks).
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = m.rows.div_ceil(threads).max(1);
-    let ok = std::thread::scope(|sc| {
-        let jobs: Vec<_> = out
-            .chunks_mut(per * row_bytes)
-            .enumerate()
-            .map(|(j, dst)| {
-                sc.spawn(move || {
-                    let mut q = [0u8; 32];
-                    for (i, row) in dst.chunks_exact_mut(row_bytes).enumerate() {
-                        let r = j * per + i;
-                        for (c, b) in row.chunks_exact_mut(CT4_BLOCK_BYTES).enumerate() {
-                            let (s_bits, z) = ct.int4_chunk(r, c, &mut q);
-                            if z.fract() != 0.0 || !(-128.0..=127.0).contains(&z) {
-                                return false;
-                            }
-                            b[..2].copy_from_slice(&s_bits.to_le_bytes());
-                            b[2] = z as i8 as u8;
-                            b[3] = dtype;
-                            for (k, p) in q.chunks_exact(2).enumerate() {
-                                b[4 + k] = p[0] | (p[1] << 4);
-                            }
+    std::thread::scope(|sc| {
+        for (j, dst) in out.chunks_mut(per * row_bytes).enumerate() {
+            sc.spawn(move || {
+                let mut q = [0u8; 32];
+                for (i, row) in dst.chunks_exact_mut(row_bytes).enumerate() {
+                    let r = j * per + i;
+                    for (c, b) in row.chunks_exact_mut(CT4_BLOCK_BYTES).enumerate() {
+                        // ct4_fits checked that z is an integer in i8's range.
+                        let (s_bits, z) = ct.int4_chunk(r, c, &mut q);
+                        b[..2].copy_from_slice(&s_bits.to_le_bytes());
+                        b[2] = z as i8 as u8;
+                        b[3] = dtype;
+                        for (k, p) in q.chunks_exact(2).enumerate() {
+                            b[4 + k] = p[0] | (p[1] << 4);
                         }
                     }
-                    true
-                })
-            })
-            .collect();
-        jobs.into_iter().all(|h| h.join().unwrap_or(false))
+                }
+            });
+        }
     });
-    ok.then_some(out)
+    Some(out)
 }
 
-/// The matrix's bytes as a kernel reads them, and their type.
-fn device_bytes<'a>(m: &MatRef<'a>, force_f32: bool) -> (WType, Cow<'a, [u8]>) {
+/// Where a piece of the weight buffer comes from. Repacked and decoded matrices are only
+/// described when the layout is planned and made one at a time during the upload, so the
+/// host never holds more than one of them (a full-size W4A16 checkpoint's repacked experts
+/// are ~80 GB: held together next to the mapped files, they had the host killed for memory).
+enum Piece<'a> {
+    /// Bytes copied as they are: a stored encoding a kernel reads, or a small vector.
+    Bytes(Cow<'a, [u8]>),
+    /// A 4-bit compressed-tensors matrix, repacked by [`ct4_blocks`] at upload.
+    Ct4(MatRef<'a>),
+    /// A matrix no kernel reads, decoded to f32 rows at upload.
+    F32(MatRef<'a>),
+}
+
+impl Piece<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Bytes(b) => b.len(),
+            Piece::Ct4(m) => m.rows * m.cols / 32 * CT4_BLOCK_BYTES,
+            Piece::F32(m) => m.rows * m.cols * 4,
+        }
+    }
+
+    /// The piece's bytes as the kernels read them.
+    fn bytes(&self) -> Cow<'_, [u8]> {
+        match self {
+            Piece::Bytes(b) => Cow::Borrowed(b.as_ref()),
+            Piece::Ct4(m) => Cow::Owned(ct4_blocks(m).expect("planned only where ct4_fits holds")),
+            Piece::F32(m) => {
+                let mut row = vec![0.0f32; m.cols];
+                let mut out = Vec::with_capacity(m.rows * m.cols * 4);
+                for r in 0..m.rows {
+                    m.dequant_row(r, &mut row);
+                    out.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+                }
+                Cow::Owned(out)
+            }
+        }
+    }
+}
+
+/// The matrix's device type and where its bytes come from.
+fn device_piece<'a>(m: &MatRef<'a>, force_f32: bool) -> (WType, Piece<'a>) {
     if let Encoding::Ggml { ty, data } = m.enc
         && let Some(wt) = wtype(ty)
         && !force_f32
     {
-        return (wt, Cow::Borrowed(data));
+        return (wt, Piece::Bytes(Cow::Borrowed(data)));
     }
-    if !force_f32 && let Some(b) = ct4_blocks(m) {
-        return (WType::Ct4, Cow::Owned(b));
+    if !force_f32 && ct4_fits(m) {
+        return (WType::Ct4, Piece::Ct4(*m));
     }
-    let mut row = vec![0.0f32; m.cols];
-    let mut out = Vec::with_capacity(m.rows * m.cols * 4);
-    for r in 0..m.rows {
-        m.dequant_row(r, &mut row);
-        out.extend(row.iter().flat_map(|v| v.to_le_bytes()));
-    }
-    (WType::F32, Cow::Owned(out))
+    (WType::F32, Piece::F32(*m))
 }
 
 fn row_bytes(ty: WType, cols: usize) -> u64 {
@@ -198,7 +232,7 @@ fn is_f32(m: &MatRef<'_>) -> bool {
 /// Pieces to upload at their offsets in the one weight buffer. Until the buffer exists, the
 /// `ptr` of every `DMat`/`DVec` holds its byte offset; `upload` adds the base address.
 struct Layout<'a> {
-    items: Vec<(usize, Cow<'a, [u8]>)>,
+    items: Vec<(usize, Piece<'a>)>,
     len: usize,
     n_decoded: usize,
 }
@@ -208,23 +242,23 @@ struct Layout<'a> {
 const ALIGN: usize = 256;
 
 impl<'a> Layout<'a> {
-    fn place(&mut self, bytes: Cow<'a, [u8]>, align: bool) -> usize {
+    fn place(&mut self, piece: Piece<'a>, align: bool) -> usize {
         if align {
             self.len = self.len.next_multiple_of(ALIGN);
         }
         let off = self.len;
-        self.len += bytes.len();
-        self.items.push((off, bytes));
+        self.len += piece.len();
+        self.items.push((off, piece));
         off
     }
 
     fn mat(&mut self, m: &MatRef<'a>) -> DMat {
-        let (ty, bytes) = device_bytes(m, false);
+        let (ty, piece) = device_piece(m, false);
         if ty == WType::F32 && !is_f32(m) {
             self.n_decoded += 1;
         }
-        let n = bytes.len() as u64;
-        let ptr = self.place(bytes, true) as u64;
+        let n = piece.len() as u64;
+        let ptr = self.place(piece, true) as u64;
         DMat {
             ptr,
             ty,
@@ -238,21 +272,21 @@ impl<'a> Layout<'a> {
     /// Experts stacked back to back, all in one type (f32 unless every expert has the same
     /// kernel-readable type, and `force_f32` is off).
     fn stack(&mut self, parts: &[MatRef<'a>], force_f32: bool) -> DMat {
-        let mut bytes: Vec<(WType, Cow<'a, [u8]>)> =
-            parts.iter().map(|p| device_bytes(p, force_f32)).collect();
-        let ty = bytes[0].0;
-        if bytes.iter().any(|(t, _)| *t != ty) {
-            bytes = parts.iter().map(|p| device_bytes(p, true)).collect();
+        let mut pieces: Vec<(WType, Piece<'a>)> =
+            parts.iter().map(|p| device_piece(p, force_f32)).collect();
+        let ty = pieces[0].0;
+        if pieces.iter().any(|(t, _)| *t != ty) {
+            pieces = parts.iter().map(|p| device_piece(p, true)).collect();
         }
-        let ty = bytes[0].0;
+        let ty = pieces[0].0;
         if ty == WType::F32 {
             self.n_decoded += parts.iter().filter(|p| !is_f32(p)).count();
         }
         let mut base = 0;
         let mut eb = 0;
-        for (e, (_, b)) in bytes.into_iter().enumerate() {
-            eb = b.len() as u64;
-            let off = self.place(b, e == 0);
+        for (e, (_, p)) in pieces.into_iter().enumerate() {
+            eb = p.len() as u64;
+            let off = self.place(p, e == 0);
             if e == 0 {
                 base = off;
             }
@@ -270,7 +304,7 @@ impl<'a> Layout<'a> {
     fn vector(&mut self, v: &[f32]) -> DVec {
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         DVec {
-            ptr: self.place(Cow::Owned(bytes), true) as u64,
+            ptr: self.place(Piece::Bytes(Cow::Owned(bytes)), true) as u64,
             len: v.len(),
         }
     }
@@ -340,7 +374,8 @@ impl DeviceWeights {
             .stream
             .alloc_zeros::<u8>(len)
             .during("allocating device memory for the weights")?;
-        for (off, bytes) in &lay.items {
+        for (off, piece) in &lay.items {
+            let bytes = piece.bytes();
             let mut dst = buf.slice_mut(*off..*off + bytes.len());
             dev.stream
                 .memcpy_htod(bytes.as_ref(), &mut dst)

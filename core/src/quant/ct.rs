@@ -512,23 +512,45 @@ impl<'a> CtMatrix<'a> {
         let CtKind::PackedInt { order, .. } = l.kind else {
             unreachable!("int4_chunk on a matrix that is not 4-bit pack-quantized");
         };
-        let (_, grid_cols) = l.scale_grid();
-        let c0 = 32 * c;
-        let (gc, grid_row) = match l.kind.strategy() {
-            CtStrategy::Group(g) => (c0 / g as usize, r),
-            CtStrategy::Channel => (0, r),
-            _ => (0, 0),
-        };
-        let cell = grid_row * grid_cols + gc;
-        let sd = l.scale_dtype;
-        let z = sd.round(self.zero_point(r, gc, cell));
+        let (gc, cell) = self.int4_cell(r, c);
+        let z = l.scale_dtype.round(self.zero_point(r, gc, cell));
         let s_bits = u16_le(self.scale, cell);
+        let c0 = 32 * c;
         let rb = l.weight_row_bytes();
         let row = &self.weight[r * rb..(r + 1) * rb];
         for (i, v) in q.iter_mut().enumerate() {
             *v = unpack(row, c0 + i, 4, order) as u8;
         }
         (s_bits, z)
+    }
+
+    /// Whether every chunk's rounded zero point of an [`CtMatrix::int4_chunked`] matrix is an
+    /// integer in `i8`'s range (what a packed form with an `i8` zero can hold). Symmetric and
+    /// packed 4-bit zero points always are; plain (float) ones are checked one by one.
+    pub fn int4_zeros_fit_i8(&self) -> bool {
+        let l = &self.layout;
+        if !matches!(l.zero, Some(ZeroPoint::Plain(_))) {
+            return true;
+        }
+        (0..l.rows).all(|r| {
+            (0..l.cols / 32).all(|c| {
+                let (gc, cell) = self.int4_cell(r, c);
+                let z = l.scale_dtype.round(self.zero_point(r, gc, cell));
+                (-128.0..=127.0).contains(&z) && z == z as i8 as f32
+            })
+        })
+    }
+
+    /// The scale column and grid cell of chunk `c` of row `r` (an `int4_chunked` matrix).
+    fn int4_cell(&self, r: usize, c: usize) -> (usize, usize) {
+        let l = &self.layout;
+        let (_, grid_cols) = l.scale_grid();
+        let (gc, grid_row) = match l.kind.strategy() {
+            CtStrategy::Group(g) => (32 * c / g as usize, r),
+            CtStrategy::Channel => (0, r),
+            _ => (0, 0),
+        };
+        (gc, grid_row * grid_cols + gc)
     }
 
     /// Signed zero point of row `r`, scale column `gc` (grid cell `cell`); 0 if symmetric.
@@ -728,6 +750,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn int4_zeros_fit_i8_checks_plain_zero_points() {
+        // Group 32, asymmetric, plain u8 zero points: 2 rows × 2 chunks.
+        let layout = CtLayout {
+            kind: CtKind::packed_int(4, CtStrategy::Group(32), false, PackOrder::Dense),
+            rows: 2,
+            cols: 64,
+            scale_dtype: ScaleDtype::Bf16,
+            zero: Some(ZeroPoint::Plain(ZpDtype::U8)),
+        };
+        let weight = alloc::vec![0u8; layout.weight_bytes()];
+        let scale = alloc::vec![0u8; layout.scale_bytes()];
+        let mut zero = alloc::vec![5u8; layout.zero_bytes()];
+        let m = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
+        assert!(m.int4_zeros_fit_i8());
+        // One chunk's zero point past i8's range.
+        *zero.last_mut().unwrap() = 200;
+        let m = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
+        assert!(!m.int4_zeros_fit_i8());
+        // Packed and absent zero points always fit.
+        let mut sym = layout;
+        sym.kind = CtKind::packed_int(4, CtStrategy::Group(32), true, PackOrder::Dense);
+        sym.zero = None;
+        assert!(
+            CtMatrix::new(sym, &weight, &scale, &[])
+                .unwrap()
+                .int4_zeros_fit_i8()
+        );
     }
 
     #[test]

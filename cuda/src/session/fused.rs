@@ -68,7 +68,29 @@ impl CudaSession {
                     _ => None,
                 });
                 let Some(fmt) = fmt.filter(|f| cols.is_multiple_of(f.block())) else {
-                    return Ok(0);
+                    // Only float products read it (a W4A16 checkpoint's bf16 attention): the
+                    // same one-block norm, no quantised copy.
+                    let float = nodes[i + 1..].iter().any(|op| {
+                        matches!(*op, Op::MatMul { x, w, .. }
+                            if x == qn && self.w.mat(w).ty.mvh().is_some())
+                    });
+                    if !float || !cols.is_multiple_of(4) {
+                        return Ok(0);
+                    }
+                    dev.launch(
+                        K::RmsNormRow,
+                        (1, 1),
+                        NORM_QUANT_THREADS,
+                        &[
+                            P(at(q)),
+                            P(g.ptr),
+                            P(at(qn)),
+                            P(0),
+                            I(cols as i32),
+                            F(c.rms_eps),
+                        ],
+                    )?;
+                    return Ok(1);
                 };
                 dev.launch(
                     fmt.norm_kernel(),
@@ -105,8 +127,32 @@ impl CudaSession {
                     )?;
                     return Ok(1);
                 }
-                let (Some(fmt), Some(k)) = (m.ty.act(), m.ty.mvq()) else {
-                    return Ok(0);
+                // Where the products read their input: quantised into `xq`, or (float
+                // weights) the f32 value itself; `same` says which other products can share
+                // it, `kernel` gives their mat-vec kernel.
+                let quant = m.ty.act().zip(m.ty.mvq());
+                let (mv_k, swiglu_k) = match (quant, m.ty.mvh()) {
+                    (Some((_, k)), _) => (k.mv, k.swiglu),
+                    (None, Some(k)) if m.cols.is_multiple_of(8) => k,
+                    _ => return Ok(0),
+                };
+                let fmt = quant.map(|(f, _)| f);
+                let same = |ty: WType| match fmt {
+                    Some(f) => ty.act() == Some(f),
+                    None => ty.mvh().is_some(),
+                };
+                let kernel = |ty: WType| match fmt {
+                    Some(_) => ty.mvq().map_or(mv_k, |kk| kk.mv),
+                    None => ty.mvh().map_or(mv_k, |kk| kk.0),
+                };
+                let input = || -> Result<u64, CudaError> {
+                    match fmt {
+                        Some(f) => {
+                            self.quantize_input(x, at(x), m.cols, f)?;
+                            Ok(self.xq)
+                        }
+                        None => Ok(at(x)),
+                    }
                 };
                 // Gate and up of a SwiGLU MLP.
                 if let (
@@ -125,16 +171,16 @@ impl CudaSession {
                 {
                     let m2 = self.w.mat(w2);
                     if m2.ty == m.ty && m2.rows == m.rows && m2.row_bytes == m.row_bytes {
-                        self.quantize_input(x, at(x), m.cols, fmt)?;
+                        let src = input()?;
                         dev.launch(
-                            k.swiglu,
+                            swiglu_k,
                             (blocks(m.rows, 4), 1),
                             128,
                             &[
                                 P(m.ptr),
                                 P(m2.ptr),
                                 P(m.row_bytes),
-                                P(self.xq),
+                                P(src),
                                 P(at(a)),
                                 I(m.rows as i32),
                                 I(m.cols as i32),
@@ -148,8 +194,8 @@ impl CudaSession {
                     && b == out
                     && once(out)
                 {
-                    self.quantize_input(x, at(x), m.cols, fmt)?;
-                    self.mv(k.mv, &[(m, at(sum), at(a))])?;
+                    let src = input()?;
+                    self.mv(mv_k, src, &[(m, at(sum), at(a))])?;
                     return Ok(2);
                 }
                 // A run of products of the same input (Q, K, V, gate): one launch per weight
@@ -163,12 +209,13 @@ impl CudaSession {
                         out: oj,
                     }) = next(len)
                     && xj == x
-                    && self.w.mat(wj).ty.act() == Some(fmt)
+                    && same(self.w.mat(wj).ty)
+                    && self.w.mat(wj).cols.is_multiple_of(8)
                 {
                     run[len] = (self.w.mat(wj), at(oj), 0);
                     len += 1;
                 }
-                self.quantize_input(x, at(x), m.cols, fmt)?;
+                let src = input()?;
                 let mut done = [false; 8];
                 for s in 0..len {
                     if done[s] {
@@ -184,8 +231,7 @@ impl CudaSession {
                             g += 1;
                         }
                     }
-                    let kt = ty.mvq().map_or(k.mv, |kk| kk.mv);
-                    self.mv(kt, &group[..g])?;
+                    self.mv(kernel(ty), src, &group[..g])?;
                 }
                 Ok(len)
             }
@@ -394,8 +440,8 @@ impl CudaSession {
     }
 
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual
-    /// or 0)` of the quantised input in `xq`.
-    fn mv(&self, kernel: K, mats: &[(DMat, u64, u64)]) -> Result<(), CudaError> {
+    /// or 0)` of the input at `src` (the quantised `xq`, or a float product's f32 input).
+    fn mv(&self, kernel: K, src: u64, mats: &[(DMat, u64, u64)]) -> Result<(), CudaError> {
         let mut mv = [MvMat {
             w: 0,
             row_bytes: 0,
@@ -413,7 +459,7 @@ impl CudaSession {
             };
         }
         let n = mats.len().min(MV_MATS);
-        self.dev.mv(kernel, self.xq, mats[0].0.cols, &mv[..n])
+        self.dev.mv(kernel, src, mats[0].0.cols, &mv[..n])
     }
 
     /// Quantises the one-token value `v` (at `ptr`, `cols` wide) into the `xq` scratch in
