@@ -67,6 +67,31 @@ __device__ void mv_swiglu(const u8* __restrict__ Wg, const u8* __restrict__ Wu, 
     if ((threadIdx.x & 31) == 0) act[r] = silu_f(gu.x) * gu.y;
 }
 
+// mv_swiglu for float weights with the row split over the block's MV_WARPS warps
+// (warp_parts2_h). Grid rows (one block per row).
+template <int T>
+__device__ void mv_swiglu_split(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 row_bytes,
+                                const u8* __restrict__ aq, float* __restrict__ act, int rows, int cols) {
+    pdl_trigger();
+    int r = blockIdx.x;
+    if (r >= rows) return;
+    pdl_wait();
+    float2 gu = warp_parts2_h<T, MV_WARPS>(Wg + (size_t)r * row_bytes, Wu + (size_t)r * row_bytes, aq, cols);
+    __shared__ float2 part[MV_WARPS];
+    int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) part[warp] = gu;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float g = 0.0f, u = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < MV_WARPS; k++) {
+            g += part[k].x;
+            u += part[k].y;
+        }
+        act[r] = silu_f(g) * u;
+    }
+}
+
 // act[k, r] = silu(gate_e[r] . x) * (up_e[r] . x) for slot k < K of the (single) token,
 // e = ids[k]; slot K, when the grid has K + 1 rows of blocks, is the shared expert (Sg, Su).
 // Grid (ceil(I / MV_WARPS), K or K + 1). Block (0, 0) also copies ids and weights to
@@ -156,6 +181,66 @@ __device__ __forceinline__ void moe_down_q4k_short(const u8* __restrict__ Wd, u6
     if (lane == 0) out[r] = y;
 }
 
+// moe_down_q's CT4 rows of at most 32 blocks (I <= 1024: S 2.1's experts), where each lane
+// has at most one block per expert row: DOWN_BATCH experts' blocks (and the shared expert's,
+// fetched first) are loaded before any is computed, as moe_down_q4k_short does. Same terms
+// in the same order as the generic loop (each lane's part is its one block's dot).
+__device__ __forceinline__ void moe_down_ct4_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                                                   const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
+                                                   const u32* __restrict__ id, const float* __restrict__ weights,
+                                                   const float* __restrict__ res, float* __restrict__ out, int r,
+                                                   int I, int K, float scale, int order) {
+    int lane = threadIdx.x & 31;
+    int nb = I / QK;
+    bool on = lane < nb;
+    u32 ls[5];
+    if (Sd && on) {
+        const u32* p = (const u32*)(Sd + (size_t)r * row_bytes + (size_t)lane * 20);
+        #pragma unroll
+        for (int k = 0; k < 5; k++) ls[k] = __ldg(p + k);
+    }
+    float acc = 0.0f;
+    for (int s0 = 0; s0 < K; s0 += DOWN_BATCH) {
+        u32 l[DOWN_BATCH][5];
+        int ks[DOWN_BATCH];
+        #pragma unroll
+        for (int u = 0; u < DOWN_BATCH; u++) {
+            if (s0 + u < K) {
+                int k = __shfl_sync(0xffffffffu, order, s0 + u);
+                ks[u] = k;
+                if (on) {
+                    const u32* p = (const u32*)(Wd + (size_t)id[k] * expert_bytes + (size_t)r * row_bytes +
+                                                (size_t)lane * 20);
+                    #pragma unroll
+                    for (int j = 0; j < 5; j++) l[u][j] = __ldg(p + j);
+                }
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < DOWN_BATCH; u++) {
+            if (s0 + u < K) {
+                int k = ks[u];
+                const u8* a = actq + (size_t)k * astride;
+                float part = on ? __fadd_rn(0.0f, ct4_block_dot(l[u], a + (size_t)lane * QK, q8_0_d(a, I)[lane],
+                                                                q8_0_d(a, I)[nb + lane]))
+                                : 0.0f;
+                acc = __fadd_rn(acc, __fmul_rn(part, weights[k]));
+            }
+        }
+    }
+    float v = __fmul_rn(acc, scale);
+    if (Sd) {
+        const u8* a = actq + (size_t)K * astride;
+        float part = on ? __fadd_rn(0.0f, ct4_block_dot(ls, a + (size_t)lane * QK, q8_0_d(a, I)[lane],
+                                                        q8_0_d(a, I)[nb + lane]))
+                        : 0.0f;
+        v = __fadd_rn(v, part);
+    }
+    float y = warp_sum(v);
+    if (res) y = __fadd_rn(res[r], y);
+    if (lane == 0) out[r] = y;
+}
+
 // out[r] = scale * sum_k weights[k] * (down_{ids[k]}[r] . act[k]), the experts taken in
 // ascending (id, slot) order as moe_combine does. With Sd (the shared expert's down, its
 // activation in row K of actq) the shared output is added, and with res the residual:
@@ -193,6 +278,13 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         if (lane == s) order = k;
     }
     float acc = 0.0f;
+    if constexpr (T == WT_CT4) {
+        if (I <= 32 * QK) {
+            moe_down_ct4_short(Wd, expert_bytes, row_bytes, Sd, actq, astride, id, weights, res, out, r, I, K,
+                               scale, order);
+            return;
+        }
+    }
     if constexpr (T == WT_Q4_K) {
         if (I <= 4 * QK_K) {
             moe_down_q4k_short(Wd, expert_bytes, row_bytes, Sd, actq, astride, id, weights, res, out, r, I, K,
@@ -320,6 +412,6 @@ MVQ_TYPES(DEFINE_MVQ)
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_swiglu_##name(                 \
         const u8* Wg, const u8* Wu, u64 row_bytes, const u8* aq, float* act, int rows, int cols) { \
-        mv_swiglu<T>(Wg, Wu, row_bytes, aq, act, rows, cols);                                      \
+        mv_swiglu_split<T>(Wg, Wu, row_bytes, aq, act, rows, cols);                                \
     }
 MVH_TYPES(DEFINE_MVH)

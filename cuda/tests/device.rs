@@ -740,9 +740,8 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
     let mut rng = Rng(0xc74_0003);
     let k = Kernels::scalar();
     let silu = |v: f32| v / (1.0 + (-v).exp());
-    // One launch of `mv` over `mats` (two products when `pair`: gate and up through the
-    // SwiGLU kernel instead), read back.
-    let run = |mv: K, swiglu: K, wp: [u64; 2], row_bytes: u64, rows, cols, src: u64| {
+    // `mv` on the first matrix, and the SwiGLU kernel (with its grid) on both, read back.
+    let run = |mv: K, swiglu: (K, u32), wp: [u64; 2], row_bytes: u64, rows, cols, src: u64| {
         let ob = dev.stream.alloc_zeros::<f32>(rows).unwrap();
         let op = ob.device_ptr(&dev.stream).0;
         let one = MvMat {
@@ -756,8 +755,8 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
         let y = download(&dev, &ob);
         let sb = dev.stream.alloc_zeros::<f32>(rows).unwrap();
         dev.launch(
-            swiglu,
-            (rows.div_ceil(4) as u32, 1),
+            swiglu.0,
+            (swiglu.1, 1),
             128,
             &[
                 Arg::P(wp[0]),
@@ -833,7 +832,8 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
             let (_qb, qp) = upload(&dev, &q);
             let kq = WType::Ct4.mvq().unwrap();
             let row_bytes = (cols / 32 * lagoon_cuda::weights::CT4_BLOCK_BYTES) as u64;
-            let (y, act) = run(kq.mv, kq.swiglu, [w0, w1], row_bytes, rows, cols, qp);
+            let swiglu = (kq.swiglu, rows.div_ceil(4) as u32);
+            let (y, act) = run(kq.mv, swiglu, [w0, w1], row_bytes, rows, cols, qp);
             let e = max_rel(&y, &want[0]);
             let want_act: Vec<f32> = (0..rows).map(|r| silu(want[0][r]) * want[1][r]).collect();
             let ea = max_rel(&act, &want_act);
@@ -868,7 +868,16 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
             let (_b1, w1) = upload(&dev, &data[1]);
             let (_xb, xp) = upload(&dev, &x);
             let (mv, swiglu) = wtype(ty).unwrap().mvh().unwrap();
-            let (y, act) = run(mv, swiglu, [w0, w1], 2 * cols as u64, rows, cols, xp);
+            // The float SwiGLU kernel takes a block per row.
+            let (y, act) = run(
+                mv,
+                (swiglu, rows as u32),
+                [w0, w1],
+                2 * cols as u64,
+                rows,
+                cols,
+                xp,
+            );
             let e = max_rel(&y, &want[0]);
             let want_act: Vec<f32> = (0..rows).map(|r| silu(want[0][r]) * want[1][r]).collect();
             let ea = max_rel(&act, &want_act);

@@ -172,9 +172,14 @@ impl CudaSession {
                     let m2 = self.w.mat(w2);
                     if m2.ty == m.ty && m2.rows == m.rows && m2.row_bytes == m.row_bytes {
                         let src = input()?;
+                        // The float kernel takes a block per row (its row split over warps).
+                        let grid = match fmt {
+                            Some(_) => blocks(m.rows, 4),
+                            None => m.rows as u32,
+                        };
                         dev.launch(
                             swiglu_k,
-                            (blocks(m.rows, 4), 1),
+                            (grid, 1),
                             128,
                             &[
                                 P(m.ptr),
