@@ -123,30 +123,16 @@ pub fn ct4_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
     };
     let row_bytes = m.cols / 32 * CT4_BLOCK_BYTES;
     let mut out = vec![0u8; m.rows * row_bytes];
-    // Rows are independent: split them over the host's threads (a full-size W4A16 model
-    // repacks billions of chunks).
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per = m.rows.div_ceil(threads).max(1);
-    std::thread::scope(|sc| {
-        for (j, dst) in out.chunks_mut(per * row_bytes).enumerate() {
-            sc.spawn(move || {
-                let mut q = [0u8; 32];
-                for (i, row) in dst.chunks_exact_mut(row_bytes).enumerate() {
-                    let r = j * per + i;
-                    for (c, b) in row.chunks_exact_mut(CT4_BLOCK_BYTES).enumerate() {
-                        // ct4_fits checked that z is an integer in i8's range.
-                        let (s_bits, z) = ct.int4_chunk(r, c, &mut q);
-                        b[..2].copy_from_slice(&s_bits.to_le_bytes());
-                        b[2] = z as i8 as u8;
-                        b[3] = dtype;
-                        for (k, p) in q.chunks_exact(2).enumerate() {
-                            b[4 + k] = p[0] | (p[1] << 4);
-                        }
-                    }
-                }
-            });
+    for (r, row) in out.chunks_exact_mut(row_bytes).enumerate() {
+        for (c, b) in row.chunks_exact_mut(CT4_BLOCK_BYTES).enumerate() {
+            // ct4_fits checked that z is an integer in i8's range.
+            let (s_bits, z) = ct.int4_chunk_scale_zero(r, c);
+            b[..2].copy_from_slice(&s_bits.to_le_bytes());
+            b[2] = z as i8 as u8;
+            b[3] = dtype;
+            b[4..].copy_from_slice(ct.int4_chunk_codes(r, c));
         }
-    });
+    }
     Some(out)
 }
 
@@ -188,6 +174,84 @@ impl Piece<'_> {
             }
         }
     }
+}
+
+/// Bytes of made (repacked or decoded) pieces that may wait for the upload at a time.
+const MADE_BYTES_MAX: usize = 4 << 30;
+
+/// Hands every piece's bytes to `sink` with its offset, all on the calling thread: stored
+/// bytes as they are, and the pieces to be made (repacked, decoded) made on up to `threads`
+/// workers, any order, with at most `budget` bytes of them made and not yet handed over (a
+/// piece larger than that alone). A full-size W4A16 model has ~37,000 expert matrices to
+/// repack; made one after another on one thread they had the upload wait on the host. The
+/// first error of `sink` stops the workers and is returned.
+fn for_each_piece<E>(
+    items: &[(usize, Piece<'_>)],
+    threads: usize,
+    budget: usize,
+    mut sink: impl FnMut(usize, &[u8]) -> Result<(), E>,
+) -> Result<(), E> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    use std::sync::{Condvar, Mutex, mpsc};
+    let made: Vec<&(usize, Piece<'_>)> = items
+        .iter()
+        .filter(|(_, p)| !matches!(p, Piece::Bytes(_)))
+        .collect();
+    let budget = budget.max(1);
+    // Bytes of the budget still free, and the condition workers wait on for more.
+    let free = (Mutex::new(budget), Condvar::new());
+    let take = |n: usize| n.min(budget);
+    let give_back = |n: usize| {
+        *free.0.lock().unwrap_or_else(|e| e.into_inner()) += take(n);
+        free.1.notify_all();
+    };
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let (tx, rx) = mpsc::channel::<(usize, Vec<u8>)>();
+        for _ in 0..threads.clamp(1, made.len().max(1)) {
+            let tx = tx.clone();
+            let (made, next, stop, free) = (&made, &next, &stop, &free);
+            sc.spawn(move || {
+                while let Some((off, p)) = made.get(next.fetch_add(1, Relaxed)) {
+                    let n = take(p.len());
+                    let mut left = free.0.lock().unwrap_or_else(|e| e.into_inner());
+                    while *left < n && !stop.load(Relaxed) {
+                        left = free.1.wait(left).unwrap_or_else(|e| e.into_inner());
+                    }
+                    if stop.load(Relaxed) {
+                        return;
+                    }
+                    *left -= n;
+                    drop(left);
+                    if tx.send((*off, p.bytes().into_owned())).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut run = || {
+            for (off, b) in rx.iter() {
+                sink(off, &b)?;
+                give_back(b.len());
+            }
+            for (off, p) in items {
+                if let Piece::Bytes(b) = p {
+                    sink(*off, b)?;
+                }
+            }
+            Ok(())
+        };
+        let r = run();
+        if r.is_err() {
+            // Wake and stop the workers (those sending find the receiver gone once this
+            // closure returns).
+            stop.store(true, Relaxed);
+            give_back(budget);
+        }
+        r
+    })
 }
 
 /// The matrix's device type and where its bytes come from.
@@ -374,13 +438,13 @@ impl DeviceWeights {
             .stream
             .alloc_zeros::<u8>(len)
             .during("allocating device memory for the weights")?;
-        for (off, piece) in &lay.items {
-            let bytes = piece.bytes();
-            let mut dst = buf.slice_mut(*off..*off + bytes.len());
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for_each_piece(&lay.items, threads, MADE_BYTES_MAX, |off, bytes| {
+            let mut dst = buf.slice_mut(off..off + bytes.len());
             dev.stream
-                .memcpy_htod(bytes.as_ref(), &mut dst)
-                .during("copying weights to the device")?;
-        }
+                .memcpy_htod(bytes, &mut dst)
+                .during("copying weights to the device")
+        })?;
         dev.stream
             .synchronize()
             .during("waiting for the weight upload")?;
@@ -491,5 +555,187 @@ impl DeviceWeights {
             Weight::Layer(l, L::KNorm) => self.layers[l].k_norm,
             _ => unreachable!("graph asked for {id:?} as a vector"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lagoon_core::quant::ct::{
+        CtKind, CtLayout, CtMatrix, CtStrategy, PackOrder, ScaleDtype, ZeroPoint, ZpDtype,
+    };
+
+    struct Rng(u64);
+    impl Rng {
+        fn byte(&mut self) -> u8 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 24) as u8
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.byte()).collect()
+        }
+    }
+
+    /// A compressed-tensors matrix's buffers: weight, scale, zero.
+    type CtBufs = (Vec<u8>, Vec<u8>, Vec<u8>);
+
+    /// A random 4-bit group-32 matrix's buffers for `layout`, scales finite and positive in
+    /// the scale dtype.
+    fn ct_buffers(rng: &mut Rng, layout: &CtLayout) -> CtBufs {
+        let weight = rng.bytes(layout.weight_bytes());
+        let scale = (0..layout.scale_bytes() / 2)
+            .flat_map(|_| {
+                let v = 0.001 + f32::from(rng.byte()) * 1e-4;
+                match layout.scale_dtype {
+                    ScaleDtype::F16 => half::f16::from_f32(v).to_le_bytes(),
+                    _ => half::bf16::from_f32(v).to_le_bytes(),
+                }
+            })
+            .collect();
+        let zero = match layout.zero {
+            // Plain u8 zero points in 0..16, as an asymmetric int4 checkpoint stores them.
+            Some(ZeroPoint::Plain(_)) => {
+                (0..layout.zero_bytes()).map(|_| rng.byte() & 15).collect()
+            }
+            _ => rng.bytes(layout.zero_bytes()),
+        };
+        (weight, scale, zero)
+    }
+
+    fn layout(rows: usize, cols: usize, sd: ScaleDtype, zero: Option<ZeroPoint>) -> CtLayout {
+        CtLayout {
+            kind: CtKind::packed_int(4, CtStrategy::Group(32), zero.is_none(), PackOrder::Dense),
+            rows,
+            cols,
+            scale_dtype: sd,
+            zero,
+        }
+    }
+
+    /// Every CT4 block holds its chunk's scale bits, zero point, scale dtype and codes as
+    /// `CtMatrix::int4_chunk` gives them (the decoding core checks against `dequant_row`).
+    #[test]
+    fn ct4_blocks_hold_each_chunks_scale_zero_and_codes() {
+        let mut rng = Rng(0x5eed_c7a4);
+        for (sd, zero) in [
+            (ScaleDtype::Bf16, None),
+            (ScaleDtype::F16, Some(ZeroPoint::Packed)),
+            (ScaleDtype::Bf16, Some(ZeroPoint::Plain(ZpDtype::U8))),
+        ] {
+            let (rows, cols) = (24, 96);
+            let l = layout(rows, cols, sd, zero);
+            let (w, s, z) = ct_buffers(&mut rng, &l);
+            let ct = CtMatrix::new(l, &w, &s, &z).unwrap();
+            let m = MatRef {
+                rows,
+                cols,
+                enc: Encoding::Ct(ct),
+            };
+            let blocks = ct4_blocks(&m).expect("a CT4-repackable matrix");
+            assert_eq!(blocks.len(), rows * cols / 32 * CT4_BLOCK_BYTES);
+            let want_dtype = if sd == ScaleDtype::F16 { 1 } else { 2 };
+            let mut q = [0u8; 32];
+            for r in 0..rows {
+                for c in 0..cols / 32 {
+                    let (s_bits, zp) = ct.int4_chunk(r, c, &mut q);
+                    let b = &blocks[(r * cols / 32 + c) * CT4_BLOCK_BYTES..][..CT4_BLOCK_BYTES];
+                    assert_eq!(u16::from_le_bytes([b[0], b[1]]), s_bits, "{sd:?} r{r} c{c}");
+                    assert_eq!(b[2] as i8 as f32, zp, "{sd:?} r{r} c{c}");
+                    assert_eq!(b[3], want_dtype);
+                    for k in 0..16 {
+                        assert_eq!(b[4 + k], q[2 * k] | (q[2 * k + 1] << 4), "{sd:?} r{r} c{c}");
+                    }
+                }
+            }
+        }
+        // A plain zero point past i8's range: no CT4 form (the matrix decodes to f32).
+        let l = layout(2, 64, ScaleDtype::Bf16, Some(ZeroPoint::Plain(ZpDtype::U8)));
+        let (w, s, mut z) = ct_buffers(&mut Rng(3), &l);
+        z[1] = 200;
+        let m = MatRef {
+            rows: 2,
+            cols: 64,
+            enc: Encoding::Ct(CtMatrix::new(l, &w, &s, &z).unwrap()),
+        };
+        assert!(ct4_blocks(&m).is_none());
+        assert_eq!(device_piece(&m, false).0, WType::F32);
+    }
+
+    /// The parallel upload hands each piece over once, whole, at its offset, whatever the
+    /// worker count and byte budget, and stops at the sink's first error.
+    #[test]
+    fn every_piece_reaches_the_sink_whole_at_its_offset() {
+        let mut rng = Rng(0x0b1e_c7ed);
+        let bufs: Vec<(CtLayout, CtBufs)> = (0..5)
+            .map(|i| {
+                let l = layout(8 + i, 64, ScaleDtype::Bf16, None);
+                let b = ct_buffers(&mut rng, &l);
+                (l, b)
+            })
+            .collect();
+        // Q4_0 has no kernel here: decoded to f32 at upload.
+        let q4_0 = rng.bytes(6 * 18 * 2);
+        let stored = rng.bytes(1000);
+        let mut pieces: Vec<Piece<'_>> = bufs
+            .iter()
+            .map(|(l, (w, s, z))| {
+                Piece::Ct4(MatRef {
+                    rows: l.rows,
+                    cols: l.cols,
+                    enc: Encoding::Ct(CtMatrix::new(*l, w, s, z).unwrap()),
+                })
+            })
+            .collect();
+        pieces.insert(
+            2,
+            Piece::F32(MatRef {
+                rows: 6,
+                cols: 64,
+                enc: Encoding::Ggml {
+                    ty: GgmlType::Q4_0,
+                    data: &q4_0,
+                },
+            }),
+        );
+        pieces.insert(0, Piece::Bytes(Cow::Borrowed(&stored)));
+        pieces.insert(4, Piece::Bytes(Cow::Owned(vec![7u8; 33])));
+        let mut items = Vec::new();
+        let mut len = 0usize;
+        for p in pieces {
+            len = len.next_multiple_of(ALIGN);
+            let n = p.len();
+            items.push((len, p));
+            len += n;
+        }
+        let mut want = vec![0u8; len];
+        for (off, p) in &items {
+            let b = p.bytes();
+            assert_eq!(b.len(), p.len());
+            want[*off..*off + b.len()].copy_from_slice(&b);
+        }
+        for (threads, budget) in [(1, usize::MAX), (3, 1), (3, 700), (8, 1 << 20)] {
+            let mut got = vec![0u8; len];
+            let mut seen = Vec::new();
+            for_each_piece(&items, threads, budget, |off, b| {
+                got[off..off + b.len()].copy_from_slice(b);
+                seen.push(off);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            seen.sort_unstable();
+            let offs: Vec<usize> = items.iter().map(|(o, _)| *o).collect();
+            assert_eq!(seen, offs, "threads {threads}, budget {budget}");
+            assert!(got == want, "threads {threads}, budget {budget}");
+        }
+        // The sink's error stops the upload (and the workers: the test would hang).
+        let mut calls = 0;
+        let r = for_each_piece(&items, 3, 1, |_, _| {
+            calls += 1;
+            if calls == 2 { Err("full") } else { Ok(()) }
+        });
+        assert_eq!(r, Err("full"));
+        assert_eq!(calls, 2);
     }
 }

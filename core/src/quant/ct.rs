@@ -507,21 +507,30 @@ impl<'a> CtMatrix<'a> {
     /// and rounded zero point, so that element `i` is `sd.round(sd.round((q[i] − 8) − z) · s)`,
     /// exactly as [`CtMatrix::dequant_row`] decodes it.
     pub fn int4_chunk(&self, r: usize, c: usize, q: &mut [u8; 32]) -> (u16, f32) {
+        for (k, &b) in self.int4_chunk_codes(r, c).iter().enumerate() {
+            q[2 * k] = b & 0xF;
+            q[2 * k + 1] = b >> 4;
+        }
+        self.int4_chunk_scale_zero(r, c)
+    }
+
+    /// The 16 packed bytes of chunk `c` of row `r` of an [`CtMatrix::int4_chunked`] matrix:
+    /// element `32c + 2k` in the low nibble of byte `k`, `32c + 2k + 1` in its high nibble. At
+    /// 4 bits both pack orders put element `i` at bit `4i` of the row's little-endian word
+    /// stream (eight per word, none straddling), so these are the row's bytes `16c .. 16c + 16`.
+    pub fn int4_chunk_codes(&self, r: usize, c: usize) -> &'a [u8] {
         let l = &self.layout;
         debug_assert!(self.int4_chunked().is_some() && r < l.rows && 32 * c < l.cols);
-        let CtKind::PackedInt { order, .. } = l.kind else {
-            unreachable!("int4_chunk on a matrix that is not 4-bit pack-quantized");
-        };
-        let (gc, cell) = self.int4_cell(r, c);
-        let z = l.scale_dtype.round(self.zero_point(r, gc, cell));
-        let s_bits = u16_le(self.scale, cell);
-        let c0 = 32 * c;
         let rb = l.weight_row_bytes();
-        let row = &self.weight[r * rb..(r + 1) * rb];
-        for (i, v) in q.iter_mut().enumerate() {
-            *v = unpack(row, c0 + i, 4, order) as u8;
-        }
-        (s_bits, z)
+        &self.weight[r * rb + 16 * c..r * rb + 16 * c + 16]
+    }
+
+    /// The raw scale bits (in the scale dtype) and rounded zero point of chunk `c` of row `r`
+    /// of an [`CtMatrix::int4_chunked`] matrix.
+    pub fn int4_chunk_scale_zero(&self, r: usize, c: usize) -> (u16, f32) {
+        let (gc, cell) = self.int4_cell(r, c);
+        let z = self.layout.scale_dtype.round(self.zero_point(r, gc, cell));
+        (u16_le(self.scale, cell), z)
     }
 
     /// Whether every chunk's rounded zero point of an [`CtMatrix::int4_chunked`] matrix is an
