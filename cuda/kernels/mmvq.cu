@@ -76,7 +76,8 @@ __device__ void mv_swiglu_split(const u8* __restrict__ Wg, const u8* __restrict_
     int r = blockIdx.x;
     if (r >= rows) return;
     pdl_wait();
-    float2 gu = warp_parts2_h<T, MV_WARPS>(Wg + (size_t)r * row_bytes, Wu + (size_t)r * row_bytes, aq, cols);
+    float2 gu = warp_parts2_h<T, MV_WARPS>(Wg + (size_t)r * row_bytes, Wu + (size_t)r * row_bytes, aq, cols,
+                                           threadIdx.x >> 5);
     __shared__ float2 part[MV_WARPS];
     int warp = threadIdx.x >> 5;
     if ((threadIdx.x & 31) == 0) part[warp] = gu;
@@ -366,7 +367,9 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
 
 #define MVQ_TYPES(X) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K) X(ct4, WT_CT4)
 
-#define DEFINE_MVQ(name, T)                                                                        \
+// The mat-vec kernels every batch-1 type has: up to MV_MATS products of one input, and a
+// SwiGLU MLP's gate and up (SWIGLU: mv_swiglu, or mv_swiglu_split for float weights).
+#define DEFINE_MV(name, T, SWIGLU)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_##name(                        \
         const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
         int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
@@ -378,8 +381,11 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_swiglu_##name(                 \
         const u8* Wg, const u8* Wu, u64 row_bytes, const u8* aq, float* act, int rows, int cols) { \
-        mv_swiglu<T>(Wg, Wu, row_bytes, aq, act, rows, cols);                                      \
-    }                                                                                              \
+        SWIGLU<T>(Wg, Wu, row_bytes, aq, act, rows, cols);                                         \
+    }
+
+#define DEFINE_MVQ(name, T)                                                                        \
+    DEFINE_MV(name, T, mv_swiglu)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_q_##name(             \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
         const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
@@ -400,18 +406,5 @@ MVQ_TYPES(DEFINE_MVQ)
 // models): the same mat-vec and SwiGLU kernels, `aq` being the f32 input row itself.
 #define MVH_TYPES(X) X(bf16, WT_BF16) X(f16, WT_F16)
 
-#define DEFINE_MVH(name, T)                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_##name(                        \
-        const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
-        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
-        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
-        int n3) {                                                                                  \
-        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
-                    {n0, n1, n2, n3}};                                                             \
-        mv_multi<T>(m, n_mats, aq, cols);                                                          \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_swiglu_##name(                 \
-        const u8* Wg, const u8* Wu, u64 row_bytes, const u8* aq, float* act, int rows, int cols) { \
-        mv_swiglu_split<T>(Wg, Wu, row_bytes, aq, act, rows, cols);                                \
-    }
+#define DEFINE_MVH(name, T) DEFINE_MV(name, T, mv_swiglu_split)
 MVH_TYPES(DEFINE_MVH)

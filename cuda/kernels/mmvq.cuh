@@ -500,57 +500,26 @@ __device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u
     return acc;
 }
 
-// A block's share of two float rows (gate and up) against one activation: warp w of W takes
-// pieces w·32 + lane, (w + W)·32 + lane, ... so a short matrix (a shared expert's 1024 rows)
-// still puts W warps per row in flight; the block's sums are added in shared memory by the
-// caller. (One warp per row gave 256 blocks for 132 SMs at 1024 rows: 0.98 TB/s, H200.)
+// Warp w's share (of W warps on one row pair) of two float rows (gate and up) against one
+// activation, reduced over the warp: it takes pieces w·32 + lane, (w + W)·32 + lane, ..., both
+// rows' pieces in flight together. W = 1: one warp per row pair (warp_dot2_q). W > 1 lets a
+// short matrix (a shared expert's 1024 rows) put W warps per row in flight, the caller adding
+// the warps' sums (one warp per row gave 256 blocks for 132 SMs at 1024 rows: 0.98 TB/s,
+// H200).
 template <int T, int W>
 __device__ __forceinline__ float2 warp_parts2_h(const u8* __restrict__ r0, const u8* __restrict__ r1,
-                                                const u8* __restrict__ a, int cols) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint4* g4 = (const uint4*)r0;
-    const uint4* u4 = (const uint4*)r1;
-    const float4* x4 = (const float4*)a;
-    int n8 = cols / 8;
-    float ag = 0.0f, au = 0.0f;
-    for (int i0 = 32 * warp + lane; i0 < n8; i0 += 32 * W * (H_BATCH / 2)) {
-        uint4 wg[H_BATCH / 2], wu[H_BATCH / 2];
-        #pragma unroll
-        for (int u = 0; u < H_BATCH / 2; u++) {
-            int i = i0 + 32 * W * u;
-            if (i < n8) {
-                wg[u] = __ldg(g4 + i);
-                wu[u] = __ldg(u4 + i);
-            }
-        }
-        #pragma unroll
-        for (int u = 0; u < H_BATCH / 2; u++) {
-            int i = i0 + 32 * W * u;
-            if (i < n8) {
-                float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
-                ag = h_dot8<T>(wg[u], x0, x1, ag);
-                au = h_dot8<T>(wu[u], x0, x1, au);
-            }
-        }
-    }
-    return make_float2(warp_sum(ag), warp_sum(au));
-}
-
-// Two float rows (gate and up) against one activation, both rows' pieces in flight together.
-template <int T>
-__device__ __forceinline__ float2 warp_dot2_h(const u8* __restrict__ r0, const u8* __restrict__ r1,
-                                              const u8* __restrict__ a, int cols) {
+                                                const u8* __restrict__ a, int cols, int w) {
     int lane = threadIdx.x & 31;
     const uint4* g4 = (const uint4*)r0;
     const uint4* u4 = (const uint4*)r1;
     const float4* x4 = (const float4*)a;
     int n8 = cols / 8;
     float ag = 0.0f, au = 0.0f;
-    for (int i0 = lane; i0 < n8; i0 += 32 * (H_BATCH / 2)) {
+    for (int i0 = 32 * w + lane; i0 < n8; i0 += 32 * W * (H_BATCH / 2)) {
         uint4 wg[H_BATCH / 2], wu[H_BATCH / 2];
         #pragma unroll
         for (int u = 0; u < H_BATCH / 2; u++) {
-            int i = i0 + 32 * u;
+            int i = i0 + 32 * W * u;
             if (i < n8) {
                 wg[u] = __ldg(g4 + i);
                 wu[u] = __ldg(u4 + i);
@@ -558,7 +527,7 @@ __device__ __forceinline__ float2 warp_dot2_h(const u8* __restrict__ r0, const u
         }
         #pragma unroll
         for (int u = 0; u < H_BATCH / 2; u++) {
-            int i = i0 + 32 * u;
+            int i = i0 + 32 * W * u;
             if (i < n8) {
                 float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
                 ag = h_dot8<T>(wg[u], x0, x1, ag);
@@ -606,7 +575,7 @@ __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u
         float p0 = lane_part_ct4(r0, a, cols), p1 = lane_part_ct4(r1, a, cols);
         return make_float2(warp_sum(p0), warp_sum(p1));
     }
-    else if constexpr (T == WT_BF16 || T == WT_F16) return warp_dot2_h<T>(r0, r1, a, cols);
+    else if constexpr (T == WT_BF16 || T == WT_F16) return warp_parts2_h<T, 1>(r0, r1, a, cols, 0);
     else if constexpr (T == WT_Q4_K) {
         const u8* rows[2] = {r0, r1};
         float y[2];

@@ -731,9 +731,7 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ct4_and_float_mat_vecs_match_the_cpu() {
-    use lagoon_core::quant::ct::{
-        CtKind, CtLayout, CtMatrix, CtStrategy, PackOrder, ScaleDtype, ZeroPoint,
-    };
+    use lagoon_core::quant::ct::{CtMatrix, ScaleDtype};
     use lagoon_cpu::kernels::Kernels;
     use lagoon_cuda::manifest::WType;
     let dev = device();
@@ -780,35 +778,15 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
             (false, ScaleDtype::F16),
             (true, ScaleDtype::F16),
         ] {
-            let layout = CtLayout {
-                kind: CtKind::packed_int(4, CtStrategy::Group(32), !asym, PackOrder::Dense),
-                rows,
-                cols,
-                scale_dtype: sd,
-                zero: asym.then_some(ZeroPoint::Packed),
-            };
-            let mats: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = (0..2)
-                .map(|_| {
-                    let weight: Vec<u8> = (0..layout.weight_bytes()).map(|_| rng.byte()).collect();
-                    let scale: Vec<u8> = (0..layout.scale_bytes() / 2)
-                        .flat_map(|_| {
-                            let v = 0.002 + 0.01 * rng.f().abs();
-                            match sd {
-                                ScaleDtype::F16 => half::f16::from_f32(v).to_le_bytes(),
-                                _ => half::bf16::from_f32(v).to_le_bytes(),
-                            }
-                        })
-                        .collect();
-                    let zero: Vec<u8> = (0..layout.zero_bytes()).map(|_| rng.byte()).collect();
-                    (weight, scale, zero)
-                })
+            let mats: Vec<_> = (0..2)
+                .map(|_| common::random_ct4(&mut rng, rows, cols, asym, sd))
                 .collect();
             let ms: Vec<MatRef> = mats
                 .iter()
-                .map(|(w, s, z)| MatRef {
+                .map(|(layout, [w, s, z])| MatRef {
                     rows,
                     cols,
-                    enc: Encoding::Ct(CtMatrix::new(layout, w, s, z).unwrap()),
+                    enc: Encoding::Ct(CtMatrix::new(*layout, w, s, z).unwrap()),
                 })
                 .collect();
             let afmt = k.act_format(&ms[0]);

@@ -621,25 +621,13 @@ fn prefill_attention_matches_the_f32_kernel() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ct4_blocks_decode_as_compressed_tensors() {
-    use lagoon_core::quant::ct::{
-        CtKind, CtLayout, CtMatrix, CtStrategy, PackOrder, ScaleDtype, ZeroPoint,
-    };
+    use lagoon_core::quant::ct::{CtMatrix, ScaleDtype};
     let dev = device();
     let mut rng = Rng(0x6e33_0005);
     let (rows, cols, n) = (GEMM_TILE_ROWS + 45, 512usize, 77usize);
     for asym in [false, true] {
-        let layout = CtLayout {
-            kind: CtKind::packed_int(4, CtStrategy::Group(32), !asym, PackOrder::Dense),
-            rows,
-            cols,
-            scale_dtype: ScaleDtype::Bf16,
-            zero: asym.then_some(ZeroPoint::Packed),
-        };
-        let weight: Vec<u8> = (0..layout.weight_bytes()).map(|_| rng.byte()).collect();
-        let scale: Vec<u8> = (0..layout.scale_bytes() / 2)
-            .flat_map(|_| half::bf16::from_f32(0.002 + 0.01 * rng.f().abs()).to_le_bytes())
-            .collect();
-        let zero: Vec<u8> = (0..layout.zero_bytes()).map(|_| rng.byte()).collect();
+        let (layout, [weight, scale, zero]) =
+            common::random_ct4(&mut rng, rows, cols, asym, ScaleDtype::Bf16);
         let ct = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
         let m = MatRef {
             rows,

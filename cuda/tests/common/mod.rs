@@ -41,6 +41,38 @@ pub fn download(dev: &Device, b: &CudaSlice<f32>) -> Vec<f32> {
     v
 }
 
+/// A random 4-bit group-32 compressed-tensors matrix: its layout and its weight, scale and
+/// zero-point buffers (asymmetric with packed zero points when `asym`; scales in
+/// 0.002 .. 0.012 in the scale dtype `sd`). `CtMatrix::new(layout, &w, &s, &z)` views it.
+pub fn random_ct4(
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    asym: bool,
+    sd: lagoon_core::quant::ct::ScaleDtype,
+) -> (lagoon_core::quant::ct::CtLayout, [Vec<u8>; 3]) {
+    use lagoon_core::quant::ct::{CtKind, CtLayout, CtStrategy, PackOrder, ScaleDtype, ZeroPoint};
+    let layout = CtLayout {
+        kind: CtKind::packed_int(4, CtStrategy::Group(32), !asym, PackOrder::Dense),
+        rows,
+        cols,
+        scale_dtype: sd,
+        zero: asym.then_some(ZeroPoint::Packed),
+    };
+    let weight: Vec<u8> = (0..layout.weight_bytes()).map(|_| rng.byte()).collect();
+    let scale: Vec<u8> = (0..layout.scale_bytes() / 2)
+        .flat_map(|_| {
+            let v = 0.002 + 0.01 * rng.f().abs();
+            match sd {
+                ScaleDtype::F16 => half::f16::from_f32(v).to_le_bytes(),
+                _ => half::bf16::from_f32(v).to_le_bytes(),
+            }
+        })
+        .collect();
+    let zero: Vec<u8> = (0..layout.zero_bytes()).map(|_| rng.byte()).collect();
+    (layout, [weight, scale, zero])
+}
+
 /// Random row bytes of `ty` with sane scales (every bit pattern of the quants is valid).
 pub fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let f16b = |v: f32| half::f16::from_f32(v).to_le_bytes();
