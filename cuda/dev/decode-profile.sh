@@ -6,8 +6,8 @@
 # step's timeline (kernel starts and ends, so the gaps between kernels show). Stage first:
 #   ../shared/device/stage.sh tests -p lagoon-cuda && ../shared/device/stage.sh example bench synth
 # then run `cuda/dev/decode-profile.sh` with carry [".device"]. Logs and CSVs land in $OUT.
-# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out; VARIANTS, KV_AB and
-# FULL: below.
+# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out; TYPES, VARIANTS, KV_AB
+# and FULL: below.
 set -u
 out=${OUT:-/tmp}
 t0=$(date +%s)
@@ -19,8 +19,10 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   lap "device tests rc=$?"
   grep -E "test result|FAILED|panicked|bitwise" "$out/tests.log" | head -40
 fi
-model=${MODEL:-/dev/shm/s21-q4km.gguf}
-[ -f "$model" ] || .device/bin/synth --preset s-2.1 --types q4_k_m --threads 16 --out "$model" > "$out/synth.log" 2>&1
+# TYPES: the synth type mix (q4_k_m, or int4-g32 for the W4A16 compressed-tensors directory).
+types=${TYPES:-q4_k_m}
+if [ "$types" = int4-g32 ]; then model=${MODEL:-/dev/shm/s21-int4}; else model=${MODEL:-/dev/shm/s21-q4km.gguf}; fi
+[ -e "$model" ] || .device/bin/synth --preset s-2.1 --types "$types" --threads 16 --out "$model" > "$out/synth.log" 2>&1
 lap "synth done"
 # VARIANTS: environment settings compared, interleaved (default: programmatic launch off/on).
 for v in ${VARIANTS:-LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1 LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1}; do
