@@ -63,13 +63,15 @@ route(const float* __restrict__ z, const float* __restrict__ bias, float* __rest
 // shared memory for the normalisation (the same sum, in slot order, as route's) rather than
 // read back from global memory one by one; that made no measurable difference to S 2.1
 // decode (BENCHMARKS.md), so the kernel's 9.4 µs per launch in the profile is spent
-// elsewhere. Grid (n), block RB_THREADS; K <= RB_MAX_K.
+// elsewhere. Each expert's sigmoid is taken once (sg) for its weight. Grid (n), block
+// RB_THREADS; K <= RB_MAX_K.
 #define RB_THREADS 256
 #define RB_MAX_K 64
 extern "C" __global__ void __launch_bounds__(RB_THREADS)
 route_block(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
             float* __restrict__ weights, int E, int K, int norm, int n) { PDL_ENTRY();
-    __shared__ float sel[ROUTE_MAX_EXPERTS];
+    __shared__ __align__(16) float sel[ROUTE_MAX_EXPERTS];
+    __shared__ float sg[ROUTE_MAX_EXPERTS];
     __shared__ float ws[RB_MAX_K];
     __shared__ float wsum;
     __shared__ int odd;
@@ -79,7 +81,9 @@ route_block(const float* __restrict__ z, const float* __restrict__ bias, float* 
     if (tid == 0) odd = K > E;
     __syncthreads();
     for (int e = tid; e < E; e += RB_THREADS) {
-        float v = sigmoid_f(zt[e]) + bias[e];
+        float s = sigmoid_f(zt[e]);
+        float v = s + bias[e];
+        sg[e] = s;
         sel[e] = v;
         if (!(v > -LG_INF)) odd = 1;
     }
@@ -98,20 +102,36 @@ route_block(const float* __restrict__ z, const float* __restrict__ bias, float* 
                 if (be == 0x7fffffff) be = slot;
                 if (be < E) sel[be] = -LG_INF;
                 idt[slot] = (u32)be;
-                ws[slot] = sigmoid_f(zt[be]);
+                ws[slot] = be < E ? sg[be] : sigmoid_f(zt[be]);
             }
         }
     } else {
         for (int e = tid; e < E; e += RB_THREADS) {
             float v = sel[e];
             int rank = 0;
-            for (int j = 0; j < E; j++) {
-                float o = sel[j];
-                rank += (o > v || (o == v && j < e)) ? 1 : 0;
+            if ((E & 3) == 0) {
+                // Four keys per shared load, eight loads unrolled: the plain loop's 256
+                // dependent loads were this one-block kernel's critical path (an estimate, not
+                // yet measured; the counts are exact either way).
+                const float4* s4 = (const float4*)sel;
+                #pragma unroll 8
+                for (int j4 = 0; j4 < E / 4; j4++) {
+                    float4 o = s4[j4];
+                    int j = 4 * j4;
+                    rank += (o.x > v || (o.x == v && j < e)) ? 1 : 0;
+                    rank += (o.y > v || (o.y == v && j + 1 < e)) ? 1 : 0;
+                    rank += (o.z > v || (o.z == v && j + 2 < e)) ? 1 : 0;
+                    rank += (o.w > v || (o.w == v && j + 3 < e)) ? 1 : 0;
+                }
+            } else {
+                for (int j = 0; j < E; j++) {
+                    float o = sel[j];
+                    rank += (o > v || (o == v && j < e)) ? 1 : 0;
+                }
             }
             if (rank < K) {
                 idt[rank] = (u32)e;
-                ws[rank] = sigmoid_f(zt[e]);
+                ws[rank] = sg[e];
             }
         }
     }

@@ -117,6 +117,8 @@ fn router_matches_reference_including_ties() {
         (256, 10, true),
         (40, 3, false),
         (8, 8, true),
+        // E not a multiple of 4: route_block's one-key-at-a-time rank loop.
+        (30, 4, true),
     ] {
         let n = 9;
         let mut z: Vec<f32> = (0..n * e).map(|_| 4.0 * rng.f()).collect();
