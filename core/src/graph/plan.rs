@@ -1,12 +1,21 @@
 //! The liveness memory planner (after ggml's `gallocr`): walk the nodes in order, give each
-//! output the first free range that fits, and return a value's range to the free list after
-//! its last reader. Outputs are placed before inputs are freed, so a node never writes over
-//! what it reads.
+//! output the first free range that fits, and return a value's range to the free list
+//! [`FUSE_SLACK`] nodes after its last reader. Outputs are placed before inputs are freed, so
+//! a node never writes over what it reads; with the slack, neither does a backend kernel that
+//! runs a node together with the next `FUSE_SLACK` ones (it reads the first node's inputs
+//! while writing the later nodes' outputs).
 
 use alloc::vec;
 use alloc::vec::Vec;
 
 use super::{Op, Value, ValueId};
+
+/// Nodes a value's space stays reserved past its last reader. 2 covers the decode and
+/// prefill fusions of the CUDA backend: QK-norm + RoPE + KV store (the rotated q is made two
+/// nodes after q's last reader), a float product with the residual add after it, and a SwiGLU
+/// MLP's gate, up and SwiGLU (its output made one node after the input's last reader). A
+/// kernel fusing longer runs must still check for overlap itself.
+pub const FUSE_SLACK: usize = 2;
 
 /// Assigns every value an arena offset; returns the values and the arena length (elements).
 pub fn plan(
@@ -34,6 +43,8 @@ pub fn plan(
     // Free ranges as (offset, len), sorted by offset and coalesced.
     let mut free: Vec<(usize, usize)> = Vec::new();
     let mut top = 0usize;
+    // Values whose last reader is node i, released FUSE_SLACK nodes later.
+    let mut due: Vec<Vec<ValueId>> = vec![Vec::new(); nodes.len()];
     for (i, op) in nodes.iter().enumerate() {
         for v in op.outputs() {
             let len = slot_len(&values[v], max_tokens);
@@ -45,12 +56,17 @@ pub fn plan(
         }
         for v in op.inputs().chain(op.outputs()) {
             if last_use[v] == i {
+                due[i].push(v);
+                last_use[v] = usize::MAX - 1; // listed once
+            }
+        }
+        if let Some(j) = i.checked_sub(FUSE_SLACK) {
+            for v in core::mem::take(&mut due[j]) {
                 release(
                     &mut free,
                     values[v].offset,
                     slot_len(&values[v], max_tokens),
                 );
-                last_use[v] = usize::MAX - 1; // released once
             }
         }
     }
@@ -106,9 +122,11 @@ fn release(free: &mut Vec<(usize, usize)>, off: usize, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::super::*;
+    use super::FUSE_SLACK;
     use alloc::vec;
 
-    /// No two values that are live at the same time may overlap.
+    /// No two values that are live at the same time may overlap, a value counting as live
+    /// until FUSE_SLACK nodes after its last reader.
     fn check_no_overlap(g: &Graph) {
         let n = g.values.len();
         let mut born = vec![usize::MAX; n];
@@ -121,6 +139,9 @@ mod tests {
             for v in op.inputs() {
                 dies[v] = dies[v].max(i);
             }
+        }
+        for d in dies.iter_mut() {
+            *d += FUSE_SLACK;
         }
         dies[g.output] = usize::MAX;
         for a in 0..n {
@@ -157,7 +178,11 @@ mod tests {
         }
         let g = b.finish(x);
         check_no_overlap(&g);
-        assert_eq!(g.arena_len, 2 * 8 * 4, "a chain needs two buffers");
+        assert_eq!(
+            g.arena_len,
+            (2 + FUSE_SLACK) * 8 * 4,
+            "a chain needs two buffers, and FUSE_SLACK more"
+        );
     }
 
     #[test]

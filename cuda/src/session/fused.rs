@@ -154,6 +154,10 @@ impl CudaSession {
                         None => Ok(at(x)),
                     }
                 };
+                // A float kernel reads x itself while it writes: a fused output made after
+                // x's last reader may have been given x's space (the quantised kernels read
+                // the copy in xq instead).
+                let clear = |v: usize| fmt.is_some() || apart(v, x);
                 // Gate and up of a SwiGLU MLP.
                 if let (
                     Some(Op::MatMul {
@@ -168,6 +172,7 @@ impl CudaSession {
                     && up == o2
                     && once(out)
                     && once(o2)
+                    && clear(a)
                 {
                     let m2 = self.w.mat(w2);
                     if m2.ty == m.ty && m2.rows == m.rows && m2.row_bytes == m.row_bytes {
@@ -198,13 +203,15 @@ impl CudaSession {
                 if let Some(Op::Add { a, b, out: sum }) = next(1)
                     && b == out
                     && once(out)
+                    && clear(sum)
                 {
                     let src = input()?;
                     self.mv(mv_k, src, &[(m, at(sum), at(a))])?;
                     return Ok(2);
                 }
                 // A run of products of the same input (Q, K, V, gate): one launch per weight
-                // type, up to MV_MATS matrices each.
+                // type, up to MV_MATS matrices each. (Their outputs are all made while x is
+                // still to be read, so none overlaps it.)
                 let mut run = [(m, 0u64, 0u64); 8];
                 let mut len = 0;
                 while len < run.len()
@@ -483,5 +490,66 @@ impl CudaSession {
             .quantize_act(fmt, ptr, self.xq, cols, fmt.row_stride(cols), 1)?;
         self.xq_holds.set(Some((v, fmt)));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lagoon_core::graph::{Op, ValueId};
+    use lagoon_core::laguna::{self, ModelWeights};
+    use lagoon_gguf::Checkpoint;
+
+    /// The decode fusions of float products (`fused.rs`: a product with the residual add
+    /// after it, a SwiGLU MLP's gate, up and SwiGLU) read the product's input x itself while
+    /// writing the later node's output: on the fixture graphs, decode and prefill, that output
+    /// never overlaps x (without the planner's FUSE_SLACK most did).
+    #[test]
+    fn float_fusion_outputs_never_overlap_their_input() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
+        for model in ["xs2_style/model-q8_0.gguf", "hybrid_perhead/model-f16.gguf"] {
+            let ckpt = Checkpoint::open(format!("{root}/{model}")).unwrap();
+            let c = &ckpt.config;
+            let w =
+                ModelWeights::resolve(c, |name| ckpt.tensor(name).ok().map(|t| t.parts)).unwrap();
+            for max in [1, 40] {
+                let g = laguna::build(c, &w.gates, max, false);
+                let span = |v: ValueId| {
+                    let r = &g.values[v];
+                    (r.offset, r.offset + r.capacity(max))
+                };
+                let overlap = |a: ValueId, b: ValueId| {
+                    let ((a0, a1), (b0, b1)) = (span(a), span(b));
+                    a0 < b1 && b0 < a1
+                };
+                let (mut adds, mut swiglus) = (0, 0);
+                for i in 0..g.nodes.len() - 2 {
+                    if let (Op::MatMul { x, out, .. }, Op::Add { b, out: sum, .. }) =
+                        (g.nodes[i], g.nodes[i + 1])
+                        && b == out
+                    {
+                        assert!(!overlap(sum, x), "{model} max {max}: add at node {}", i + 1);
+                        adds += 1;
+                    }
+                    if let (
+                        Op::MatMul { x, .. },
+                        Op::MatMul { x: x2, .. },
+                        Op::SwiGlu { out: a, .. },
+                    ) = (g.nodes[i], g.nodes[i + 1], g.nodes[i + 2])
+                        && x == x2
+                    {
+                        assert!(
+                            !overlap(a, x),
+                            "{model} max {max}: SwiGLU at node {}",
+                            i + 2
+                        );
+                        swiglus += 1;
+                    }
+                }
+                assert!(
+                    adds >= c.n_layers && swiglus >= 1,
+                    "{model}: {adds} adds, {swiglus} SwiGLUs"
+                );
+            }
+        }
     }
 }
