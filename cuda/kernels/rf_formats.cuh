@@ -1,5 +1,5 @@
 // The weight formats of gemm_rf.cu's products: the block's shared-memory layout (RfLayout)
-// and, per format (RfQ4K, RfQ6K), how a stage's rows are copied, how their scales are
+// and, per format (RfQ4K, RfQ6K, RfCt4), how a stage's rows are copied, how their scales are
 // decoded into the warp's table, and how a lane decodes its mma A fragments (both k orders:
 // mma.sync's and wgmma's). gemm_rf.cu's header comment describes the scheme and the k
 // permutation; its mainloops call these.
@@ -213,6 +213,69 @@ struct RfQ6K {
                     float wv[4];
                     #pragma unroll
                     for (int i = 0; i < 4; i++) wv[i] = __fmul_rn(ds, __fsub_rn(rf_byte_f(q6, i), 8388640.0f));
+                    a[s2][mt][h] = pack_f16x2(wv[0], wv[1]);
+                    a[s2][mt][2 + h] = pack_f16x2(wv[2], wv[3]);
+                }
+            }
+    }
+};
+
+// ---- CT4 (compressed-tensors int4 in 32-element blocks: blocks.cuh block_ct4) ----
+//
+// A stage holds eight 20-byte blocks (256 weights, 160 bytes) of each row, rows back to back:
+// a CT4 row is 16-byte aligned (its matrix is, and rows of a multiple of 256 columns are
+// multiples of 160 bytes), and so is each eight-block unit of it. Each thread copies ten
+// 16-byte pieces (piece c = t + 256 j of the stage's 2560: row c / 10, bytes 16 (c % 10) ..).
+// No scale table: a lane reads each block's header word next to its code word. Unit u is
+// block u; weight 32 u + k is nibble k % 2 of code byte k / 2, so lane q's weights
+// 8 q .. 8 q + 8 are the code bytes 4 q .. 4 q + 4, one aligned word.
+struct RfCt4 {
+    static constexpr int STAGES = 3, SLOT = 160, SC_STRIDE = 0;
+    struct Copies {
+        const u8* a[10];
+    };
+    static __device__ __forceinline__ Copies copies(const u8* const* arows, int t) {
+        Copies c;
+        #pragma unroll
+        for (int j = 0; j < 10; j++) {
+            int i = t + RF_THREADS * j, r = i / 10;
+            c.a[j] = arows[r] + 16 * (i - 10 * r);
+        }
+        return c;
+    }
+    static __device__ __forceinline__ void load(u8* st, const Copies& c, int kb, int t) {
+        #pragma unroll
+        for (int j = 0; j < 10; j++) cp_async16(st + 16 * (t + RF_THREADS * j), c.a[j] + 160 * (size_t)kb);
+    }
+    static __device__ __forceinline__ void scales(const u8*, u8*, int, int, int) {}
+    // A weight is compressed-tensors' rnd(rnd((c - 8) - z) * s) in the scale dtype (quant.cuh's
+    // CT4 decode): (c - 8) - z is an integer of at most 9 bits, exact in either dtype, so only
+    // the product is rounded. It is taken as (2^23 + c) - (2^23 + 8 + z), both exact.
+    static __device__ __forceinline__ void frags(const u8* st, const u8*, const RfRows& rw, int q, int, int u,
+                                                 u32 a[2][2][4]) {
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const u8* b = st + 160 * rw.r[mt][h] + 20 * u;
+                u32 hd = *(const u32*)b;
+                u32 cw = *(const u32*)(b + 4 + 4 * q);
+                bool bf = (hd >> 24) == WT_BF16;
+                unsigned short sb = (unsigned short)(hd & 0xFFFF);
+                float s = bf ? bf16_to_f32(sb) : f16_to_f32(sb);
+                float off = 8388616.0f + (float)(signed char)((hd >> 16) & 0xFF);
+                u32 lo = cw & 0x0F0F0F0Fu, hi = (cw >> 4) & 0x0F0F0F0Fu;
+                #pragma unroll
+                for (int s2 = 0; s2 < 2; s2++) {
+                    // Weights 8 q + 4 s2 + {0, 1, 2, 3}: code bytes 4 q + 2 s2, + 1, nibbles in
+                    // element order.
+                    u32 nib = __byte_perm(lo, hi, s2 ? 0x7362 : 0x5140);
+                    float wv[4];
+                    #pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float y = __fmul_rn(__fsub_rn(rf_byte_f(nib, i), off), s);
+                        wv[i] = bf ? round_bf16(y) : round_f16(y);
+                    }
                     a[s2][mt][h] = pack_f16x2(wv[0], wv[1]);
                     a[s2][mt][2 + h] = pack_f16x2(wv[2], wv[3]);
                 }

@@ -203,6 +203,12 @@ manifest! {
     GemmRf128Q4K => "gemm_rf.cu", "gemm_rf128_q4_K";
     GemmGateUpRf128Q4K => "gemm_rf.cu", "gemm_gate_up_rf128_q4_K";
     GemmDownRf128Q4K => "gemm_rf.cu", "gemm_down_rf128_q4_K";
+    GemmRfCt4 => "gemm_rf.cu", "gemm_rf_ct4";
+    GemmGateUpRfCt4 => "gemm_rf.cu", "gemm_gate_up_rf_ct4";
+    GemmDownRfCt4 => "gemm_rf.cu", "gemm_down_rf_ct4";
+    GemmRf128Ct4 => "gemm_rf.cu", "gemm_rf128_ct4";
+    GemmGateUpRf128Ct4 => "gemm_rf.cu", "gemm_gate_up_rf128_ct4";
+    GemmDownRf128Ct4 => "gemm_rf.cu", "gemm_down_rf128_ct4";
     GemmWgQ4K => "gemm_rf.cu", "gemm_wg_q4_K";
     GemmGateUpWgQ4K => "gemm_rf.cu", "gemm_gate_up_wg_q4_K";
     GemmDownWgQ4K => "gemm_rf.cu", "gemm_down_wg_q4_K";
@@ -246,6 +252,8 @@ impl K {
             K::GemmRfQ6K | K::GemmGateUpRfQ6K | K::GemmDownRfQ6K => GEMM_RF_SMEM_Q6K,
             K::GemmGateUpRf96Q6K | K::GemmDownRf96Q6K => GEMM_RF_SMEM_Q6K_96,
             K::GemmRf128Q4K | K::GemmGateUpRf128Q4K | K::GemmDownRf128Q4K => GEMM_RF_SMEM_Q4K_128,
+            K::GemmRfCt4 | K::GemmGateUpRfCt4 | K::GemmDownRfCt4 => GEMM_RF_SMEM_CT4,
+            K::GemmRf128Ct4 | K::GemmGateUpRf128Ct4 | K::GemmDownRf128Ct4 => GEMM_RF_SMEM_CT4_128,
             K::GemmH16 => GEMM_H16_SMEM,
             K::AttentionPrefill => FLASH_SMEM,
             K::AttentionPrefillF16 => 2 * FLASH_SMEM,
@@ -474,6 +482,10 @@ pub const GEMM_RF_SMEM_Q6K: u32 = 199_168;
 /// Q6_K's grouped products on 96-pair passes (`RF_SMEM_Q6_K_96`: two stages; 256 bytes under
 /// the 227 KiB a block may take).
 pub const GEMM_RF_SMEM_Q6K_96: u32 = 232_192;
+/// CT4 (`RF_SMEM_CT4`: three stages of 160-byte row slots, no scale table).
+pub const GEMM_RF_SMEM_CT4: u32 = 223_744;
+/// CT4 on 128-token tiles (`RF_SMEM_CT4_128`: two stages).
+pub const GEMM_RF_SMEM_CT4_128: u32 = 216_064;
 
 /// The `gemm_rf.cu` kernels for weights of type `ty` whose rows are `cols` long, for token
 /// tiles (dense) or expert tiles (grouped) of `tile` pairs (64 or 128), where that path takes
@@ -501,6 +513,14 @@ pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
         (WType::Q6K, 128) if cols.is_multiple_of(1024) => {
             Some(k(K::GemmRfQ6K, K::GemmGateUpRf96Q6K, K::GemmDownRf96Q6K))
         }
+        (WType::Ct4, 64) if cols.is_multiple_of(256) => {
+            Some(k(K::GemmRfCt4, K::GemmGateUpRfCt4, K::GemmDownRfCt4))
+        }
+        (WType::Ct4, 128) if cols.is_multiple_of(256) => Some(k(
+            K::GemmRf128Ct4,
+            K::GemmGateUpRf128Ct4,
+            K::GemmDownRf128Ct4,
+        )),
         _ => None,
     }
 }
@@ -770,6 +790,8 @@ mod tests {
             ("Q4_K_128", GEMM_RF_SMEM_Q4K_128),
             ("Q6_K", GEMM_RF_SMEM_Q6K),
             ("Q6_K_96", GEMM_RF_SMEM_Q6K_96),
+            ("CT4", GEMM_RF_SMEM_CT4),
+            ("CT4_128", GEMM_RF_SMEM_CT4_128),
         ] {
             assert!(
                 src.contains(&format!("#define RF_SMEM_{name} {v}\n")),

@@ -259,6 +259,10 @@ pub struct CudaSession {
     /// 66% -> 26%, as their 227 KiB of shared memory leaves L1 too small for the 8-byte
     /// cp.async.ca row copies; BENCHMARKS.md).
     rf96: bool,
+    /// Whether CT4 (W4A16) prefill products run on `gemm_rf.cu`'s CT4 kernels: off by default
+    /// until measured on a device, on with `LAGOON_CUDA_RF_CT4=1` or
+    /// [`CudaSession::set_rf_ct4`] (otherwise `gemm.cu`'s).
+    rf_ct4: bool,
 
     dev: Device,
 }
@@ -523,6 +527,7 @@ impl CudaSession {
             gemm_wg: dev.arch == "sm_90"
                 && std::env::var_os("LAGOON_CUDA_GEMM_WG").is_some_and(|v| v == "1"),
             rf96: std::env::var_os("LAGOON_CUDA_RF96").is_some_and(|v| v == "1"),
+            rf_ct4: std::env::var_os("LAGOON_CUDA_RF_CT4").is_some_and(|v| v == "1"),
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
                 Some(v) if v == "1" => true,
@@ -660,6 +665,12 @@ impl CudaSession {
         }
     }
 
+    /// Runs CT4 prefill products on `gemm_rf.cu`'s CT4 kernels (`true`) or `gemm.cu`'s (the
+    /// default; `LAGOON_CUDA_RF_CT4=1` sets `true` at creation): for A/B runs and tests.
+    pub fn set_rf_ct4(&mut self, on: bool) {
+        self.rf_ct4 = on;
+    }
+
     /// Starts (`true`) or stops timing every kernel of the following steps (which then run
     /// without CUDA graphs, each queued behind a spin kernel). Stopping returns the totals.
     pub fn set_profiling(&mut self, on: bool) -> Option<Vec<KernelTime>> {
@@ -777,9 +788,7 @@ impl CudaSession {
         } else {
             tile
         };
-        if self.gemm_rf != RfUse::Off
-            && let Some(k) = gemm_rf(ty, cols, tile)
-        {
+        if let Some(k) = self.rf(ty, cols, tile) {
             if self.gemm_wg
                 && let Some(w) = gemm_wg(ty, tile)
             {
@@ -788,6 +797,15 @@ impl CudaSession {
             return k;
         }
         ty.gemm(tile)
+    }
+
+    /// [`gemm_rf`] as this session uses it: none with `LAGOON_CUDA_GEMM_RF=0`, CT4 only with
+    /// `rf_ct4`.
+    fn rf(&self, ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
+        if self.gemm_rf == RfUse::Off || (ty == WType::Ct4 && !self.rf_ct4) {
+            return None;
+        }
+        gemm_rf(ty, cols, tile)
     }
 
     /// The kernel for the session's KV cache element type: `f32` or its `_f16` twin.
@@ -948,8 +966,7 @@ impl CudaSession {
                         // where 64-token ones would not fill two blocks per SM (K/V
                         // projections, the shared expert at pp512).
                         let rows_b = m.rows.div_ceil(GEMM_TILE_ROWS);
-                        let rf = self.gemm_rf != RfUse::Off
-                            && gemm_rf(m.ty, m.cols, GEMM_TILE_TOKENS).is_some();
+                        let rf = self.rf(m.ty, m.cols, GEMM_TILE_TOKENS).is_some();
                         let tile = if rf {
                             let wide = 2 * GEMM_TILE_TOKENS;
                             if self.gemm_rf == RfUse::All

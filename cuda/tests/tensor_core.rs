@@ -14,6 +14,7 @@ use cudarc::driver::DevicePtr;
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device};
+use lagoon_cuda::manifest::WType;
 use lagoon_cuda::manifest::{
     GEMM_H16_TILE, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, gemm_rf, gemm_wg,
 };
@@ -135,11 +136,10 @@ fn widths(ty: GgmlType) -> &'static [usize] {
 /// on sm_90 devices their wgmma twins where `gemm_wg` has them.
 fn kernel_sets(
     arch: &str,
-    ty: GgmlType,
+    wt: WType,
     cols: usize,
     tile: usize,
 ) -> Vec<(&'static str, GemmKernels)> {
-    let wt = wtype(ty).unwrap();
     let mut sets = Vec::new();
     if tile <= GEMM_TILE_TOKENS {
         sets.push(("gemm.cu", wt.gemm(tile)));
@@ -199,7 +199,7 @@ fn dense_gemm_matches_f16_rounded_reference() {
                     })
                     .collect();
                 let (_xb, xp) = to_f16_on_device(&dev, &x);
-                for (src, kern) in kernel_sets(&dev.arch, ty, cols, tile) {
+                for (src, kern) in kernel_sets(&dev.arch, wtype(ty).unwrap(), cols, tile) {
                     let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
                     dev.launch(
                         kern.dense,
@@ -330,6 +330,61 @@ fn group(
     (buf, sorted, tiles, max_tiles)
 }
 
+/// `n` random expert matrices of `rows x cols`, stacked: their device bytes, row stride and
+/// each row decoded and rounded to f16. `ty` a ggml type, or `None`: compressed-tensors int4
+/// (group 32, bf16 scales, odd experts asymmetric) repacked into CT4 blocks.
+struct ExpertMats {
+    bytes: Vec<u8>,
+    row_bytes: u64,
+    rows_f16: Vec<Vec<Vec<f64>>>,
+}
+
+fn expert_mats(
+    rng: &mut Rng,
+    ty: Option<GgmlType>,
+    n: usize,
+    rows: usize,
+    cols: usize,
+) -> ExpertMats {
+    use lagoon_core::quant::ct::{CtMatrix, ScaleDtype};
+    let mut m = ExpertMats {
+        bytes: Vec::new(),
+        row_bytes: 0,
+        rows_f16: Vec::new(),
+    };
+    for e in 0..n {
+        let f16_rows = match ty {
+            Some(ty) => {
+                let data = random_rows(rng, ty, rows, cols);
+                let mr = MatRef {
+                    rows,
+                    cols,
+                    enc: Encoding::Ggml { ty, data: &data },
+                };
+                m.row_bytes = ty.row_bytes(cols as u64).unwrap();
+                m.bytes.extend_from_slice(&data);
+                (0..rows).map(|r| row_f16(&mr, r)).collect()
+            }
+            None => {
+                let (layout, [w, s, z]) =
+                    common::random_ct4(rng, rows, cols, e % 2 == 1, ScaleDtype::Bf16);
+                let mr = MatRef {
+                    rows,
+                    cols,
+                    enc: Encoding::Ct(CtMatrix::new(layout, &w, &s, &z).unwrap()),
+                };
+                let blocks =
+                    lagoon_cuda::weights::ct4_blocks(&mr).expect("a CT4-repackable matrix");
+                m.row_bytes = (cols / 32 * lagoon_cuda::weights::CT4_BLOCK_BYTES) as u64;
+                m.bytes.extend_from_slice(&blocks);
+                (0..rows).map(|r| row_f16(&mr, r)).collect()
+            }
+        };
+        m.rows_f16.push(f16_rows);
+    }
+    m
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn grouped_expert_gemms_match_f16_rounded_reference() {
@@ -346,7 +401,9 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
             }
         })
         .collect();
-    for (ty, tile) in TYPES.iter().flat_map(|&ty| {
+    // Every ggml type of TYPES, and compressed-tensors int4 repacked into CT4 blocks (`None`).
+    let cases: Vec<Option<GgmlType>> = TYPES.iter().map(|&t| Some(t)).chain([None]).collect();
+    for (ty, tile) in cases.iter().flat_map(|&ty| {
         [
             (ty, GEMM_TILE_TOKENS),
             (ty, GEMM_TILE_TOKENS / 2),
@@ -356,51 +413,35 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
         let (_gb, sorted, tiles, max_tiles) = group(&dev, &ids, n_experts, tile);
         let (h, i) = match ty {
             // Rows of four super-blocks, so gemm_rf.cu's Q6_K kernels take them too.
-            GgmlType::Q6K => (1024usize, 1024usize),
-            GgmlType::Q4K | GgmlType::Q5K | GgmlType::IQ4XS => (512, 256),
+            Some(GgmlType::Q6K) => (1024usize, 1024usize),
+            Some(GgmlType::Q4K | GgmlType::Q5K | GgmlType::IQ4XS) | None => (512, 256),
             _ => (288, 160),
         };
+        let wt = ty.map_or(WType::Ct4, |t| wtype(t).unwrap());
+        let name = ty.map_or("ct4".to_string(), |t| t.to_string());
         let silu = |z: f64| z / (1.0 + (-z).exp());
-        let mats = |rng: &mut Rng, rows: usize, cols: usize| -> Vec<Vec<u8>> {
-            (0..n_experts)
-                .map(|_| random_rows(rng, ty, rows, cols))
-                .collect()
-        };
         let (g, u, d) = (
-            mats(&mut rng, i, h),
-            mats(&mut rng, i, h),
-            mats(&mut rng, h, i),
+            expert_mats(&mut rng, ty, n_experts, i, h),
+            expert_mats(&mut rng, ty, n_experts, i, h),
+            expert_mats(&mut rng, ty, n_experts, h, i),
         );
-        let deq = |m: &[Vec<u8>], rows: usize, cols: usize| -> Vec<Vec<Vec<f64>>> {
-            m.iter()
-                .map(|data| {
-                    let mr = MatRef {
-                        rows,
-                        cols,
-                        enc: Encoding::Ggml { ty, data },
-                    };
-                    (0..rows).map(|r| row_f16(&mr, r)).collect()
-                })
-                .collect()
-        };
-        let (gr, ur, dr) = (deq(&g, i, h), deq(&u, i, h), deq(&d, h, i));
+        let (gr, ur, dr) = (&g.rows_f16, &u.rows_f16, &d.rows_f16);
         let x: Vec<f32> = (0..n * h).map(|_| rng.f()).collect();
         let a_in: Vec<f32> = (0..n * k * i).map(|_| rng.f()).collect();
-        let cat = |m: &[Vec<u8>]| m.concat();
-        let (_g, gp) = upload(&dev, &cat(&g));
-        let (_u, up) = upload(&dev, &cat(&u));
-        let (_d, dp) = upload(&dev, &cat(&d));
+        let (_g, gp) = upload(&dev, &g.bytes);
+        let (_u, up) = upload(&dev, &u.bytes);
+        let (_d, dp) = upload(&dev, &d.bytes);
         let (_x, xp) = to_f16_on_device(&dev, &x);
         let (_a, ap) = upload(&dev, &f16_bits(&a_in));
-        let row_g = ty.row_bytes(h as u64).unwrap();
-        let row_d = ty.row_bytes(i as u64).unwrap();
-        let rf_cols = if h.is_multiple_of(1024) && i.is_multiple_of(1024) {
-            h
-        } else {
-            // A width gemm_rf does not take for Q6_K: gemm.cu's set alone.
-            256
-        };
-        for (src, kern) in kernel_sets(&dev.arch, ty, rf_cols, tile) {
+        let (row_g, row_d) = (g.row_bytes, d.row_bytes);
+        let rf_cols =
+            if ty != Some(GgmlType::Q6K) || (h.is_multiple_of(1024) && i.is_multiple_of(1024)) {
+                h
+            } else {
+                // A width gemm_rf does not take for Q6_K: gemm.cu's set alone.
+                256
+            };
+        for (src, kern) in kernel_sets(&dev.arch, wt, rf_cols, tile) {
             // Fresh (zeroed) outputs per kernel set, so a set that skips an entry cannot pass on
             // the previous set's results.
             let act = dev.stream.alloc_zeros::<u16>(n * k * i).unwrap();
@@ -465,13 +506,13 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
             }
             let (ea, ed) = (max_rel(&got_act, &want_act), max_rel(&got_ys, &want_ys));
             println!(
-                "{src} grouped {ty} tile {tile}: gate/up+SwiGLU {ea:.2e}, down {ed:.2e} (max rel)"
+                "{src} grouped {name} tile {tile}: gate/up+SwiGLU {ea:.2e}, down {ed:.2e} (max rel)"
             );
             assert!(
                 ea < ACT_BOUND,
-                "{src} gemm_gate_up {ty} tile {tile}: {ea:.2e}"
+                "{src} gemm_gate_up {name} tile {tile}: {ea:.2e}"
             );
-            assert!(ed < BOUND, "{src} gemm_down {ty} tile {tile}: {ed:.2e}");
+            assert!(ed < BOUND, "{src} gemm_down {name} tile {tile}: {ed:.2e}");
         }
     }
 }
@@ -624,8 +665,9 @@ fn ct4_blocks_decode_as_compressed_tensors() {
     use lagoon_core::quant::ct::{CtMatrix, ScaleDtype};
     let dev = device();
     let mut rng = Rng(0x6e33_0005);
-    let (rows, cols, n) = (GEMM_TILE_ROWS + 45, 512usize, 77usize);
-    for asym in [false, true] {
+    let (rows, n) = (GEMM_TILE_ROWS + 45, 77usize);
+    // 2304 columns: nine 256-column units, gemm_rf.cu's three-stage ring wrapped three times.
+    for (asym, cols) in [(false, 512usize), (true, 512), (false, 2304), (true, 2304)] {
         let (layout, [weight, scale, zero]) =
             common::random_ct4(&mut rng, rows, cols, asym, ScaleDtype::Bf16);
         let ct = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
@@ -675,19 +717,29 @@ fn ct4_blocks_decode_as_compressed_tensors() {
             })
             .collect();
         let (_hb, hp) = to_f16_on_device(&dev, &x);
-        let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
-        dev.launch(
-            ty.gemm(GEMM_TILE_TOKENS).dense,
-            (
-                rows.div_ceil(GEMM_TILE_ROWS) as u32,
-                n.div_ceil(GEMM_TILE_TOKENS) as u32,
-            ),
-            GEMM_THREADS,
-            &args(hp, ob.device_ptr(&dev.stream).0),
-        )
-        .unwrap();
-        let e = max_rel(&download(&dev, &ob), &want);
-        println!("ct4 (asym {asym}) gemm {rows}x{cols} n={n}: max rel err {e:.2e}");
-        assert!(e < BOUND, "ct4 gemm: {e:.2e}");
+        // gemm.cu, and gemm_rf.cu's CT4 kernels on 64- and 128-token tiles.
+        let mut sets = vec![("gemm.cu", ty.gemm(GEMM_TILE_TOKENS).dense, GEMM_TILE_TOKENS)];
+        for tile in [GEMM_TILE_TOKENS, 2 * GEMM_TILE_TOKENS] {
+            let k = gemm_rf(ty, cols, tile).expect("gemm_rf takes CT4 rows of 256k columns");
+            sets.push(("gemm_rf.cu", k.dense, tile));
+        }
+        for (src, kern, tile) in sets {
+            let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+            dev.launch(
+                kern,
+                (
+                    rows.div_ceil(GEMM_TILE_ROWS) as u32,
+                    n.div_ceil(tile) as u32,
+                ),
+                GEMM_THREADS,
+                &args(hp, ob.device_ptr(&dev.stream).0),
+            )
+            .unwrap();
+            let e = max_rel(&download(&dev, &ob), &want);
+            println!(
+                "ct4 (asym {asym}) {src} tile {tile} {rows}x{cols} n={n}: max rel err {e:.2e}"
+            );
+            assert!(e < BOUND, "ct4 {src} tile {tile}: {e:.2e}");
+        }
     }
 }

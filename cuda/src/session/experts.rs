@@ -6,7 +6,7 @@
 use super::{CudaSession, GEMM_MIN_TOKENS, GROUP_PAIRS, RfUse, max_tiles};
 use crate::device::{Arg, blocks};
 use crate::error::CudaError;
-use crate::manifest::{GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, K, gemm_rf};
+use crate::manifest::{GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, K};
 use crate::weights::DFfn;
 
 impl CudaSession {
@@ -50,9 +50,8 @@ impl CudaSession {
             // gemm_rf.cu takes both products: tiles of 64 pairs, or of 128 where experts
             // average more than 64 (each expert's weights then decoded once per tile instead
             // of once per 64 pairs).
-            let rf = self.gemm_rf != RfUse::Off
-                && gemm_rf(gate.ty, h, GEMM_TILE_TOKENS).is_some()
-                && gemm_rf(down.ty, i, GEMM_TILE_TOKENS).is_some();
+            let rf = self.rf(gate.ty, h, GEMM_TILE_TOKENS).is_some()
+                && self.rf(down.ty, i, GEMM_TILE_TOKENS).is_some();
             let group = match tc {
                 false => GROUP_PAIRS,
                 true if rf => {
