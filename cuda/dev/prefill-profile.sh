@@ -7,7 +7,7 @@
 # reasons, instructions per launch). Stage first:
 #   ../shared/device/stage.sh tests -p lagoon-cuda && ../shared/device/stage.sh example bench synth
 # then run `cuda/dev/prefill-profile.sh` with carry [".device"]. Logs land in $OUT.
-# SKIP_TESTS=1 leaves the tests out; NCU=0 leaves ncu out; KERNEL is ncu's kernel regex
+# SKIP_TESTS=1 leaves the tests out; NCU=0 leaves ncu out; TYPES below; KERNEL is ncu's kernel regex
 # (default gemm_rf_q4_K); MODEL a checkpoint path. Other A/B switches for VARIANTS:
 # LAGOON_CUDA_GEMM_H16=0|1 (gemm_h.cu for the dense products), LAGOON_CUDA_GEMM_WG=0|1
 # (the wgmma Q4_K kernels).
@@ -15,8 +15,12 @@ set -u
 out=${OUT:-/tmp}
 t0=$(date +%s)
 lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-model=${MODEL:-/dev/shm/s21-q4km.gguf}
-[ -f "$model" ] || (.device/bin/synth --preset s-2.1 --types q4_k_m --threads 16 --out "$model" > "$out/synth.log" 2>&1 &)
+# TYPES: the synth type mix (q4_k_m, or int4-g32 for the W4A16 directory: then e.g.
+# VARIANTS="LAGOON_CUDA_RF_CT4=0 LAGOON_CUDA_RF_CT4=1 LAGOON_CUDA_RF_CT4=0 LAGOON_CUDA_RF_CT4=1"
+# KERNEL=gemm_gate_up_rf_ct4).
+types=${TYPES:-q4_k_m}
+if [ "$types" = int4-g32 ]; then model=${MODEL:-/dev/shm/s21-int4}; else model=${MODEL:-/dev/shm/s21-q4km.gguf}; fi
+[ -e "$model" ] || (.device/bin/synth --preset s-2.1 --types "$types" --threads 16 --out "$model" > "$out/synth.log" 2>&1 &)
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 200 .device/bin/test-tensor_core --include-ignored --nocapture > "$out/tests.log" 2>&1
   lap "tensor-core tests rc=$?"
