@@ -25,6 +25,8 @@ mod experts;
 mod fused;
 mod fused_prefill;
 mod qk_fusion;
+#[cfg(test)]
+mod test_graphs;
 
 /// Sizes fixed at session creation.
 #[derive(Clone, Copy, Debug)]

@@ -495,9 +495,8 @@ impl CudaSession {
 
 #[cfg(test)]
 mod tests {
-    use lagoon_core::graph::{Op, ValueId};
-    use lagoon_core::laguna::{self, ModelWeights};
-    use lagoon_gguf::Checkpoint;
+    use super::super::test_graphs::{each_fixture, overlap};
+    use lagoon_core::graph::Op;
 
     /// The decode fusions of float products (`fused.rs`: a product with the residual add
     /// after it, a SwiGLU MLP's gate, up and SwiGLU) read the product's input x itself while
@@ -505,22 +504,10 @@ mod tests {
     /// never overlaps x (without the planner's FUSE_SLACK most did).
     #[test]
     fn float_fusion_outputs_never_overlap_their_input() {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
-        for model in ["xs2_style/model-q8_0.gguf", "hybrid_perhead/model-f16.gguf"] {
-            let ckpt = Checkpoint::open(format!("{root}/{model}")).unwrap();
-            let c = &ckpt.config;
-            let w =
-                ModelWeights::resolve(c, |name| ckpt.tensor(name).ok().map(|t| t.parts)).unwrap();
+        each_fixture(|model, c, build| {
             for max in [1, 40] {
-                let g = laguna::build(c, &w.gates, max, false);
-                let span = |v: ValueId| {
-                    let r = &g.values[v];
-                    (r.offset, r.offset + r.capacity(max))
-                };
-                let overlap = |a: ValueId, b: ValueId| {
-                    let ((a0, a1), (b0, b1)) = (span(a), span(b));
-                    a0 < b1 && b0 < a1
-                };
+                let g = build(max);
+                let overlap = |a, b| overlap(&g, a, b, max);
                 let (mut adds, mut swiglus) = (0, 0);
                 for i in 0..g.nodes.len() - 2 {
                     if let (Op::MatMul { x, out, .. }, Op::Add { b, out: sum, .. }) =
@@ -550,6 +537,6 @@ mod tests {
                     "{model}: {adds} adds, {swiglus} SwiGLUs"
                 );
             }
-        }
+        });
     }
 }

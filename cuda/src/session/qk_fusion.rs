@@ -140,10 +140,9 @@ impl CudaSession {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_graphs::{each_fixture, overlap, span};
     use super::*;
     use lagoon_core::graph::LayerWeight;
-    use lagoon_core::laguna::{self, ModelWeights};
-    use lagoon_gguf::Checkpoint;
 
     /// On the tiny fixture models' decode and prefill graphs the pattern is found at the
     /// Q-norm node of every layer whose rotated q's space overlaps none of the kernel's
@@ -152,18 +151,13 @@ mod tests {
     /// where a skipped value has a second reader or a gain has another length.
     #[test]
     fn qk_fusion_matches_the_model_graphs() {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
-        for model in ["xs2_style/model-q8_0.gguf", "hybrid_perhead/model-f16.gguf"] {
-            let ckpt = Checkpoint::open(format!("{root}/{model}")).unwrap();
-            let c = &ckpt.config;
-            let w =
-                ModelWeights::resolve(c, |name| ckpt.tensor(name).ok().map(|t| t.parts)).unwrap();
+        each_fixture(|model, c, build| {
             let norm_len = |id: Weight| match id {
                 Weight::Layer(_, LayerWeight::QNorm | LayerWeight::KNorm) => c.head_dim,
                 _ => c.hidden_size,
             };
             for (max, n) in [(1, 1), (40, 40), (40, 16)] {
-                let g = laguna::build(c, &w.gates, max, false);
+                let g = build(max);
                 let mut readers = vec![0u32; g.values.len()];
                 for op in &g.nodes {
                     for v in op.inputs() {
@@ -171,15 +165,8 @@ mod tests {
                     }
                 }
                 readers[g.output] += 1;
-                // Elements [offset, offset + len) of a value for n tokens.
-                let span = |v: ValueId| {
-                    let r = &g.values[v];
-                    (r.offset, r.offset + r.capacity(n))
-                };
-                let overlap = |a: ValueId, b: ValueId| {
-                    let ((a0, a1), (b0, b1)) = (span(a), span(b));
-                    a0 < b1 && b0 < a1
-                };
+                let overlap = |a: ValueId, b: ValueId| overlap(&g, a, b, n);
+                let span = |v: ValueId| span(&g, v, n);
                 let mut fused = 0;
                 for i in 0..g.nodes.len() {
                     let got = match_qk(&g, i, n, &readers, norm_len, c.head_dim);
@@ -220,6 +207,6 @@ mod tests {
                 );
                 assert_eq!(fused, c.n_layers, "{model} max {max} n {n}: {fused} fused");
             }
-        }
+        });
     }
 }
