@@ -1,7 +1,7 @@
 //! The CUDA kernel lab: every mat-vec kernel version on Laguna S 2.1's decode shapes, timed
 //! in one device call, each against the device's measured read floor.
 //!
-//! `kernel_lab [--device N] [--reps N] [--types q4_K,q6_K,q8_0] [--shapes q_proj,lm_head] [--moe no]`
+//! `kernel_lab [--device N] [--reps N] [--types q4_K,q6_K,q8_0,bf16,ct4] [--shapes q_proj,lm_head] [--moe no]`
 //!
 //! For each weight type (Q4_K, Q6_K, Q8_0) and shape (Q projection 9216×3072, O projection
 //! 3072×9216, K/V 1024×3072, one expert's gate 1024×3072 and down 3072×1024, the lm_head
@@ -15,6 +15,9 @@
 //!   memory-only twin, half-warp rows, whole-warp rows with and without an L2 prefetch), and
 //!   for Q6_K the four-lane whole-warp rows, each with its largest relative difference from
 //!   the production `mv_*` output;
+//! - with `--types bf16,ct4` (not in the default set), W4A16's products: bf16 against the f32
+//!   input (`matmul_bf16`, `mv_bf16`, the lab's two-rows-per-warp `mvw2_bf16` and
+//!   shared-memory-activation `mvx_bf16`) and CT4 blocks against Q8_0 (`mv_ct4`);
 //! - the routed experts' gate/up at S 2.1's shape (256 experts, top 10 + shared): the
 //!   production `moe_gate_up_q_q4_K` against the lab's streamed and half-warp versions.
 //!
@@ -268,8 +271,164 @@ fn main() -> anyhow::Result<()> {
             s.synchronize()?;
         }
     }
+    if want_types.split(',').any(|t| t == "bf16" || t == "ct4") {
+        w4a16_lab(
+            &dev,
+            reps,
+            floor,
+            &mut rng,
+            &shapes,
+            want_shapes,
+            want_types,
+        )?;
+    }
     if a.get("moe") != Some("no") {
         moe_lab(&dev, reps, floor, &mut rng)?;
+    }
+    Ok(())
+}
+
+/// W4A16's batch-1 products (`--types bf16,ct4`): bf16 matrices against the f32 input
+/// (`matmul_bf16`, the production `mv_bf16`, and the lab's `mvw2_bf16` / `mvx_bf16`, each
+/// with its largest relative difference from `mv_bf16`), and CT4 blocks (compressed-tensors
+/// int4, group 32, bf16 scales) against Q8_0 (`quantize_q8_0` + `mv_ct4`).
+#[allow(clippy::too_many_arguments)]
+fn w4a16_lab(
+    dev: &Device,
+    reps: usize,
+    floor: f64,
+    rng: &mut Rng,
+    shapes: &[(&str, usize, usize)],
+    want_shapes: &str,
+    want_types: &str,
+) -> anyhow::Result<()> {
+    use lagoon::cuda_backend::manifest::WType;
+    use lagoon::cuda_backend::weights::CT4_BLOCK_BYTES;
+    let s = &dev.stream;
+    for ty in ["bf16", "ct4"] {
+        if !want_types.split(',').any(|t| t == ty) {
+            continue;
+        }
+        for &(name, rows, cols) in shapes {
+            if !want_shapes.is_empty() && !want_shapes.split(',').any(|w| name.contains(w)) {
+                continue;
+            }
+            // bf16 weights near ±0.02; CT4 blocks: a bf16 scale near 0.002, zero point 0,
+            // random codes.
+            let row_bytes = if ty == "bf16" {
+                2 * cols
+            } else {
+                cols / 32 * CT4_BLOCK_BYTES
+            };
+            let mut one = Vec::with_capacity(rows * row_bytes);
+            if ty == "bf16" {
+                for _ in 0..rows * cols {
+                    one.extend(half::bf16::from_f32(0.02 * rng.f()).to_le_bytes());
+                }
+            } else {
+                for _ in 0..rows * cols / 32 {
+                    one.extend(half::bf16::from_f32(0.002 * (1.0 + rng.f().abs())).to_le_bytes());
+                    one.extend([0u8, 2]);
+                    (0..16).for_each(|_| one.push(rng.next() as u8));
+                }
+            }
+            let copies = ROTATE_BYTES.div_ceil(one.len()).max(1);
+            let mut all = Vec::with_capacity(one.len() * copies);
+            for _ in 0..copies {
+                all.extend_from_slice(&one);
+            }
+            let w = s.clone_htod(&all)?;
+            let wp = w.device_ptr(s).0;
+            let at = |i: usize| wp + ((i % copies) * one.len()) as u64;
+            let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+            let xb = s.clone_htod(&x)?;
+            let xp = xb.device_ptr(s).0;
+            let ob = s.alloc_zeros::<f32>(rows)?;
+            let op = ob.device_ptr(s).0;
+            let bytes = one.len() as f64;
+            let row = |kernel: &str, us: f64, b: f64| {
+                let gb_s = b / (us * 1e-6) / 1e9;
+                println!(
+                    "| {ty} | {name} {rows}×{cols} | {kernel} | {us:.1} | {gb_s:.0} | {:.1}% |",
+                    100.0 * gb_s / floor
+                );
+            };
+            let mv_one = |kernel: K, src: u64, w: u64| {
+                let m = MvMat {
+                    w,
+                    row_bytes: row_bytes as u64,
+                    rows,
+                    out: op,
+                    res: 0,
+                };
+                dev.mv(kernel, src, cols, &[m])
+            };
+            if ty == "ct4" {
+                let fmt = WType::Ct4.act().context("CT4 pairs with Q8_0")?;
+                let mv = WType::Ct4.mvq().context("CT4 mat-vec")?.mv;
+                let stride = fmt.row_stride(cols);
+                let qb = s.alloc_zeros::<u8>(stride)?;
+                let qp = qb.device_ptr(s).0;
+                let quant = time_us(dev, reps, |_| {
+                    dev.quantize_act(fmt, xp, qp, cols, stride, 1)?;
+                    Ok(())
+                })?;
+                row(&format!("{:?}", fmt.kernel()), quant, 4.0 * cols as f64);
+                let us = time_us(dev, reps, |i| Ok(mv_one(mv, qp, at(i))?))?;
+                row(&format!("{mv:?}"), us, bytes);
+                s.synchronize()?;
+                continue;
+            }
+            let (mv, _) = WType::Bf16.mvh().context("bf16 mat-vec")?;
+            let exact = time_us(dev, reps, |i| {
+                dev.launch(
+                    WType::Bf16.matmul(),
+                    (blocks(rows, 4), 1),
+                    128,
+                    &[
+                        Arg::P(at(i)),
+                        Arg::P(row_bytes as u64),
+                        Arg::P(xp),
+                        Arg::P(op),
+                        Arg::I(rows as i32),
+                        Arg::I(cols as i32),
+                        Arg::I(1),
+                    ],
+                )?;
+                Ok(())
+            })?;
+            row(
+                &format!("{:?} (generic)", WType::Bf16.matmul()),
+                exact,
+                bytes,
+            );
+            let us = time_us(dev, reps, |i| Ok(mv_one(mv, xp, at(i))?))?;
+            row(&format!("{mv:?}"), us, bytes);
+            mv_one(mv, xp, wp)?;
+            let want = s.clone_dtoh(&ob)?;
+            for (kernel, per_block) in [(K::LabMvw2Bf16, 8), (K::LabMvxBf16, 4)] {
+                let launch = |w: u64| {
+                    dev.launch(
+                        kernel,
+                        (blocks(rows, per_block), 1),
+                        128,
+                        &[
+                            Arg::P(w),
+                            Arg::P(row_bytes as u64),
+                            Arg::P(xp),
+                            Arg::P(op),
+                            Arg::I(rows as i32),
+                            Arg::I(cols as i32),
+                        ],
+                    )
+                };
+                launch(wp)?;
+                let d = rel_diff(&s.clone_dtoh(&ob)?, &want);
+                let us = time_us(dev, reps, |i| Ok(launch(at(i))?))?;
+                row(&format!("{} (vs mv: {d:.1e})", kernel.name()), us, bytes);
+            }
+            s.synchronize()?;
+        }
     }
     Ok(())
 }

@@ -305,3 +305,37 @@ moe_gate_up_s_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 exp
         }
     }
 }
+
+// ---- Float weights (W4A16's bf16 attention) ----
+// Two questions about mv_bf16 (one warp per row, mmvq.cuh's lane_part_h, at ~2.3 TB/s on S
+// 2.1's W4A16 decode, not yet profiled):
+// - mvw2_bf16: two rows per warp (warp_parts2_h<WT_BF16, 1>), each pair of activation
+//   float4s loaded once for both rows: do the f32 activation reads (twice the weight bytes,
+//   through L1) limit it? Grid ceil(rows / 8).
+// - mvx_bf16: the activation row staged in shared memory once per block, the warps reading it
+//   there instead of through L1. Grid ceil(rows / 4), dynamic shared memory 4 · cols bytes
+//   (LAB_MVX_MAX_COLS at most).
+#define LAB_MVX_MAX_COLS 9216
+extern "C" __global__ void __launch_bounds__(128) mvw2_bf16(const u8* W, u64 row_bytes, const float* x,
+                                                             float* out, int rows, int cols) { PDL_ENTRY();
+    int r0 = 2 * (blockIdx.x * 4 + threadIdx.x / 32);
+    if (r0 >= rows) return;
+    int r1 = min(r0 + 1, rows - 1);
+    float2 y = warp_parts2_h<WT_BF16, 1>(W + (size_t)r0 * row_bytes, W + (size_t)r1 * row_bytes, (const u8*)x,
+                                         cols, 0);
+    if ((threadIdx.x & 31) == 0) {
+        out[r0] = y.x;
+        if (r0 + 1 < rows) out[r1] = y.y;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) mvx_bf16(const u8* W, u64 row_bytes, const float* x,
+                                                            float* out, int rows, int cols) { PDL_ENTRY();
+    extern __shared__ __align__(16) float xs[];
+    for (int i = 4 * threadIdx.x; i < cols; i += 4 * 128) *(float4*)(xs + i) = *(const float4*)(x + i);
+    __syncthreads();
+    int r = blockIdx.x * 4 + threadIdx.x / 32;
+    if (r >= rows) return;
+    float y = warp_sum(lane_part_h<WT_BF16>(W + (size_t)r * row_bytes, (const u8*)xs, cols));
+    if ((threadIdx.x & 31) == 0) out[r] = y;
+}

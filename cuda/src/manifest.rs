@@ -121,6 +121,8 @@ manifest! {
     LabMvwQ6K => "lab.cu", "mvw_q6_K";
     LabGateUpSQ4K => "lab.cu", "moe_gate_up_s_q4_K";
     LabGateUpHQ4K => "lab.cu", "moe_gate_up_h_q4_K";
+    LabMvw2Bf16 => "lab.cu", "mvw2_bf16";
+    LabMvxBf16 => "lab.cu", "mvx_bf16";
     RmsNormQ8K => "fused.cu", "rms_norm_q8_K";
     RmsNormQ8_0 => "fused.cu", "rms_norm_q8_0";
     RmsNormRow => "fused.cu", "rms_norm_row";
@@ -255,6 +257,8 @@ impl K {
             K::GemmRfCt4 | K::GemmGateUpRfCt4 | K::GemmDownRfCt4 => GEMM_RF_SMEM_CT4,
             K::GemmRf128Ct4 | K::GemmGateUpRf128Ct4 | K::GemmDownRf128Ct4 => GEMM_RF_SMEM_CT4_128,
             K::GemmH16 => GEMM_H16_SMEM,
+            // The lab's activation row in shared memory (LAB_MVX_MAX_COLS f32).
+            K::LabMvxBf16 => 4 * 9216,
             K::AttentionPrefill => FLASH_SMEM,
             K::AttentionPrefillF16 => 2 * FLASH_SMEM,
             // The wgmma kernels align their layout to 1024 bytes inside the allocation.
