@@ -113,6 +113,47 @@ fn time_us(
     Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)
 }
 
+/// µs per launch of the exact one-token product `kernel` (a `matmul_*`: f32 input) over the
+/// rotating weight copies `at(i)`.
+#[allow(clippy::too_many_arguments)]
+fn time_matmul(
+    dev: &Device,
+    reps: usize,
+    kernel: K,
+    at: &dyn Fn(usize) -> u64,
+    row_bytes: u64,
+    (xp, op): (u64, u64),
+    rows: usize,
+    cols: usize,
+) -> anyhow::Result<f64> {
+    time_us(dev, reps, |i| {
+        dev.launch(
+            kernel,
+            (blocks(rows, 4), 1),
+            128,
+            &[
+                Arg::P(at(i)),
+                Arg::P(row_bytes),
+                Arg::P(xp),
+                Arg::P(op),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(1),
+            ],
+        )?;
+        Ok(())
+    })
+}
+
+/// One table row: `us` per launch moving `bytes`, and that as GB/s and a share of `floor`.
+fn print_row(ty: &str, shape: &str, kernel: &str, us: f64, bytes: f64, floor: f64) {
+    let gb_s = bytes / (us * 1e-6) / 1e9;
+    println!(
+        "| {ty} | {shape} | {kernel} | {us:.1} | {gb_s:.0} | {:.1}% |",
+        100.0 * gb_s / floor
+    );
+}
+
 fn main() -> anyhow::Result<()> {
     let a = args::Args::parse(include_str!("kernel_lab.rs"), &[])?;
     let ordinal: usize = a.num("device", 0)?;
@@ -168,30 +209,20 @@ fn main() -> anyhow::Result<()> {
             let op = ob.device_ptr(s).0;
             let at = |i: usize| wp + ((i % copies) * one.len()) as u64;
             let bytes = one.len() as f64;
+            let shape = format!("{name} {rows}×{cols}");
             let row = |kernel: &str, us: f64, b: f64| {
-                let gb_s = b / (us * 1e-6) / 1e9;
-                println!(
-                    "| {ty} | {name} {rows}×{cols} | {kernel} | {us:.1} | {gb_s:.0} | {:.1}% |",
-                    100.0 * gb_s / floor
-                );
+                print_row(&ty.to_string(), &shape, kernel, us, b, floor)
             };
-            let exact = time_us(&dev, reps, |i| {
-                dev.launch(
-                    wt.matmul(),
-                    (blocks(rows, 4), 1),
-                    128,
-                    &[
-                        Arg::P(at(i)),
-                        Arg::P(row_bytes),
-                        Arg::P(xp),
-                        Arg::P(op),
-                        Arg::I(rows as i32),
-                        Arg::I(cols as i32),
-                        Arg::I(1),
-                    ],
-                )?;
-                Ok(())
-            })?;
+            let exact = time_matmul(
+                &dev,
+                reps,
+                wt.matmul(),
+                &at,
+                row_bytes,
+                (xp, op),
+                rows,
+                cols,
+            )?;
             row(&format!("{:?} (exact)", wt.matmul()), exact, bytes);
             let quant = time_us(&dev, reps, |_| {
                 dev.quantize_act(fmt, xp, qp, cols, stride, 1)?;
@@ -346,13 +377,8 @@ fn w4a16_lab(
             let ob = s.alloc_zeros::<f32>(rows)?;
             let op = ob.device_ptr(s).0;
             let bytes = one.len() as f64;
-            let row = |kernel: &str, us: f64, b: f64| {
-                let gb_s = b / (us * 1e-6) / 1e9;
-                println!(
-                    "| {ty} | {name} {rows}×{cols} | {kernel} | {us:.1} | {gb_s:.0} | {:.1}% |",
-                    100.0 * gb_s / floor
-                );
-            };
+            let shape = format!("{name} {rows}×{cols}");
+            let row = |kernel: &str, us: f64, b: f64| print_row(ty, &shape, kernel, us, b, floor);
             let mv_one = |kernel: K, src: u64, w: u64| {
                 let m = MvMat {
                     w,
@@ -380,23 +406,16 @@ fn w4a16_lab(
                 continue;
             }
             let (mv, _) = WType::Bf16.mvh().context("bf16 mat-vec")?;
-            let exact = time_us(dev, reps, |i| {
-                dev.launch(
-                    WType::Bf16.matmul(),
-                    (blocks(rows, 4), 1),
-                    128,
-                    &[
-                        Arg::P(at(i)),
-                        Arg::P(row_bytes as u64),
-                        Arg::P(xp),
-                        Arg::P(op),
-                        Arg::I(rows as i32),
-                        Arg::I(cols as i32),
-                        Arg::I(1),
-                    ],
-                )?;
-                Ok(())
-            })?;
+            let exact = time_matmul(
+                dev,
+                reps,
+                WType::Bf16.matmul(),
+                &at,
+                row_bytes as u64,
+                (xp, op),
+                rows,
+                cols,
+            )?;
             row(
                 &format!("{:?} (generic)", WType::Bf16.matmul()),
                 exact,
