@@ -113,6 +113,20 @@ fn time_us(
     Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)
 }
 
+/// `one` uploaded as many times as it takes to span [`ROTATE_BYTES`] (so that launches over
+/// the copies in turn read from DRAM, not L2): the buffer and the number of copies.
+fn upload_rotating(
+    dev: &Device,
+    one: &[u8],
+) -> anyhow::Result<(lagoon::cuda_backend::cudarc::driver::CudaSlice<u8>, usize)> {
+    let copies = ROTATE_BYTES.div_ceil(one.len()).max(1);
+    let mut all = Vec::with_capacity(one.len() * copies);
+    for _ in 0..copies {
+        all.extend_from_slice(one);
+    }
+    Ok((dev.stream.clone_htod(&all)?, copies))
+}
+
 /// µs per launch of the exact one-token product `kernel` (a `matmul_*`: f32 input) over the
 /// rotating weight copies `at(i)`.
 #[allow(clippy::too_many_arguments)]
@@ -191,12 +205,7 @@ fn main() -> anyhow::Result<()> {
                 continue;
             }
             let one = random_matrix(&mut rng, ty, rows, cols);
-            let copies = ROTATE_BYTES.div_ceil(one.len()).max(1);
-            let mut all = Vec::with_capacity(one.len() * copies);
-            for _ in 0..copies {
-                all.extend_from_slice(&one);
-            }
-            let w = s.clone_htod(&all)?;
+            let (w, copies) = upload_rotating(&dev, &one)?;
             let wp = w.device_ptr(s).0;
             let row_bytes = ty.row_bytes(cols as u64).context("row bytes")?;
             let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
@@ -363,12 +372,7 @@ fn w4a16_lab(
                     (0..16).for_each(|_| one.push(rng.next() as u8));
                 }
             }
-            let copies = ROTATE_BYTES.div_ceil(one.len()).max(1);
-            let mut all = Vec::with_capacity(one.len() * copies);
-            for _ in 0..copies {
-                all.extend_from_slice(&one);
-            }
-            let w = s.clone_htod(&all)?;
+            let (w, copies) = upload_rotating(dev, &one)?;
             let wp = w.device_ptr(s).0;
             let at = |i: usize| wp + ((i % copies) * one.len()) as u64;
             let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
