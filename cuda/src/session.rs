@@ -810,6 +810,35 @@ impl CudaSession {
         gemm_rf(ty, cols, tile)
     }
 
+    /// RMSNorm (`norm.cu`) of `groups` groups of `g.len` values at `x` into `out`; with `oh`
+    /// (`rms_norm_h`) each output is also written there rounded to f16.
+    fn rms_norm(
+        &self,
+        x: u64,
+        g: crate::weights::DVec,
+        out: u64,
+        oh: Option<u64>,
+        groups: usize,
+    ) -> Result<(), CudaError> {
+        use Arg::{F, I, P};
+        let (glen, n, eps) = (I(g.len as i32), I(groups as i32), F(self.cfg.rms_eps));
+        let grid = (blocks(groups, 4), 1);
+        match oh {
+            None => self.dev.launch(
+                K::RmsNorm,
+                grid,
+                128,
+                &[P(x), P(g.ptr), P(out), glen, n, eps],
+            ),
+            Some(h) => self.dev.launch(
+                K::RmsNormH,
+                grid,
+                128,
+                &[P(x), P(g.ptr), P(out), P(h), glen, n, eps],
+            ),
+        }
+    }
+
     /// The kernel for the session's KV cache element type: `f32` or its `_f16` twin.
     fn kv_kernel(&self, f32: K, f16: K) -> K {
         if self.opts.kv_f16 { f16 } else { f32 }
@@ -945,19 +974,7 @@ impl CudaSession {
                 Op::RmsNorm { x, w, out } => {
                     let g = self.w.vector(w);
                     let groups = rows(x) * vals[x].cols / g.len;
-                    dev.launch(
-                        K::RmsNorm,
-                        (blocks(groups, 4), 1),
-                        128,
-                        &[
-                            P(at(x)),
-                            P(g.ptr),
-                            P(at(out)),
-                            I(g.len as i32),
-                            I(groups as i32),
-                            F(c.rms_eps),
-                        ],
-                    )?;
+                    self.rms_norm(at(x), g, at(out), None, groups)?;
                 }
                 Op::MatMul { x, w, out } => {
                     let m = self.w.mat(w);

@@ -7,9 +7,7 @@
 use lagoon_core::graph::{Graph, Op};
 
 use super::CudaSession;
-use crate::device::{Arg, blocks};
 use crate::error::CudaError;
-use crate::manifest::K;
 
 impl CudaSession {
     /// Prefill fusions on the tensor-core path (`n` tokens): recognises, at node `i`, a run
@@ -34,8 +32,6 @@ impl CudaSession {
         i: usize,
         n: usize,
     ) -> Result<usize, CudaError> {
-        use Arg::{F, I, P};
-        let c = &self.cfg;
         let nodes = &graph.nodes;
         let vals = &graph.values;
         let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
@@ -48,7 +44,6 @@ impl CudaSession {
             }
             _ => false,
         };
-        let dev = &self.dev;
         match nodes[i] {
             Op::RmsNorm {
                 x: q,
@@ -65,21 +60,7 @@ impl CudaSession {
                 if g.len != cols || !tc_reads(1, qn) {
                     return Ok(0);
                 }
-                let groups = vals[q].rows(n);
-                dev.launch(
-                    K::RmsNormH,
-                    (blocks(groups, 4), 1),
-                    128,
-                    &[
-                        P(at(q)),
-                        P(g.ptr),
-                        P(at(qn)),
-                        P(self.xh),
-                        I(cols as i32),
-                        I(groups as i32),
-                        F(c.rms_eps),
-                    ],
-                )?;
+                self.rms_norm(at(q), g, at(qn), Some(self.xh), vals[q].rows(n))?;
                 self.xh_holds.set(Some(qn));
                 Ok(1)
             }
