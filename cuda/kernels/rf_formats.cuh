@@ -52,36 +52,42 @@ struct RfRows {
     }
 };
 
+// A stage's copy for formats whose per-row slot is P whole 16-byte pieces, 16-byte aligned in
+// every row (Q4_K: 9, CT4: 10): thread t copies pieces c = t + 256 j (row c / P, bytes
+// 16 (c % P) ..) to stage offset 16 c, through pointers taken once from the row table.
+template <int P>
+struct RfPieces {
+    struct Copies {
+        const u8* a[P];
+    };
+    static __device__ __forceinline__ Copies copies(const u8* const* arows, int t) {
+        Copies c;
+        #pragma unroll
+        for (int j = 0; j < P; j++) {
+            int i = t + RF_THREADS * j, r = i / P;
+            c.a[j] = arows[r] + 16 * (i - P * r);
+        }
+        return c;
+    }
+    static __device__ __forceinline__ void load(u8* st, const Copies& c, int kb, int t) {
+        #pragma unroll
+        for (int j = 0; j < P; j++) cp_async16(st + 16 * (t + RF_THREADS * j), c.a[j] + 16 * P * (size_t)kb);
+    }
+};
+
 // A format gives, for each of the eight 32-weight units u of a super-block (weights
 // 32 u .. 32 u + 32), the A fragments of its two k16 steps: a[s2][mt][0..4] for lane (g, q),
 // rows (mt, h) at the weights 32 u + 8 q + 4 s2 + {0, 1, 2, 3} (the permutation above).
 
 // ---- Q4_K ----
 //
-// A stage holds one super-block (144 bytes) of each row, rows back to back. Each thread
-// copies nine 16-byte pieces (piece c = t + 256 j of the stage's 2304: row c / 9, bytes
-// 16 (c % 9) .., at stage offset 16 c) through pointers taken once from the row table. The
+// A stage holds one super-block (144 bytes) of each row, rows back to back, copied as nine
+// 16-byte pieces per row (RfPieces<9>). The
 // scale table holds each row's eight (d sc, dmin m) as float2, rows 72 bytes apart (8 bytes
 // of padding, so the eight rows one 8-byte load touches fall on distinct banks). Unit u is
 // group u / 2 (32 bytes of nibbles), sub-block u: low nibbles for even u, high for odd.
-struct RfQ4K {
+struct RfQ4K : RfPieces<9> {
     static constexpr int STAGES = 3, SLOT = 144, SC_STRIDE = 72;
-    struct Copies {
-        const u8* a[9];
-    };
-    static __device__ __forceinline__ Copies copies(const u8* const* arows, int t) {
-        Copies c;
-        #pragma unroll
-        for (int j = 0; j < 9; j++) {
-            int i = t + RF_THREADS * j, r = i / 9;
-            c.a[j] = arows[r] + 16 * (i - 9 * r);
-        }
-        return c;
-    }
-    static __device__ __forceinline__ void load(u8* st, const Copies& c, int kb, int t) {
-        #pragma unroll
-        for (int j = 0; j < 9; j++) cp_async16(st + 16 * (t + RF_THREADS * j), c.a[j] + 144 * (size_t)kb);
-    }
     // Lane l of warp w: row 32 w + l's eight sub-block scales (k4_sub_scales: the
     // reference's products).
     static __device__ __forceinline__ void scales(const u8* st, u8* sc, int w, int lane, int) {
@@ -224,29 +230,13 @@ struct RfQ6K {
 //
 // A stage holds eight 20-byte blocks (256 weights, 160 bytes) of each row, rows back to back:
 // a CT4 row is 16-byte aligned (its matrix is, and rows of a multiple of 256 columns are
-// multiples of 160 bytes), and so is each eight-block unit of it. Each thread copies ten
-// 16-byte pieces (piece c = t + 256 j of the stage's 2560: row c / 10, bytes 16 (c % 10) ..).
+// multiples of 160 bytes), and so is each eight-block unit of it: ten 16-byte pieces per row
+// (RfPieces<10>).
 // No scale table: a lane reads each block's header word next to its code word. Unit u is
 // block u; weight 32 u + k is nibble k % 2 of code byte k / 2, so lane q's weights
 // 8 q .. 8 q + 8 are the code bytes 4 q .. 4 q + 4, one aligned word.
-struct RfCt4 {
+struct RfCt4 : RfPieces<10> {
     static constexpr int STAGES = 3, SLOT = 160, SC_STRIDE = 0;
-    struct Copies {
-        const u8* a[10];
-    };
-    static __device__ __forceinline__ Copies copies(const u8* const* arows, int t) {
-        Copies c;
-        #pragma unroll
-        for (int j = 0; j < 10; j++) {
-            int i = t + RF_THREADS * j, r = i / 10;
-            c.a[j] = arows[r] + 16 * (i - 10 * r);
-        }
-        return c;
-    }
-    static __device__ __forceinline__ void load(u8* st, const Copies& c, int kb, int t) {
-        #pragma unroll
-        for (int j = 0; j < 10; j++) cp_async16(st + 16 * (t + RF_THREADS * j), c.a[j] + 160 * (size_t)kb);
-    }
     static __device__ __forceinline__ void scales(const u8*, u8*, int, int, int) {}
     // A weight is compressed-tensors' rnd(rnd((c - 8) - z) * s) in the scale dtype (quant.cuh's
     // CT4 decode): (c - 8) - z is an integer of at most 9 bits, exact in either dtype, so only
