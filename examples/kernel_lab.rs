@@ -429,7 +429,14 @@ fn w4a16_lab(
             row(&format!("{mv:?}"), us, bytes);
             mv_one(mv, xp, wp)?;
             let want = s.clone_dtoh(&ob)?;
-            for (kernel, per_block) in [(K::LabMvw2Bf16, 8), (K::LabMvxBf16, 4)] {
+            for (kernel, per_block) in [
+                (K::LabMvw2Bf16, 8),
+                (K::LabMvxBf16, 4),
+                (K::LabMvb4Bf16, 4),
+                (K::LabMvb16Bf16, 4),
+                (K::LabMvb8csBf16, 4),
+                (K::LabMvkBf16, 1),
+            ] {
                 let launch = |w: u64| {
                     dev.launch(
                         kernel,

@@ -339,3 +339,55 @@ extern "C" __global__ void __launch_bounds__(128) mvx_bf16(const u8* W, u64 row_
     float y = warp_sum(lane_part_h<WT_BF16>(W + (size_t)r * row_bytes, (const u8*)xs, cols));
     if ((threadIdx.x & 31) == 0) out[r] = y;
 }
+
+// Two more questions about mv_bf16's loop (lab_part_bf16: lane_part_h with the batch B and the
+// piece stride as parameters; CS: weights loaded with the evict-first hint, ld.global.cs):
+// - mvb{4,16}_bf16, mvb8cs_bf16: one warp per row as mv_bf16 (B = 8), with 4 or 16 pieces in
+//   flight per lane, or 8 streamed past L1: do a warp's bytes in flight limit it?
+// - mvk_bf16: one block per row, the row's pieces dealt over the block's four warps: more
+//   warps per row, fewer rows in flight. Grid rows.
+template <int B, bool CS>
+__device__ __forceinline__ float lab_part_bf16(const u8* __restrict__ row, const float* __restrict__ x, int cols,
+                                               int first, int step) {
+    const uint4* w4 = (const uint4*)row;
+    const float4* x4 = (const float4*)x;
+    int n8 = cols / 8;
+    float acc = 0.0f;
+    for (int i0 = first; i0 < n8; i0 += step * B) {
+        uint4 w[B];
+        #pragma unroll
+        for (int u = 0; u < B; u++) {
+            int i = i0 + step * u;
+            if (i < n8) w[u] = CS ? __ldcs(w4 + i) : __ldg(w4 + i);
+        }
+        #pragma unroll
+        for (int u = 0; u < B; u++) {
+            int i = i0 + step * u;
+            if (i < n8) acc = h_dot8<WT_BF16>(w[u], x4[2 * i], x4[2 * i + 1], acc);
+        }
+    }
+    return acc;
+}
+
+#define LAB_MVB(name, B, CS)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) name(const u8* W, u64 row_bytes, const float* x,    \
+                                                           float* out, int rows, int cols) { PDL_ENTRY(); \
+        int r = blockIdx.x * 4 + threadIdx.x / 32;                                                        \
+        if (r >= rows) return;                                                                            \
+        float y = warp_sum(lab_part_bf16<B, CS>(W + (size_t)r * row_bytes, x, cols, threadIdx.x & 31, 32)); \
+        if ((threadIdx.x & 31) == 0) out[r] = y;                                                          \
+    }
+LAB_MVB(mvb4_bf16, 4, false)
+LAB_MVB(mvb16_bf16, 16, false)
+LAB_MVB(mvb8cs_bf16, 8, true)
+
+extern "C" __global__ void __launch_bounds__(128) mvk_bf16(const u8* W, u64 row_bytes, const float* x,
+                                                            float* out, int rows, int cols) { PDL_ENTRY();
+    int r = blockIdx.x;
+    if (r >= rows) return;
+    float y = warp_sum(lab_part_bf16<8, false>(W + (size_t)r * row_bytes, x, cols, threadIdx.x, 128));
+    __shared__ float part[4];
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = y;
+    __syncthreads();
+    if (threadIdx.x == 0) out[r] = (part[0] + part[1]) + (part[2] + part[3]);
+}

@@ -123,6 +123,10 @@ manifest! {
     LabGateUpHQ4K => "lab.cu", "moe_gate_up_h_q4_K";
     LabMvw2Bf16 => "lab.cu", "mvw2_bf16";
     LabMvxBf16 => "lab.cu", "mvx_bf16";
+    LabMvb4Bf16 => "lab.cu", "mvb4_bf16";
+    LabMvb16Bf16 => "lab.cu", "mvb16_bf16";
+    LabMvb8csBf16 => "lab.cu", "mvb8cs_bf16";
+    LabMvkBf16 => "lab.cu", "mvk_bf16";
     RmsNormQ8K => "fused.cu", "rms_norm_q8_K";
     RmsNormQ8_0 => "fused.cu", "rms_norm_q8_0";
     RmsNormRow => "fused.cu", "rms_norm_row";
