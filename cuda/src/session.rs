@@ -261,9 +261,9 @@ pub struct CudaSession {
     /// 66% -> 26%, as their 227 KiB of shared memory leaves L1 too small for the 8-byte
     /// cp.async.ca row copies; BENCHMARKS.md).
     rf96: bool,
-    /// Whether CT4 (W4A16) prefill products run on `gemm_rf.cu`'s CT4 kernels: off by default
-    /// until measured on a device, on with `LAGOON_CUDA_RF_CT4=1` or
-    /// [`CudaSession::set_rf_ct4`] (otherwise `gemm.cu`'s).
+    /// Whether CT4 (W4A16) prefill products run on `gemm_rf.cu`'s CT4 kernels (the default:
+    /// S 2.1 W4A16 pp4096 4,030 -> 6,901 t/s at ubatch 2048, H200, BENCHMARKS.md) or on
+    /// `gemm.cu`'s (`LAGOON_CUDA_RF_CT4=0`, [`CudaSession::set_rf_ct4`]).
     rf_ct4: bool,
 
     dev: Device,
@@ -529,7 +529,7 @@ impl CudaSession {
             gemm_wg: dev.arch == "sm_90"
                 && std::env::var_os("LAGOON_CUDA_GEMM_WG").is_some_and(|v| v == "1"),
             rf96: std::env::var_os("LAGOON_CUDA_RF96").is_some_and(|v| v == "1"),
-            rf_ct4: std::env::var_os("LAGOON_CUDA_RF_CT4").is_some_and(|v| v == "1"),
+            rf_ct4: std::env::var_os("LAGOON_CUDA_RF_CT4").is_none_or(|v| v != "0"),
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
                 Some(v) if v == "1" => true,
@@ -667,8 +667,8 @@ impl CudaSession {
         }
     }
 
-    /// Runs CT4 prefill products on `gemm_rf.cu`'s CT4 kernels (`true`) or `gemm.cu`'s (the
-    /// default; `LAGOON_CUDA_RF_CT4=1` sets `true` at creation): for A/B runs and tests.
+    /// Runs CT4 prefill products on `gemm_rf.cu`'s CT4 kernels (`true`, the default) or
+    /// `gemm.cu`'s (`LAGOON_CUDA_RF_CT4=0` sets `false` at creation): for A/B runs and tests.
     pub fn set_rf_ct4(&mut self, on: bool) {
         self.rf_ct4 = on;
     }
