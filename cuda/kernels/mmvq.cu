@@ -41,12 +41,12 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
     if (r >= nr) return;
     const u8* W = i == 0 ? m.W[0] : i == 1 ? m.W[1] : i == 2 ? m.W[2] : m.W[3];
     u64 rb = i == 0 ? m.row_bytes[0] : i == 1 ? m.row_bytes[1] : i == 2 ? m.row_bytes[2] : m.row_bytes[3];
-    // No L2 prefetch of the row before pdl_wait: measured on the full S 2.1 decode with it,
-    // 194.6 t/s against 196.2 without (interleaved runs).
-    pdl_wait();
+    // No L2 prefetch of the row before pdl_wait (measured on the full S 2.1 decode with it,
+    // 194.6 t/s against 196.2 without, interleaved runs); the lane's first weight loads are
+    // issued before it instead (lane_part_waiting).
     float* out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
     const float* res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
-    float y = warp_dot_q<T>(W + (size_t)r * rb, aq, cols);
+    float y = warp_sum(lane_part_waiting<T>(W + (size_t)r * rb, aq, cols));
     if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
 }
 
@@ -75,9 +75,9 @@ __device__ void mv_swiglu_split(const u8* __restrict__ Wg, const u8* __restrict_
     pdl_trigger();
     int r = blockIdx.x;
     if (r >= rows) return;
-    pdl_wait();
-    float2 gu = warp_parts2_h<T, MV_WARPS>(Wg + (size_t)r * row_bytes, Wu + (size_t)r * row_bytes, aq, cols,
-                                           threadIdx.x >> 5);
+    // pdl_wait after the first weight loads (lane_part_waiting's reason).
+    float2 gu = warp_parts2_h<T, MV_WARPS, true>(Wg + (size_t)r * row_bytes, Wu + (size_t)r * row_bytes, aq, cols,
+                                                 threadIdx.x >> 5);
     __shared__ float2 part[MV_WARPS];
     int warp = threadIdx.x >> 5;
     if ((threadIdx.x & 31) == 0) part[warp] = gu;
@@ -101,25 +101,40 @@ __device__ void mv_swiglu_split(const u8* __restrict__ Wg, const u8* __restrict_
 // there, was measured on the H200 and dropped: this kernel then moved 68 MB instead of 39 at
 // 65% of DRAM bandwidth while the down kernel, its reads all L2 hits, stayed latency-bound;
 // S 2.1 decode 166.7 -> 171.8 t/s without it, interleaved runs.)
-template <int T>
+// S != T (moe_gate_up_mixed): the shared expert's gate and up are float matrices of si rows
+// (srow bytes each) read against the f32 input xf, slot K's blocks taking warp_parts2_h's
+// loop; the grid then covers max(I, si) rows.
+template <int T, int S = T>
 __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                               u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
                               const u8* __restrict__ xq, const float* __restrict__ ids,
                               const float* __restrict__ weights, float* __restrict__ route_copy,
-                              float* __restrict__ act, int I, int H, int K) {
+                              float* __restrict__ act, int I, int H, int K, u64 srow = 0,
+                              const float* __restrict__ xf = nullptr, int si = 0) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
-    int k = blockIdx.y;
-    if (k == K && r < I && (threadIdx.x & 31) == 0) {
-        prefetch_l2(Sg + (size_t)r * row_bytes, row_bytes);
-        prefetch_l2(Su + (size_t)r * row_bytes, row_bytes);
+    // A float shared expert's warps read ~3x a CT4 slot's bytes: its blocks go first (grid
+    // row 0), so they do not make the launch's tail.
+    int k = S == T ? (int)blockIdx.y : blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
+    u64 sb = S == T ? row_bytes : srow;
+    int rows = S != T && k == K ? si : I;
+    if (k == K && r < rows && (threadIdx.x & 31) == 0) {
+        prefetch_l2(Sg + (size_t)r * sb, sb);
+        prefetch_l2(Su + (size_t)r * sb, sb);
     }
     pdl_wait();
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
         route_copy[threadIdx.x] = ids[threadIdx.x];
         route_copy[K + threadIdx.x] = weights[threadIdx.x];
     }
-    if (r >= I) return;
+    if (r >= rows) return;
+    if constexpr (S != T) {
+        if (k == K) {
+            float2 gu = warp_parts2_h<S, 1>(Sg + (size_t)r * srow, Su + (size_t)r * srow, (const u8*)xf, H, 0);
+            if ((threadIdx.x & 31) == 0) act[(size_t)K * I + r] = silu_f(gu.x) * gu.y;
+            return;
+        }
+    }
     const u8 *g, *u;
     if (k < K) {
         size_t off = (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
@@ -138,11 +153,10 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // expert's, fetched first) are loaded before any is computed, so a warp has about 3.5 KB in
 // flight instead of one row's 576 bytes. Same terms in the same order as the generic loop.
 #define DOWN_BATCH 6
-__device__ __forceinline__ void moe_down_q4k_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+__device__ __forceinline__ float moe_down_q4k_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                                    const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
                                                    const u32* __restrict__ id, const float* __restrict__ weights,
-                                                   const float* __restrict__ res, float* __restrict__ out, int r,
-                                                   int I, int K, float scale, int order) {
+                                                   int r, int I, int K, float scale, int order) {
     int lane = threadIdx.x & 31;
     int p = lane & 7, b = lane >> 3;
     bool on = b < I / QK_K;
@@ -177,20 +191,17 @@ __device__ __forceinline__ void moe_down_q4k_short(const u8* __restrict__ Wd, u6
         float part = on ? q4k_acc(0.0f, ls, p, a + (size_t)b * QK_K, q8k_bsums(a, I) + 16 * b, q8k_d(a, I)[b]) : 0.0f;
         v = __fadd_rn(v, part);
     }
-    float y = warp_sum(v);
-    if (res) y = __fadd_rn(res[r], y);
-    if (lane == 0) out[r] = y;
+    return v;
 }
 
 // moe_down_q's CT4 rows of at most 32 blocks (I <= 1024: S 2.1's experts), where each lane
 // has at most one block per expert row: DOWN_BATCH experts' blocks (and the shared expert's,
 // fetched first) are loaded before any is computed, as moe_down_q4k_short does. Same terms
 // in the same order as the generic loop (each lane's part is its one block's dot).
-__device__ __forceinline__ void moe_down_ct4_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+__device__ __forceinline__ float moe_down_ct4_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                                    const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
                                                    const u32* __restrict__ id, const float* __restrict__ weights,
-                                                   const float* __restrict__ res, float* __restrict__ out, int r,
-                                                   int I, int K, float scale, int order) {
+                                                   int r, int I, int K, float scale, int order) {
     int lane = threadIdx.x & 31;
     int nb = I / QK;
     bool on = lane < nb;
@@ -198,7 +209,7 @@ __device__ __forceinline__ void moe_down_ct4_short(const u8* __restrict__ Wd, u6
     if (Sd && on) {
         const u32* p = (const u32*)(Sd + (size_t)r * row_bytes + (size_t)lane * 20);
         #pragma unroll
-        for (int k = 0; k < 5; k++) ls[k] = __ldg(p + k);
+        for (int k = 0; k < 5; k++) ls[k] = ldw(p + k);
     }
     float acc = 0.0f;
     for (int s0 = 0; s0 < K; s0 += DOWN_BATCH) {
@@ -213,7 +224,7 @@ __device__ __forceinline__ void moe_down_ct4_short(const u8* __restrict__ Wd, u6
                     const u32* p = (const u32*)(Wd + (size_t)id[k] * expert_bytes + (size_t)r * row_bytes +
                                                 (size_t)lane * 20);
                     #pragma unroll
-                    for (int j = 0; j < 5; j++) l[u][j] = __ldg(p + j);
+                    for (int j = 0; j < 5; j++) l[u][j] = ldw(p + j);
                 }
             }
         }
@@ -237,9 +248,7 @@ __device__ __forceinline__ void moe_down_ct4_short(const u8* __restrict__ Wd, u6
                         : 0.0f;
         v = __fadd_rn(v, part);
     }
-    float y = warp_sum(v);
-    if (res) y = __fadd_rn(res[r], y);
-    if (lane == 0) out[r] = y;
+    return v;
 }
 
 // out[r] = scale * sum_k weights[k] * (down_{ids[k]}[r] . act[k]), the experts taken in
@@ -249,18 +258,24 @@ __device__ __forceinline__ void moe_down_ct4_short(const u8* __restrict__ Wd, u6
 // adds its shares of every expert's product, weighted, and the warp is reduced once at the
 // end (one reduction instead of one per expert: five dependent shuffles each); the float
 // rounding differs from per-expert sums by a few ulp. Grid ceil(H / MV_WARPS).
-template <int T>
+// S != T (moe_down_mixed): the shared expert's down is a float matrix (rows of si elements,
+// srow bytes) against its f32 activation sact (slot K of the gate/up kernel's output), its
+// lane shares added to the routed ones as a T-typed shared expert's are.
+template <int T, int S = T>
 __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                            const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
                            const float* __restrict__ ids, const float* __restrict__ weights,
                            const float* __restrict__ res, float* __restrict__ out, int H, int I, int K,
-                           float scale) {
+                           float scale, u64 srow = 0, const float* __restrict__ sact = nullptr, int si = 0) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (r >= H) return;
-    if (Sd && lane == 0) prefetch_l2(Sd + (size_t)r * row_bytes, row_bytes);
+    u64 sb = S == T ? row_bytes : srow;
+    if (Sd && lane == 0) prefetch_l2(Sd + (size_t)r * sb, sb);
     pdl_wait();
+    // The T-typed kernels below take the shared expert only when it is of type T.
+    const u8* St = S == T ? Sd : nullptr;
     const u32* id = (const u32*)ids;
     // Rank of slot `lane` among the K (id, slot) keys.
     int rank = 0;
@@ -278,31 +293,25 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         int k = __ffs(__ballot_sync(0xffffffffu, lane < K && rank == s)) - 1;
         if (lane == s) order = k;
     }
-    float acc = 0.0f;
-    if constexpr (T == WT_CT4) {
-        if (I <= 32 * QK) {
-            moe_down_ct4_short(Wd, expert_bytes, row_bytes, Sd, actq, astride, id, weights, res, out, r, I, K,
-                               scale, order);
-            return;
+    float v;
+    if (T == WT_CT4 && I <= 32 * QK) {
+        v = moe_down_ct4_short(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+    } else if (T == WT_Q4_K && I <= 4 * QK_K) {
+        v = moe_down_q4k_short(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+    } else {
+        float acc = 0.0f;
+        #pragma unroll 4
+        for (int s = 0; s < K; s++) {
+            int k = __shfl_sync(0xffffffffu, order, s);
+            u32 e = id[k];
+            float part = lane_part_q<T>(Wd + (size_t)e * expert_bytes + (size_t)r * row_bytes,
+                                        actq + (size_t)k * astride, I);
+            acc = __fadd_rn(acc, __fmul_rn(part, weights[k]));
         }
+        v = __fmul_rn(acc, scale);
+        if (St) v = __fadd_rn(v, lane_part_q<T>(St + (size_t)r * row_bytes, actq + (size_t)K * astride, I));
     }
-    if constexpr (T == WT_Q4_K) {
-        if (I <= 4 * QK_K) {
-            moe_down_q4k_short(Wd, expert_bytes, row_bytes, Sd, actq, astride, id, weights, res, out, r, I, K,
-                               scale, order);
-            return;
-        }
-    }
-    #pragma unroll 4
-    for (int s = 0; s < K; s++) {
-        int k = __shfl_sync(0xffffffffu, order, s);
-        u32 e = id[k];
-        float part = lane_part_q<T>(Wd + (size_t)e * expert_bytes + (size_t)r * row_bytes,
-                                    actq + (size_t)k * astride, I);
-        acc = __fadd_rn(acc, __fmul_rn(part, weights[k]));
-    }
-    float v = __fmul_rn(acc, scale);
-    if (Sd) v = __fadd_rn(v, lane_part_q<T>(Sd + (size_t)r * row_bytes, actq + (size_t)K * astride, I));
+    if constexpr (S != T) v = __fadd_rn(v, lane_part_h<S>(Sd + (size_t)r * srow, (const u8*)sact, si));
     float y = warp_sum(v);
     if (res) y = __fadd_rn(res[r], y);
     if (lane == 0) out[r] = y;
@@ -332,7 +341,7 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
     #pragma unroll
     for (int u = 0; u < MVF_BATCH; u++) {
         int i = lo + lane + 32 * u;
-        if (i < hi) w[u] = __ldg(w4 + i);
+        if (i < hi) w[u] = ldw4f(w4 + i);
     }
     pdl_wait();
     float acc = 0.0f;
@@ -341,7 +350,7 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
             #pragma unroll
             for (int u = 0; u < MVF_BATCH; u++) {
                 int i = i0 + 32 * u;
-                if (i < hi) w[u] = __ldg(w4 + i);
+                if (i < hi) w[u] = ldw4f(w4 + i);
             }
         }
         #pragma unroll
@@ -408,3 +417,27 @@ MVQ_TYPES(DEFINE_MVQ)
 
 #define DEFINE_MVH(name, T) DEFINE_MV(name, T, mv_swiglu_split)
 MVH_TYPES(DEFINE_MVH)
+
+// The routed experts on T's integer kernels with a float shared expert (W4A16 checkpoints:
+// CT4 experts, a bf16 shared expert) taken in the same two launches: its gate/up as slot K
+// of moe_gate_up_q against the f32 input xf, its down in moe_down_q's output-row warps
+// against its f32 SwiGLU activations (act from element K·I), so the shared expert's three
+// products and the add after them need no launches of their own. si: the shared expert's
+// width, which may differ from the routed experts' I.
+#define MOE_MIXED(name, T, S)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_mixed_##name(         \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
+        const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
+        int H, int K, u64 srow, const float* xf, int si) {                                         \
+        moe_gate_up_q<T, S>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, \
+                            act, I, H, K, srow, xf, si);                                           \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_mixed_##name(            \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
+        const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
+        float scale, u64 srow, const float* sact, int si) {                                        \
+        moe_down_q<T, S>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res, out, H, \
+                         I, K, scale, srow, sact, si);                                             \
+    }
+MOE_MIXED(ct4_bf16, WT_CT4, WT_BF16)
+MOE_MIXED(ct4_f16, WT_CT4, WT_F16)

@@ -14,6 +14,30 @@
 #pragma once
 #include "quant.cuh"
 
+// Weight loads of the batch-1 products. Each weight byte is read once per step, so these
+// loads carry the evict-first hint (ld.global.cs): the weights stream through L1 without
+// pushing out the activation row that every warp of the SM rereads. Kernel lab (H200,
+// examples/kernel_lab.rs --types bf16, BENCHMARKS.md "Evict-first weight loads"): the lab's
+// evict-first copy of mv_bf16 took the Q projection shape 21.3 -> 16.6 µs in one call; the
+// production kernels with the hint, old and new binaries in one call: mv_bf16 19.4 -> 18.5,
+// mv_q4_K 10.2 -> 9.5, mv_ct4 9.0 -> 8.5 µs; S 2.1 decode +3.7% (W4A16), +1.2% (Q4_K_M). The Q6_K windows and Q8_0's 34-byte blocks
+// keep __ldg (not yet measured with the hint): there neighbouring lanes' later loads reuse the
+// 32-byte sectors an earlier instruction brought into L1. CT4's 20-byte blocks share sectors
+// the same way but take the hint (measured: BENCHMARKS.md, "Evict-first weight loads").
+__device__ __forceinline__ uint4 ldw4(const void* p) { return __ldcs((const uint4*)p); }
+__device__ __forceinline__ float4 ldw4f(const void* p) { return __ldcs((const float4*)p); }
+__device__ __forceinline__ u32 ldw(const void* p) { return __ldcs((const unsigned int*)p); }
+
+// The kernel's pdl_wait inside a product loop that has issued its first weight loads (the
+// WAIT variants below): the whole warp reconverges and waits at the same instruction. A wait
+// reached by different lanes at different places (lanes with no pieces waiting after the
+// loop) gave wrong results under programmatic launch on the H200 (tiny models, 64-wide rows:
+// rel L2 1.3 against the CPU), and none with the same kernels waiting first.
+__device__ __forceinline__ void warp_pdl_wait() {
+    __syncwarp();
+    pdl_wait();
+}
+
 // Byte offsets of a padded activation row's parts (act.cu's layout).
 __device__ __forceinline__ const float* q8k_d(const u8* row, int cols) { return (const float*)(row + cols); }
 __device__ __forceinline__ const short* q8k_bsums(const u8* row, int cols) {
@@ -83,8 +107,8 @@ struct Q4kLoad {
 
 __device__ __forceinline__ Q4kLoad q4k_load(const u8* __restrict__ blk, int p) {
     Q4kLoad l;
-    l.hd = __ldg((const uint4*)blk);
-    l.qs = __ldg((const uint4*)(blk + 16 + 16 * p));
+    l.hd = ldw4(blk);
+    l.qs = ldw4(blk + 16 + 16 * p);
     return l;
 }
 
@@ -184,9 +208,9 @@ struct Q4kLoad4 {
 
 __device__ __forceinline__ Q4kLoad4 q4k_load4(const u8* __restrict__ blk, int g) {
     Q4kLoad4 l;
-    l.hd = __ldg((const uint4*)blk);
-    l.q0 = __ldg((const uint4*)(blk + 16 + 32 * g));
-    l.q1 = __ldg((const uint4*)(blk + 32 + 32 * g));
+    l.hd = ldw4(blk);
+    l.q0 = ldw4(blk + 16 + 32 * g);
+    l.q1 = ldw4(blk + 32 + 32 * g);
     return l;
 }
 
@@ -250,8 +274,9 @@ __device__ __forceinline__ float group_sum(float v) {
 // whole warp on this row; G = 4: each half warp on its own row, the caller passing each
 // half its row). Group j (lanes 4j .. 4j + 3 of the 4G) takes super-blocks j, j + G, ...,
 // fetching Q4K_BATCH of them before computing any. group_part_q4k returns the lane's share,
-// group_dot_q4k the group's sum (in every lane of the group).
-template <int G>
+// group_dot_q4k the group's sum (in every lane of the group). WAIT: the kernel's pdl_wait is
+// issued here, after the lane's first weight loads (see lane_part_waiting).
+template <int G, bool WAIT = false>
 __device__ __forceinline__ float group_part_q4k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & (4 * G - 1);
     int g = lane & 3;
@@ -259,18 +284,27 @@ __device__ __forceinline__ float group_part_q4k(const u8* __restrict__ row, cons
     const float* ad = q8k_d(a, cols);
     const short* bs = q8k_bsums(a, cols);
     float acc = 0.0f;
-    for (int b0 = lane >> 2; b0 < nb; b0 += G * Q4K_BATCH) {
-        Q4kLoad4 l[Q4K_BATCH];
+    Q4kLoad4 l[Q4K_BATCH];
+    auto fetch = [&](int b0) {
         #pragma unroll
         for (int u = 0; u < Q4K_BATCH; u++) {
             int b = b0 + G * u;
             if (b < nb) l[u] = q4k_load4(row + (size_t)b * 144, g);
         }
+    };
+    // Rounds of Q4K_BATCH super-blocks: each fetched whole, then computed (the first fetch
+    // before the loop, so WAIT can put the warp's wait after it).
+    int b0 = lane >> 2;
+    fetch(b0);
+    if (WAIT) warp_pdl_wait();
+    while (b0 < nb) {
         #pragma unroll
         for (int u = 0; u < Q4K_BATCH; u++) {
             int b = b0 + G * u;
             if (b < nb) acc = q4k_acc4(acc, l[u], g, a + (size_t)b * QK_K, bs + 16 * b, ad[b]);
         }
+        b0 += G * Q4K_BATCH;
+        if (b0 < nb) fetch(b0);
     }
     return acc;
 }
@@ -419,28 +453,36 @@ __device__ __forceinline__ float ct4_block_dot(const u32 w[5], const u8* __restr
     return z != 0 ? __fsub_rn(v, __fmul_rn(s, __fmul_rn((float)z, ds))) : v;
 }
 
+template <bool WAIT = false>
 __device__ __forceinline__ float lane_part_ct4(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     int nb = cols / QK;
     const float* ad = q8_0_d(a, cols);
     const float* ads = ad + nb;
     float acc = 0.0f;
-    for (int b0 = lane; b0 < nb; b0 += 32 * CT4_BATCH) {
-        u32 w[CT4_BATCH][5];
+    u32 w[CT4_BATCH][5];
+    auto fetch = [&](int b0) {
         #pragma unroll
         for (int i = 0; i < CT4_BATCH; i++) {
             int b = b0 + 32 * i;
             if (b < nb) {
                 const u32* p = (const u32*)(row + (size_t)b * 20);
                 #pragma unroll
-                for (int k = 0; k < 5; k++) w[i][k] = __ldg(p + k);
+                for (int k = 0; k < 5; k++) w[i][k] = ldw(p + k);
             }
         }
+    };
+    int b0 = lane;
+    fetch(b0);
+    if (WAIT) warp_pdl_wait();
+    while (b0 < nb) {
         #pragma unroll
         for (int i = 0; i < CT4_BATCH; i++) {
             int b = b0 + 32 * i;
             if (b < nb) acc = __fadd_rn(acc, ct4_block_dot(w[i], a + (size_t)b * QK, ad[b], ads[b]));
         }
+        b0 += 32 * CT4_BATCH;
+        if (b0 < nb) fetch(b0);
     }
     return acc;
 }
@@ -477,25 +519,32 @@ __device__ __forceinline__ float h_dot8(const uint4& w, const float4& x0, const 
     return fmaf(h_hi<T>(w.w), x1.w, acc);
 }
 
-template <int T>
+template <int T, bool WAIT = false>
 __device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     const uint4* w4 = (const uint4*)row;
     const float4* x4 = (const float4*)a;
     int n8 = cols / 8;
     float acc = 0.0f;
-    for (int i0 = lane; i0 < n8; i0 += 32 * H_BATCH) {
-        uint4 w[H_BATCH];
+    uint4 w[H_BATCH];
+    auto fetch = [&](int i0) {
         #pragma unroll
         for (int u = 0; u < H_BATCH; u++) {
             int i = i0 + 32 * u;
-            if (i < n8) w[u] = __ldg(w4 + i);
+            if (i < n8) w[u] = ldw4(w4 + i);
         }
+    };
+    int i0 = lane;
+    fetch(i0);
+    if (WAIT) warp_pdl_wait();
+    while (i0 < n8) {
         #pragma unroll
         for (int u = 0; u < H_BATCH; u++) {
             int i = i0 + 32 * u;
             if (i < n8) acc = h_dot8<T>(w[u], x4[2 * i], x4[2 * i + 1], acc);
         }
+        i0 += 32 * H_BATCH;
+        if (i0 < n8) fetch(i0);
     }
     return acc;
 }
@@ -506,7 +555,7 @@ __device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u
 // short matrix (a shared expert's 1024 rows) put W warps per row in flight, the caller adding
 // the warps' sums (one warp per row gave 256 blocks for 132 SMs at 1024 rows: 0.98 TB/s,
 // H200).
-template <int T, int W>
+template <int T, int W, bool WAIT = false>
 __device__ __forceinline__ float2 warp_parts2_h(const u8* __restrict__ r0, const u8* __restrict__ r1,
                                                 const u8* __restrict__ a, int cols, int w) {
     int lane = threadIdx.x & 31;
@@ -515,16 +564,21 @@ __device__ __forceinline__ float2 warp_parts2_h(const u8* __restrict__ r0, const
     const float4* x4 = (const float4*)a;
     int n8 = cols / 8;
     float ag = 0.0f, au = 0.0f;
-    for (int i0 = 32 * w + lane; i0 < n8; i0 += 32 * W * (H_BATCH / 2)) {
-        uint4 wg[H_BATCH / 2], wu[H_BATCH / 2];
+    uint4 wg[H_BATCH / 2], wu[H_BATCH / 2];
+    auto fetch = [&](int i0) {
         #pragma unroll
         for (int u = 0; u < H_BATCH / 2; u++) {
             int i = i0 + 32 * W * u;
             if (i < n8) {
-                wg[u] = __ldg(g4 + i);
-                wu[u] = __ldg(u4 + i);
+                wg[u] = ldw4(g4 + i);
+                wu[u] = ldw4(u4 + i);
             }
         }
+    };
+    int i0 = 32 * w + lane;
+    fetch(i0);
+    if (WAIT) warp_pdl_wait();
+    while (i0 < n8) {
         #pragma unroll
         for (int u = 0; u < H_BATCH / 2; u++) {
             int i = i0 + 32 * W * u;
@@ -534,6 +588,8 @@ __device__ __forceinline__ float2 warp_parts2_h(const u8* __restrict__ r0, const
                 au = h_dot8<T>(wu[u], x0, x1, au);
             }
         }
+        i0 += 32 * W * (H_BATCH / 2);
+        if (i0 < n8) fetch(i0);
     }
     return make_float2(warp_sum(ag), warp_sum(au));
 }
@@ -562,6 +618,22 @@ __device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u
     else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T>(row, a, cols);
     else if constexpr (T == WT_Q4_K) return group_part_q4k<8>(row, a, cols);
     else return lane_part_q6k(row, a, cols);
+}
+
+// lane_part_q for a kernel's first product, with the kernel's pdl_wait inside: the lane's
+// first batch of weight loads is issued before the wait (weights are never written by a
+// kernel), so under programmatic launch a mat-vec whose blocks take their places while the
+// kernel before still runs has its first weights in flight when that kernel ends, instead of
+// starting its reads then. Types whose loops do not take WAIT wait first.
+template <int T>
+__device__ __forceinline__ float lane_part_waiting(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    if constexpr (T == WT_CT4) return lane_part_ct4<true>(row, a, cols);
+    else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T, true>(row, a, cols);
+    else if constexpr (T == WT_Q4_K) return group_part_q4k<8, true>(row, a, cols);
+    else {
+        pdl_wait();
+        return lane_part_q<T>(row, a, cols);
+    }
 }
 
 // Gate and up rows against one activation: the Q4_K / Q6_K pair loops, or two Q8_0 dots.

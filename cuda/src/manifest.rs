@@ -112,6 +112,10 @@ manifest! {
     MvBf16 => "mmvq.cu", "mv_bf16";
     MvF16 => "mmvq.cu", "mv_f16";
     MvSwigluBf16 => "mmvq.cu", "mv_swiglu_bf16";
+    MoeGateUpMixedCt4Bf16 => "mmvq.cu", "moe_gate_up_mixed_ct4_bf16";
+    MoeDownMixedCt4Bf16 => "mmvq.cu", "moe_down_mixed_ct4_bf16";
+    MoeGateUpMixedCt4F16 => "mmvq.cu", "moe_gate_up_mixed_ct4_f16";
+    MoeDownMixedCt4F16 => "mmvq.cu", "moe_down_mixed_ct4_f16";
     MvSwigluF16 => "mmvq.cu", "mv_swiglu_f16";
     LabMvsQ4K => "lab.cu", "mvs_q4_K";
     LabMvsMemOnlyQ4K => "lab.cu", "mvs_memonly_q4_K";
@@ -404,6 +408,16 @@ impl WType {
         match self {
             WType::Bf16 => Some((K::MvBf16, K::MvSwigluBf16)),
             WType::F16 => Some((K::MvF16, K::MvSwigluF16)),
+            _ => None,
+        }
+    }
+    /// Batch-1 expert kernels `(gate_up, down)` for routed experts of this type with a shared
+    /// expert of float type `shared` (`mmvq.cu`'s `moe_gate_up_mixed_*`, `moe_down_mixed_*`:
+    /// W4A16's CT4 experts with a bf16 or f16 shared expert, all in two launches).
+    pub fn moe_mixed(self, shared: WType) -> Option<(K, K)> {
+        match (self, shared) {
+            (WType::Ct4, WType::Bf16) => Some((K::MoeGateUpMixedCt4Bf16, K::MoeDownMixedCt4Bf16)),
+            (WType::Ct4, WType::F16) => Some((K::MoeGateUpMixedCt4F16, K::MoeDownMixedCt4F16)),
             _ => None,
         }
     }

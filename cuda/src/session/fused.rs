@@ -338,8 +338,11 @@ impl CudaSession {
                 }
                 let (h, ffn, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
                 // The shared expert's MLP and the two adds after the experts, when their
-                // types and widths let the expert kernels take them as slot K.
+                // types and widths let the expert kernels take them as slot K: of the
+                // experts' type, or float matrices beside CT4 experts (`mixed`: the mixed
+                // kernels and the shared gate's and down's row bytes).
                 let (mut used, mut shared, mut res, mut dst) = (1, None, 0u64, out);
+                let mut mixed = None;
                 if let (
                     Some(Op::MatMul {
                         x: x1,
@@ -369,21 +372,36 @@ impl CudaSession {
                 ) = (next(1), next(2), next(3), next(4), next(5))
                 {
                     let (m1, m2, m4) = (self.w.mat(w1), self.w.mat(w2), self.w.mat(w4));
-                    if x1 == x
+                    let linked = x1 == x
                         && x2 == x
                         && g3 == sg
                         && u3 == su
                         && x4 == sa
                         && a5 == out
                         && b5 == sd
-                        && [out, sg, su, sa, sd].iter().all(|&v| once(v))
-                        && m1.ty == gate.ty
+                        && [out, sg, su, sa, sd].iter().all(|&v| once(v));
+                    let same = m1.ty == gate.ty
                         && m2.ty == gate.ty
                         && m4.ty == down.ty
                         && m1.rows == ffn
                         && m1.row_bytes == gate.row_bytes
-                        && m4.row_bytes == down.row_bytes
-                    {
+                        && m4.row_bytes == down.row_bytes;
+                    // (The shared activations follow the routed ones in the expert scratch,
+                    // which holds 2·k·ffn values at least.)
+                    let si = m1.rows;
+                    let float_shared = m2.ty == m1.ty
+                        && m4.ty == m1.ty
+                        && down.ty == gate.ty
+                        && (m1.cols, m2.rows, m2.cols) == (h, si, h)
+                        && (m4.rows, m4.cols) == (h, si)
+                        && m1.row_bytes == m2.row_bytes
+                        && si <= k * ffn
+                        && h.is_multiple_of(8)
+                        && si.is_multiple_of(8);
+                    if float_shared && let Some(kk) = gate.ty.moe_mixed(m1.ty) {
+                        mixed = Some((kk, m1.row_bytes, m4.row_bytes, si));
+                    }
+                    if linked && (same || mixed.is_some()) {
                         shared = Some((m1.ptr, m2.ptr, m4.ptr));
                         used = 6;
                         dst = f;
@@ -397,53 +415,85 @@ impl CudaSession {
                         }
                     }
                 }
+                let mixed = mixed.filter(|_| shared.is_some());
                 let slots = k + shared.is_some() as usize;
                 let (sg, su, sd) = shared.unwrap_or((0, 0, 0));
                 self.quantize_input(x, at(x), h, fg)?;
+                // The mixed kernels' extra arguments: the shared matrix's row bytes and its
+                // f32 input (x for gate/up; the shared expert's SwiGLU row, slot k of act,
+                // for down).
+                let (gate_up_k, down_k, gu_extra, d_extra, rows) = match mixed {
+                    Some(((gu, dk), srow_gu, srow_d, si)) => (
+                        gu,
+                        dk,
+                        [P(srow_gu), P(at(x)), I(si as i32)],
+                        [P(srow_d), P(self.act + 4 * (k * ffn) as u64), I(si as i32)],
+                        ffn.max(si),
+                    ),
+                    None => (
+                        kg.gate_up,
+                        kd.down,
+                        [P(0), P(0), I(0)],
+                        [P(0), P(0), I(0)],
+                        ffn,
+                    ),
+                };
+                let n_extra = if mixed.is_some() { 3 } else { 0 };
+                let gu_args = [
+                    P(gate.ptr),
+                    P(up.ptr),
+                    P(gate.expert_bytes),
+                    P(gate.row_bytes),
+                    P(sg),
+                    P(su),
+                    P(self.xq),
+                    P(at(ids)),
+                    P(at(weights)),
+                    P(self.route_copy),
+                    P(self.act),
+                    I(ffn as i32),
+                    I(h as i32),
+                    I(k as i32),
+                    gu_extra[0],
+                    gu_extra[1],
+                    gu_extra[2],
+                ];
                 dev.launch(
-                    kg.gate_up,
-                    (blocks(ffn, 4), slots as u32),
+                    gate_up_k,
+                    (blocks(rows, 4), slots as u32),
                     128,
-                    &[
-                        P(gate.ptr),
-                        P(up.ptr),
-                        P(gate.expert_bytes),
-                        P(gate.row_bytes),
-                        P(sg),
-                        P(su),
-                        P(self.xq),
-                        P(at(ids)),
-                        P(at(weights)),
-                        P(self.route_copy),
-                        P(self.act),
-                        I(ffn as i32),
-                        I(h as i32),
-                        I(k as i32),
-                    ],
+                    &gu_args[..gu_args.len() - 3 + n_extra],
                 )?;
+                // (A float shared expert's activations stay f32: only the routed rows are
+                // quantised.)
                 let stride = fd.row_stride(ffn);
+                let qrows = if mixed.is_some() { k } else { slots };
                 self.dev
-                    .quantize_act(fd, self.act, self.actq, ffn, stride, slots)?;
+                    .quantize_act(fd, self.act, self.actq, ffn, stride, qrows)?;
+                let d_args = [
+                    P(down.ptr),
+                    P(down.expert_bytes),
+                    P(down.row_bytes),
+                    P(sd),
+                    P(self.actq),
+                    P(stride as u64),
+                    P(self.route_copy),
+                    P(self.route_copy + 4 * k as u64),
+                    P(res),
+                    P(at(dst)),
+                    I(h as i32),
+                    I(ffn as i32),
+                    I(k as i32),
+                    F(c.routed_scaling),
+                    d_extra[0],
+                    d_extra[1],
+                    d_extra[2],
+                ];
                 dev.launch(
-                    kd.down,
+                    down_k,
                     (blocks(h, 4), 1),
                     128,
-                    &[
-                        P(down.ptr),
-                        P(down.expert_bytes),
-                        P(down.row_bytes),
-                        P(sd),
-                        P(self.actq),
-                        P(stride as u64),
-                        P(self.route_copy),
-                        P(self.route_copy + 4 * k as u64),
-                        P(res),
-                        P(at(dst)),
-                        I(h as i32),
-                        I(ffn as i32),
-                        I(k as i32),
-                        F(c.routed_scaling),
-                    ],
+                    &d_args[..d_args.len() - 3 + n_extra],
                 )?;
                 Ok(used)
             }
