@@ -148,106 +148,74 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
     if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(gu.x) * gu.y;
 }
 
-// moe_down_q's Q4_K rows of at most 4 super-blocks (I <= 1024: S 2.1's experts), where each
-// lane has one super-block per expert row: the rows of DOWN_BATCH experts (and the shared
-// expert's, fetched first) are loaded before any is computed, so a warp has about 3.5 KB in
-// flight instead of one row's 576 bytes. Same terms in the same order as the generic loop.
+// moe_down_q's rows when each lane has at most one piece of an expert row (S 2.1's experts,
+// I <= 1024): the pieces of DOWN_BATCH experts' rows (and the shared expert's, fetched first)
+// are loaded before any is computed, so a warp has ~3.5 KB in flight instead of one row's
+// few hundred bytes. Same terms in the same order as the generic loop. F is the format's
+// lane piece (DownQ4k: eight lanes per 144-byte super-block, one super-block each;
+// DownCt4: one 20-byte block per lane): on (the lane has a piece), load, part (its term).
 #define DOWN_BATCH 6
-__device__ __forceinline__ float moe_down_q4k_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
-                                                   const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
-                                                   const u32* __restrict__ id, const float* __restrict__ weights,
-                                                   int r, int I, int K, float scale, int order) {
-    int lane = threadIdx.x & 31;
-    int p = lane & 7, b = lane >> 3;
-    bool on = b < I / QK_K;
-    Q4kLoad ls;
-    if (Sd && on) ls = q4k_load(Sd + (size_t)r * row_bytes + (size_t)b * 144, p);
-    float acc = 0.0f;
-    for (int s0 = 0; s0 < K; s0 += DOWN_BATCH) {
-        Q4kLoad l[DOWN_BATCH];
-        int ks[DOWN_BATCH];
-        #pragma unroll
-        for (int u = 0; u < DOWN_BATCH; u++) {
-            if (s0 + u < K) {
-                int k = __shfl_sync(0xffffffffu, order, s0 + u);
-                ks[u] = k;
-                if (on) l[u] = q4k_load(Wd + (size_t)id[k] * expert_bytes + (size_t)r * row_bytes + (size_t)b * 144, p);
-            }
-        }
-        #pragma unroll
-        for (int u = 0; u < DOWN_BATCH; u++) {
-            if (s0 + u < K) {
-                int k = ks[u];
-                const u8* a = actq + (size_t)k * astride;
-                float part = on ? q4k_acc(0.0f, l[u], p, a + (size_t)b * QK_K, q8k_bsums(a, I) + 16 * b, q8k_d(a, I)[b])
-                                : 0.0f;
-                acc = __fadd_rn(acc, __fmul_rn(part, weights[k]));
-            }
-        }
+struct DownQ4k {
+    Q4kLoad l;
+    static __device__ __forceinline__ bool on(int lane, int I) { return (lane >> 3) < I / QK_K; }
+    static __device__ __forceinline__ int blocks(int I) { return I / QK_K; }
+    __device__ __forceinline__ void load(const u8* __restrict__ row, int lane) {
+        l = q4k_load(row + (size_t)(lane >> 3) * 144, lane & 7);
     }
-    float v = __fmul_rn(acc, scale);
-    if (Sd) {
-        const u8* a = actq + (size_t)K * astride;
-        float part = on ? q4k_acc(0.0f, ls, p, a + (size_t)b * QK_K, q8k_bsums(a, I) + 16 * b, q8k_d(a, I)[b]) : 0.0f;
-        v = __fadd_rn(v, part);
+    __device__ __forceinline__ float part(const u8* __restrict__ a, int lane, int I, int) const {
+        int b = lane >> 3;
+        return q4k_acc(0.0f, l, lane & 7, a + (size_t)b * QK_K, q8k_bsums(a, I) + 16 * b, q8k_d(a, I)[b]);
     }
-    return v;
-}
+};
+struct DownCt4 {
+    u32 w[5];
+    static __device__ __forceinline__ bool on(int lane, int I) { return lane < I / QK; }
+    static __device__ __forceinline__ int blocks(int I) { return I / QK; }
+    __device__ __forceinline__ void load(const u8* __restrict__ row, int lane) {
+        const u32* p = (const u32*)(row + (size_t)lane * 20);
+        #pragma unroll
+        for (int k = 0; k < 5; k++) w[k] = ldw(p + k);
+    }
+    __device__ __forceinline__ float part(const u8* __restrict__ a, int lane, int I, int nb) const {
+        return __fadd_rn(0.0f, ct4_block_dot(w, a + (size_t)lane * QK, q8_0_d(a, I)[lane], q8_0_d(a, I)[nb + lane]));
+    }
+};
 
-// moe_down_q's CT4 rows of at most 32 blocks (I <= 1024: S 2.1's experts), where each lane
-// has at most one block per expert row: DOWN_BATCH experts' blocks (and the shared expert's,
-// fetched first) are loaded before any is computed, as moe_down_q4k_short does. Same terms
-// in the same order as the generic loop (each lane's part is its one block's dot).
-__device__ __forceinline__ float moe_down_ct4_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
-                                                   const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
-                                                   const u32* __restrict__ id, const float* __restrict__ weights,
-                                                   int r, int I, int K, float scale, int order) {
+// The lane's share: scale · Σ_k weights[k] · part_k, plus the shared expert's part (Sd, its
+// activation in row K of actq) when Sd is given.
+template <class F>
+__device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                                                const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
+                                                const u32* __restrict__ id, const float* __restrict__ weights, int r,
+                                                int I, int K, float scale, int order) {
     int lane = threadIdx.x & 31;
-    int nb = I / QK;
-    bool on = lane < nb;
-    u32 ls[5];
-    if (Sd && on) {
-        const u32* p = (const u32*)(Sd + (size_t)r * row_bytes + (size_t)lane * 20);
-        #pragma unroll
-        for (int k = 0; k < 5; k++) ls[k] = ldw(p + k);
-    }
+    int nb = F::blocks(I);
+    bool on = F::on(lane, I);
+    F ls;
+    if (Sd && on) ls.load(Sd + (size_t)r * row_bytes, lane);
     float acc = 0.0f;
     for (int s0 = 0; s0 < K; s0 += DOWN_BATCH) {
-        u32 l[DOWN_BATCH][5];
+        F l[DOWN_BATCH];
         int ks[DOWN_BATCH];
         #pragma unroll
         for (int u = 0; u < DOWN_BATCH; u++) {
             if (s0 + u < K) {
                 int k = __shfl_sync(0xffffffffu, order, s0 + u);
                 ks[u] = k;
-                if (on) {
-                    const u32* p = (const u32*)(Wd + (size_t)id[k] * expert_bytes + (size_t)r * row_bytes +
-                                                (size_t)lane * 20);
-                    #pragma unroll
-                    for (int j = 0; j < 5; j++) l[u][j] = ldw(p + j);
-                }
+                if (on) l[u].load(Wd + (size_t)id[k] * expert_bytes + (size_t)r * row_bytes, lane);
             }
         }
         #pragma unroll
         for (int u = 0; u < DOWN_BATCH; u++) {
             if (s0 + u < K) {
                 int k = ks[u];
-                const u8* a = actq + (size_t)k * astride;
-                float part = on ? __fadd_rn(0.0f, ct4_block_dot(l[u], a + (size_t)lane * QK, q8_0_d(a, I)[lane],
-                                                                q8_0_d(a, I)[nb + lane]))
-                                : 0.0f;
+                float part = on ? l[u].part(actq + (size_t)k * astride, lane, I, nb) : 0.0f;
                 acc = __fadd_rn(acc, __fmul_rn(part, weights[k]));
             }
         }
     }
     float v = __fmul_rn(acc, scale);
-    if (Sd) {
-        const u8* a = actq + (size_t)K * astride;
-        float part = on ? __fadd_rn(0.0f, ct4_block_dot(ls, a + (size_t)lane * QK, q8_0_d(a, I)[lane],
-                                                        q8_0_d(a, I)[nb + lane]))
-                        : 0.0f;
-        v = __fadd_rn(v, part);
-    }
+    if (Sd) v = __fadd_rn(v, on ? ls.part(actq + (size_t)K * astride, lane, I, nb) : 0.0f);
     return v;
 }
 
@@ -295,9 +263,9 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     }
     float v;
     if (T == WT_CT4 && I <= 32 * QK) {
-        v = moe_down_ct4_short(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+        v = moe_down_short<DownCt4>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
     } else if (T == WT_Q4_K && I <= 4 * QK_K) {
-        v = moe_down_q4k_short(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+        v = moe_down_short<DownQ4k>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
     } else {
         float acc = 0.0f;
         #pragma unroll 4
