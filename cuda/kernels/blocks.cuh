@@ -78,3 +78,6 @@ static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 #define WT_CT4 6
 #define WT_Q5_K 7
 #define WT_IQ4_XS 8
+#define WT_IQ3_XXS 9
+#define WT_IQ2_XXS 10
+#define WT_IQ2_S 11

@@ -4,6 +4,7 @@
 // dequantised value: the decoded weights are bit-identical to the CPU's.
 #pragma once
 #include "common.cuh"
+#include "iq_grids.cuh"
 
 // ggml get_scale_min_k4 (core/src/quant/mod.rs): the 6-bit scale and min of sub-block j.
 __device__ __forceinline__ void scale_min_k4(int j, const u8* s, int* sc, int* m) {
@@ -41,6 +42,31 @@ template <> struct ChunkRaw<WT_CT4> { u32 w[5]; };
 template <> struct ChunkRaw<WT_Q5_K> { uint4 hd, h0, h1, lo, hi; int j; };
 // IQ4_XS: the 8-byte header (d, scales_h, scales_l) and the sub-block's 16 index bytes.
 template <> struct ChunkRaw<WT_IQ4_XS> { uint2 hd, q0, q1; int j; };
+// The grid IQ types (2-byte-aligned blocks, so 16-bit loads): d and the sub-block's bytes.
+// IQ3_XXS (98 B): 8 grid indices, then the sub-block's word of four 7-bit sign indices and a
+// 4-bit scale. IQ2_XXS (66 B): the sub-block's 8 bytes (4 grid indices, then that word).
+// IQ2_S (82 B): 4 low index bytes, 4 sign bytes, and the qh and scale bytes (hs: qh | sc << 8).
+template <> struct ChunkRaw<WT_IQ3_XXS> { u32 q0, q1, a; unsigned short d; };
+template <> struct ChunkRaw<WT_IQ2_XXS> { u32 q, a; unsigned short d; };
+template <> struct ChunkRaw<WT_IQ2_S> { u32 q, s, hs; unsigned short d; };
+
+// Four bytes at a 2-byte-aligned address as one little-endian word.
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    const unsigned short* h = (const unsigned short*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// One 8-weight run of a grid IQ type (lagoon_core::quant::iq2 iq2_run / iq3 iq3_run):
+// y[j] = (db * magnitude byte j) * (sign bit j ? -1 : 1), the magnitudes being the grid
+// point's bytes (lo: bytes 0-3, hi: bytes 4-7).
+__device__ __forceinline__ void grid_run(float db, u32 lo, u32 hi, u32 signs, float* y) {
+    #pragma unroll
+    for (int j = 0; j < 8; j++) {
+        u32 g = ((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xFF;
+        float v = __fmul_rn(db, (float)g);
+        y[j] = (signs >> j) & 1 ? -v : v;
+    }
+}
 
 // kvalues_iq4nl (core/src/quant/tables/kvalues.rs) as four little-endian words of int8.
 #define IQ4NL_W0 0xBFAD9881u  // -127 -104 -83 -65
@@ -133,6 +159,26 @@ __device__ __forceinline__ void chunk_fetch(const u8* __restrict__ row, int c, C
         const uint2* q = (const uint2*)(b + 8 + 16 * r.j);
         r.q0 = q[0];
         r.q1 = q[1];
+    } else if constexpr (T == WT_IQ3_XXS) {
+        const u8* b = row + 98 * (size_t)(c / 8);
+        int ib = c % 8;
+        r.d = *(const unsigned short*)b;
+        r.q0 = ld_u32_a2(b + 2 + 8 * ib);
+        r.q1 = ld_u32_a2(b + 6 + 8 * ib);
+        r.a = ld_u32_a2(b + 66 + 4 * ib);
+    } else if constexpr (T == WT_IQ2_XXS) {
+        const u8* b = row + 66 * (size_t)(c / 8);
+        int ib = c % 8;
+        r.d = *(const unsigned short*)b;
+        r.q = ld_u32_a2(b + 2 + 8 * ib);
+        r.a = ld_u32_a2(b + 6 + 8 * ib);
+    } else if constexpr (T == WT_IQ2_S) {
+        const u8* b = row + 82 * (size_t)(c / 8);
+        int ib = c % 8;
+        r.d = *(const unsigned short*)b;
+        r.q = ld_u32_a2(b + 2 + 4 * ib);
+        r.s = ld_u32_a2(b + 34 + 4 * ib);
+        r.hs = (u32)b[66 + ib] | ((u32)b[74 + ib] << 8);
     } else if constexpr (T == WT_Q4_K) {
         const u8* b = row + 144 * (size_t)(c / 8);
         r.j = c % 8;
@@ -223,6 +269,41 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
             u32 b = (q[l >> 2] >> (8 * (l & 3))) & 0xFF;
             w[l] = __fmul_rn(dl, (float)iq4nl_value(b & 0xF));
             w[l + 16] = __fmul_rn(dl, (float)iq4nl_value(b >> 4));
+        }
+    } else if constexpr (T == WT_IQ3_XXS) {
+        // lagoon_core::quant::iq3: db = d * (0.5 + (a >> 28)) * 0.5; run l takes sign
+        // pattern ksigns[(a >> 7 l) & 127] and grid points qs[2 l], qs[2 l + 1].
+        float db = __fmul_rn(__fmul_rn(f16_to_f32(r.d), __fadd_rn(0.5f, (float)(r.a >> 28))), 0.5f);
+        u32 q[2] = {r.q0, r.q1};
+        #pragma unroll
+        for (int l = 0; l < 4; l++) {
+            u32 signs = __ldg(&ksigns_iq2xs[(r.a >> (7 * l)) & 127]);
+            u32 i0 = (q[l / 2] >> (16 * (l & 1))) & 0xFF, i1 = (q[l / 2] >> (16 * (l & 1) + 8)) & 0xFF;
+            grid_run(db, __ldg(&iq3xxs_grid[i0]), __ldg(&iq3xxs_grid[i1]), signs, w + 8 * l);
+        }
+    } else if constexpr (T == WT_IQ2_XXS) {
+        // lagoon_core::quant::iq2: db = d * (0.5 + (a >> 28)) * 0.25; run l takes sign
+        // pattern ksigns[(a >> 7 l) & 127] and grid point qs[l].
+        float db = __fmul_rn(__fmul_rn(f16_to_f32(r.d), __fadd_rn(0.5f, (float)(r.a >> 28))), 0.25f);
+        #pragma unroll
+        for (int l = 0; l < 4; l++) {
+            u32 signs = __ldg(&ksigns_iq2xs[(r.a >> (7 * l)) & 127]);
+            unsigned long long p = __ldg(&iq2xxs_grid[(r.q >> (8 * l)) & 0xFF]);
+            grid_run(db, (u32)p, (u32)(p >> 32), signs, w + 8 * l);
+        }
+    } else if constexpr (T == WT_IQ2_S) {
+        // lagoon_core::quant::iq2: runs 0-1 of the sub-block scale by its low nibble, 2-3 by
+        // its high one, db = d * (0.5 + s) * 0.25; the grid index is qs[r] with two high bits
+        // from qh, the signs a whole byte per run.
+        float d = f16_to_f32(r.d);
+        u32 qh = r.hs & 0xFF, sc = r.hs >> 8;
+        #pragma unroll
+        for (int l = 0; l < 4; l++) {
+            u32 s = l < 2 ? (sc & 0xF) : (sc >> 4);
+            float db = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, (float)s)), 0.25f);
+            u32 idx = ((r.q >> (8 * l)) & 0xFF) | (((qh >> (2 * l)) & 3) << 8);
+            unsigned long long p = __ldg(&iq2s_grid[idx]);
+            grid_run(db, (u32)p, (u32)(p >> 32), (r.s >> (8 * l)) & 0xFF, w + 8 * l);
         }
     } else if constexpr (T == WT_Q4_K) {
         int j = r.j;

@@ -35,6 +35,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("act.cuh", include_str!("../kernels/act.cuh")),
     ("blocks.cuh", include_str!("../kernels/blocks.cuh")),
     ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("iq_grids.cuh", include_str!("../kernels/iq_grids.cuh")),
     ("merge.cuh", include_str!("../kernels/merge.cuh")),
     ("mmvq.cuh", include_str!("../kernels/mmvq.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),

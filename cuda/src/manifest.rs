@@ -31,6 +31,9 @@ manifest! {
     MatmulCt4 => "matmul.cu", "matmul_ct4";
     MatmulQ5K => "matmul.cu", "matmul_q5_K";
     MatmulIq4Xs => "matmul.cu", "matmul_iq4_xs";
+    MatmulIq3Xxs => "matmul.cu", "matmul_iq3_xxs";
+    MatmulIq2Xxs => "matmul.cu", "matmul_iq2_xxs";
+    MatmulIq2S => "matmul.cu", "matmul_iq2_s";
     EmbedF32 => "matmul.cu", "embed_f32";
     EmbedF16 => "matmul.cu", "embed_f16";
     EmbedBf16 => "matmul.cu", "embed_bf16";
@@ -40,6 +43,9 @@ manifest! {
     EmbedCt4 => "matmul.cu", "embed_ct4";
     EmbedQ5K => "matmul.cu", "embed_q5_K";
     EmbedIq4Xs => "matmul.cu", "embed_iq4_xs";
+    EmbedIq3Xxs => "matmul.cu", "embed_iq3_xxs";
+    EmbedIq2Xxs => "matmul.cu", "embed_iq2_xxs";
+    EmbedIq2S => "matmul.cu", "embed_iq2_s";
     GateUpF32 => "moe.cu", "moe_gate_up_f32";
     GateUpF16 => "moe.cu", "moe_gate_up_f16";
     GateUpBf16 => "moe.cu", "moe_gate_up_bf16";
@@ -49,6 +55,9 @@ manifest! {
     GateUpCt4 => "moe.cu", "moe_gate_up_ct4";
     GateUpQ5K => "moe.cu", "moe_gate_up_q5_K";
     GateUpIq4Xs => "moe.cu", "moe_gate_up_iq4_xs";
+    GateUpIq3Xxs => "moe.cu", "moe_gate_up_iq3_xxs";
+    GateUpIq2Xxs => "moe.cu", "moe_gate_up_iq2_xxs";
+    GateUpIq2S => "moe.cu", "moe_gate_up_iq2_s";
     DownF32 => "moe.cu", "moe_down_f32";
     DownF16 => "moe.cu", "moe_down_f16";
     DownBf16 => "moe.cu", "moe_down_bf16";
@@ -58,6 +67,9 @@ manifest! {
     DownCt4 => "moe.cu", "moe_down_ct4";
     DownQ5K => "moe.cu", "moe_down_q5_K";
     DownIq4Xs => "moe.cu", "moe_down_iq4_xs";
+    DownIq3Xxs => "moe.cu", "moe_down_iq3_xxs";
+    DownIq2Xxs => "moe.cu", "moe_down_iq2_xxs";
+    DownIq2S => "moe.cu", "moe_down_iq2_s";
     GateUpGroupedF32 => "moe.cu", "moe_gate_up_grouped_f32";
     GateUpGroupedF16 => "moe.cu", "moe_gate_up_grouped_f16";
     GateUpGroupedBf16 => "moe.cu", "moe_gate_up_grouped_bf16";
@@ -67,6 +79,9 @@ manifest! {
     GateUpGroupedCt4 => "moe.cu", "moe_gate_up_grouped_ct4";
     GateUpGroupedQ5K => "moe.cu", "moe_gate_up_grouped_q5_K";
     GateUpGroupedIq4Xs => "moe.cu", "moe_gate_up_grouped_iq4_xs";
+    GateUpGroupedIq3Xxs => "moe.cu", "moe_gate_up_grouped_iq3_xxs";
+    GateUpGroupedIq2Xxs => "moe.cu", "moe_gate_up_grouped_iq2_xxs";
+    GateUpGroupedIq2S => "moe.cu", "moe_gate_up_grouped_iq2_s";
     DownGroupedF32 => "moe.cu", "moe_down_grouped_f32";
     DownGroupedF16 => "moe.cu", "moe_down_grouped_f16";
     DownGroupedBf16 => "moe.cu", "moe_down_grouped_bf16";
@@ -76,6 +91,9 @@ manifest! {
     DownGroupedCt4 => "moe.cu", "moe_down_grouped_ct4";
     DownGroupedQ5K => "moe.cu", "moe_down_grouped_q5_K";
     DownGroupedIq4Xs => "moe.cu", "moe_down_grouped_iq4_xs";
+    DownGroupedIq3Xxs => "moe.cu", "moe_down_grouped_iq3_xxs";
+    DownGroupedIq2Xxs => "moe.cu", "moe_down_grouped_iq2_xxs";
+    DownGroupedIq2S => "moe.cu", "moe_down_grouped_iq2_s";
     MoeGroup => "moe.cu", "moe_group";
     Route => "moe.cu", "route";
     RouteBlock => "moe.cu", "route_block";
@@ -156,6 +174,9 @@ manifest! {
     GemmCt4 => "gemm.cu", "gemm_ct4";
     GemmQ5K => "gemm.cu", "gemm_q5_K";
     GemmIq4Xs => "gemm.cu", "gemm_iq4_xs";
+    GemmIq3Xxs => "gemm.cu", "gemm_iq3_xxs";
+    GemmIq2Xxs => "gemm.cu", "gemm_iq2_xxs";
+    GemmIq2S => "gemm.cu", "gemm_iq2_s";
     GemmGateUpF32 => "gemm.cu", "gemm_gate_up_f32";
     GemmGateUpF16 => "gemm.cu", "gemm_gate_up_f16";
     GemmGateUpBf16 => "gemm.cu", "gemm_gate_up_bf16";
@@ -165,6 +186,9 @@ manifest! {
     GemmGateUpCt4 => "gemm.cu", "gemm_gate_up_ct4";
     GemmGateUpQ5K => "gemm.cu", "gemm_gate_up_q5_K";
     GemmGateUpIq4Xs => "gemm.cu", "gemm_gate_up_iq4_xs";
+    GemmGateUpIq3Xxs => "gemm.cu", "gemm_gate_up_iq3_xxs";
+    GemmGateUpIq2Xxs => "gemm.cu", "gemm_gate_up_iq2_xxs";
+    GemmGateUpIq2S => "gemm.cu", "gemm_gate_up_iq2_s";
     GemmDownF32 => "gemm.cu", "gemm_down_f32";
     GemmDownF16 => "gemm.cu", "gemm_down_f16";
     GemmDownBf16 => "gemm.cu", "gemm_down_bf16";
@@ -174,6 +198,9 @@ manifest! {
     GemmDownCt4 => "gemm.cu", "gemm_down_ct4";
     GemmDownQ5K => "gemm.cu", "gemm_down_q5_K";
     GemmDownIq4Xs => "gemm.cu", "gemm_down_iq4_xs";
+    GemmDownIq3Xxs => "gemm.cu", "gemm_down_iq3_xxs";
+    GemmDownIq2Xxs => "gemm.cu", "gemm_down_iq2_xxs";
+    GemmDownIq2S => "gemm.cu", "gemm_down_iq2_s";
     ToF16 => "gemm.cu", "to_f16";
     Gemm32F32 => "gemm.cu", "gemm32_f32";
     Gemm32F16 => "gemm.cu", "gemm32_f16";
@@ -184,6 +211,9 @@ manifest! {
     Gemm32Ct4 => "gemm.cu", "gemm32_ct4";
     Gemm32Q5K => "gemm.cu", "gemm32_q5_K";
     Gemm32Iq4Xs => "gemm.cu", "gemm32_iq4_xs";
+    Gemm32Iq3Xxs => "gemm.cu", "gemm32_iq3_xxs";
+    Gemm32Iq2Xxs => "gemm.cu", "gemm32_iq2_xxs";
+    Gemm32Iq2S => "gemm.cu", "gemm32_iq2_s";
     GemmGateUp32F32 => "gemm.cu", "gemm_gate_up32_f32";
     GemmGateUp32F16 => "gemm.cu", "gemm_gate_up32_f16";
     GemmGateUp32Bf16 => "gemm.cu", "gemm_gate_up32_bf16";
@@ -193,6 +223,9 @@ manifest! {
     GemmGateUp32Ct4 => "gemm.cu", "gemm_gate_up32_ct4";
     GemmGateUp32Q5K => "gemm.cu", "gemm_gate_up32_q5_K";
     GemmGateUp32Iq4Xs => "gemm.cu", "gemm_gate_up32_iq4_xs";
+    GemmGateUp32Iq3Xxs => "gemm.cu", "gemm_gate_up32_iq3_xxs";
+    GemmGateUp32Iq2Xxs => "gemm.cu", "gemm_gate_up32_iq2_xxs";
+    GemmGateUp32Iq2S => "gemm.cu", "gemm_gate_up32_iq2_s";
     GemmDown32F32 => "gemm.cu", "gemm_down32_f32";
     GemmDown32F16 => "gemm.cu", "gemm_down32_f16";
     GemmDown32Bf16 => "gemm.cu", "gemm_down32_bf16";
@@ -202,6 +235,9 @@ manifest! {
     GemmDown32Ct4 => "gemm.cu", "gemm_down32_ct4";
     GemmDown32Q5K => "gemm.cu", "gemm_down32_q5_K";
     GemmDown32Iq4Xs => "gemm.cu", "gemm_down32_iq4_xs";
+    GemmDown32Iq3Xxs => "gemm.cu", "gemm_down32_iq3_xxs";
+    GemmDown32Iq2Xxs => "gemm.cu", "gemm_down32_iq2_xxs";
+    GemmDown32Iq2S => "gemm.cu", "gemm_down32_iq2_s";
     GemmRfQ4K => "gemm_rf.cu", "gemm_rf_q4_K";
     GemmGateUpRfQ4K => "gemm_rf.cu", "gemm_gate_up_rf_q4_K";
     GemmDownRfQ4K => "gemm_rf.cu", "gemm_down_rf_q4_K";
@@ -235,6 +271,9 @@ manifest! {
     DequantF16Ct4 => "gemm_h.cu", "dequant_f16_ct4";
     DequantF16Q5K => "gemm_h.cu", "dequant_f16_q5_K";
     DequantF16Iq4Xs => "gemm_h.cu", "dequant_f16_iq4_xs";
+    DequantF16Iq3Xxs => "gemm_h.cu", "dequant_f16_iq3_xxs";
+    DequantF16Iq2Xxs => "gemm_h.cu", "dequant_f16_iq2_xxs";
+    DequantF16Iq2S => "gemm_h.cu", "dequant_f16_iq2_s";
 }
 
 impl K {
@@ -294,6 +333,11 @@ pub enum WType {
     Ct4,
     Q5K,
     Iq4Xs,
+    /// The grid IQ types (ggml's codebook quants), decoded by the f32 and tensor-core
+    /// kernels; no integer mat-vec yet.
+    Iq3Xxs,
+    Iq2Xxs,
+    Iq2S,
 }
 
 impl WType {
@@ -309,6 +353,9 @@ impl WType {
             K::DequantF16Ct4,
             K::DequantF16Q5K,
             K::DequantF16Iq4Xs,
+            K::DequantF16Iq3Xxs,
+            K::DequantF16Iq2Xxs,
+            K::DequantF16Iq2S,
         ][self as usize]
     }
     pub fn matmul(self) -> K {
@@ -322,6 +369,9 @@ impl WType {
             K::MatmulCt4,
             K::MatmulQ5K,
             K::MatmulIq4Xs,
+            K::MatmulIq3Xxs,
+            K::MatmulIq2Xxs,
+            K::MatmulIq2S,
         ][self as usize]
     }
     pub fn embed(self) -> K {
@@ -335,6 +385,9 @@ impl WType {
             K::EmbedCt4,
             K::EmbedQ5K,
             K::EmbedIq4Xs,
+            K::EmbedIq3Xxs,
+            K::EmbedIq2Xxs,
+            K::EmbedIq2S,
         ][self as usize]
     }
     pub fn gate_up(self) -> K {
@@ -348,6 +401,9 @@ impl WType {
             K::GateUpCt4,
             K::GateUpQ5K,
             K::GateUpIq4Xs,
+            K::GateUpIq3Xxs,
+            K::GateUpIq2Xxs,
+            K::GateUpIq2S,
         ][self as usize]
     }
     pub fn gate_up_grouped(self) -> K {
@@ -361,6 +417,9 @@ impl WType {
             K::GateUpGroupedCt4,
             K::GateUpGroupedQ5K,
             K::GateUpGroupedIq4Xs,
+            K::GateUpGroupedIq3Xxs,
+            K::GateUpGroupedIq2Xxs,
+            K::GateUpGroupedIq2S,
         ][self as usize]
     }
     pub fn down_grouped(self) -> K {
@@ -374,6 +433,9 @@ impl WType {
             K::DownGroupedCt4,
             K::DownGroupedQ5K,
             K::DownGroupedIq4Xs,
+            K::DownGroupedIq3Xxs,
+            K::DownGroupedIq2Xxs,
+            K::DownGroupedIq2S,
         ][self as usize]
     }
     /// The activation format of the quantised mat-vec path, `None` for float weights (see
@@ -381,7 +443,14 @@ impl WType {
     /// Q8_0 as on the CPU (`cpu-experts/src/kernels/ct.rs`).
     pub fn act(self) -> Option<ActQ> {
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 | WType::Q5K | WType::Iq4Xs => None,
+            WType::F32
+            | WType::F16
+            | WType::Bf16
+            | WType::Q5K
+            | WType::Iq4Xs
+            | WType::Iq3Xxs
+            | WType::Iq2Xxs
+            | WType::Iq2S => None,
             WType::Q8_0 | WType::Ct4 => Some(ActQ::Q8_0),
             WType::Q4K | WType::Q6K => Some(ActQ::Q8K),
         }
@@ -395,7 +464,14 @@ impl WType {
             down,
         };
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 | WType::Q5K | WType::Iq4Xs => None,
+            WType::F32
+            | WType::F16
+            | WType::Bf16
+            | WType::Q5K
+            | WType::Iq4Xs
+            | WType::Iq3Xxs
+            | WType::Iq2Xxs
+            | WType::Iq2S => None,
             WType::Q8_0 => Some(k(K::MvQ8_0, K::MvSwigluQ8_0, K::GateUpQQ8_0, K::DownQQ8_0)),
             WType::Ct4 => Some(k(K::MvCt4, K::MvSwigluCt4, K::GateUpQCt4, K::DownQCt4)),
             WType::Q4K => Some(k(K::MvQ4K, K::MvSwigluQ4K, K::GateUpQQ4K, K::DownQQ4K)),
@@ -439,6 +515,9 @@ impl WType {
             (WType::Ct4, false) => k(GemmCt4, GemmGateUpCt4, GemmDownCt4),
             (WType::Q5K, false) => k(GemmQ5K, GemmGateUpQ5K, GemmDownQ5K),
             (WType::Iq4Xs, false) => k(GemmIq4Xs, GemmGateUpIq4Xs, GemmDownIq4Xs),
+            (WType::Iq3Xxs, false) => k(GemmIq3Xxs, GemmGateUpIq3Xxs, GemmDownIq3Xxs),
+            (WType::Iq2Xxs, false) => k(GemmIq2Xxs, GemmGateUpIq2Xxs, GemmDownIq2Xxs),
+            (WType::Iq2S, false) => k(GemmIq2S, GemmGateUpIq2S, GemmDownIq2S),
             (WType::F32, true) => k(Gemm32F32, GemmGateUp32F32, GemmDown32F32),
             (WType::F16, true) => k(Gemm32F16, GemmGateUp32F16, GemmDown32F16),
             (WType::Bf16, true) => k(Gemm32Bf16, GemmGateUp32Bf16, GemmDown32Bf16),
@@ -448,6 +527,9 @@ impl WType {
             (WType::Ct4, true) => k(Gemm32Ct4, GemmGateUp32Ct4, GemmDown32Ct4),
             (WType::Q5K, true) => k(Gemm32Q5K, GemmGateUp32Q5K, GemmDown32Q5K),
             (WType::Iq4Xs, true) => k(Gemm32Iq4Xs, GemmGateUp32Iq4Xs, GemmDown32Iq4Xs),
+            (WType::Iq3Xxs, true) => k(Gemm32Iq3Xxs, GemmGateUp32Iq3Xxs, GemmDown32Iq3Xxs),
+            (WType::Iq2Xxs, true) => k(Gemm32Iq2Xxs, GemmGateUp32Iq2Xxs, GemmDown32Iq2Xxs),
+            (WType::Iq2S, true) => k(Gemm32Iq2S, GemmGateUp32Iq2S, GemmDown32Iq2S),
         }
     }
     pub fn down(self) -> K {
@@ -461,6 +543,9 @@ impl WType {
             K::DownCt4,
             K::DownQ5K,
             K::DownIq4Xs,
+            K::DownIq3Xxs,
+            K::DownIq2Xxs,
+            K::DownIq2S,
         ][self as usize]
     }
 }

@@ -81,9 +81,16 @@ pub struct DeviceWeights {
     pub n_decoded: usize,
 }
 
-/// The device kernel type of a ggml type, if a kernel decodes it.
+/// The device kernel type of a ggml type, if a kernel decodes it. The grid IQ types
+/// (IQ3_XXS, IQ2_XXS, IQ2_S: `quant.cuh`'s codebook decoders) only with
+/// `LAGOON_CUDA_GRID_IQ=1` until their kernels have run on a device; otherwise they are
+/// decoded to f32 at upload as before.
 pub fn wtype(ty: GgmlType) -> Option<WType> {
+    let grid_iq = || std::env::var_os("LAGOON_CUDA_GRID_IQ").is_some_and(|v| v == "1");
     Some(match ty {
+        GgmlType::IQ3XXS if grid_iq() => WType::Iq3Xxs,
+        GgmlType::IQ2XXS if grid_iq() => WType::Iq2Xxs,
+        GgmlType::IQ2S if grid_iq() => WType::Iq2S,
         GgmlType::F32 => WType::F32,
         GgmlType::F16 => WType::F16,
         GgmlType::BF16 => WType::Bf16,
@@ -277,6 +284,9 @@ fn row_bytes(ty: WType, cols: usize) -> u64 {
         WType::Q6K => cols / 256 * 210,
         WType::Q5K => cols / 256 * 176,
         WType::Iq4Xs => cols / 256 * 136,
+        WType::Iq3Xxs => cols / 256 * 98,
+        WType::Iq2Xxs => cols / 256 * 66,
+        WType::Iq2S => cols / 256 * 82,
         WType::Ct4 => cols / 32 * CT4_BLOCK_BYTES,
     };
     b as u64
