@@ -545,7 +545,7 @@ impl CudaSession {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_graphs::{each_fixture, overlap};
+    use super::super::test_graphs::{each_fixture, overlap, span};
     use lagoon_core::graph::Op;
 
     /// The decode fusions of float products (`fused.rs`: a product with the residual add
@@ -586,6 +586,47 @@ mod tests {
                     adds >= c.n_layers && swiglus >= 1,
                     "{model}: {adds} adds, {swiglus} SwiGLUs"
                 );
+            }
+        });
+    }
+
+    /// The expert kernels with the shared expert fused (`Op::Experts` arm: same-type or
+    /// `moe_*_mixed`) run the shared MLP and both adds in the down kernel, whose warps each
+    /// read the residual's element r and write the sum's element r: the sum must be the
+    /// residual's own space or lie apart from it (a shifted overlap would let one warp write
+    /// an element another has still to read). The gate/up kernel writes only the expert
+    /// scratch, so its inputs need no check. On the fixture graphs, decode and prefill.
+    #[test]
+    fn fused_expert_sums_never_shift_over_the_residual() {
+        each_fixture(|model, _c, build| {
+            for max in [1, 40] {
+                let g = build(max);
+                let mut seen = 0;
+                for i in 0..g.nodes.len().saturating_sub(6) {
+                    let (
+                        Op::Experts { out, .. },
+                        Op::Add { a, b, out: f },
+                        Op::Add {
+                            a: r,
+                            b: f2,
+                            out: x2,
+                        },
+                    ) = (g.nodes[i], g.nodes[i + 5], g.nodes[i + 6])
+                    else {
+                        continue;
+                    };
+                    if a != out || b == out || f2 != f {
+                        continue;
+                    }
+                    let (rs, xs) = (span(&g, r, max), span(&g, x2, max));
+                    assert!(
+                        rs == xs || !overlap(&g, r, x2, max),
+                        "{model} max {max}: node {}: sum {xs:?} over residual {rs:?}",
+                        i + 6
+                    );
+                    seen += 1;
+                }
+                assert!(seen >= 1, "{model}: no fused-expert pattern found");
             }
         });
     }
