@@ -463,19 +463,14 @@ impl WType {
             gate_up,
             down,
         };
+        // Exactly the types with an activation format ([`WType::act`]).
+        self.act()?;
         match self {
-            WType::F32
-            | WType::F16
-            | WType::Bf16
-            | WType::Q5K
-            | WType::Iq4Xs
-            | WType::Iq3Xxs
-            | WType::Iq2Xxs
-            | WType::Iq2S => None,
             WType::Q8_0 => Some(k(K::MvQ8_0, K::MvSwigluQ8_0, K::GateUpQQ8_0, K::DownQQ8_0)),
             WType::Ct4 => Some(k(K::MvCt4, K::MvSwigluCt4, K::GateUpQCt4, K::DownQCt4)),
             WType::Q4K => Some(k(K::MvQ4K, K::MvSwigluQ4K, K::GateUpQQ4K, K::DownQQ4K)),
             WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
+            _ => None,
         }
     }
     /// Batch-1 kernels of float weights, `(mv, swiglu)` (`mmvq.cu`'s `mv_bf16`, ...): they

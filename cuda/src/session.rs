@@ -66,6 +66,12 @@ pub struct CudaSessionOptions {
     /// nearest, finite values beyond f16's range saturating; the tensor-core prefill
     /// attention already rounds K and V so, and gives the same results with either cache.
     pub kv_f16: bool,
+    /// Keep IQ3_XXS, IQ2_XXS and IQ2_S weights in their GGUF encoding on the device
+    /// (`quant.cuh`'s codebook decoders, read by the f32 and tensor-core kernels) instead of
+    /// decoding them to f32 at upload, which makes a real model of these types 8-10x larger
+    /// than its file. Off by default until those kernels have run on a device;
+    /// `LAGOON_CUDA_GRID_IQ=1` turns it on.
+    pub grid_iq: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -99,6 +105,7 @@ impl Default for CudaSessionOptions {
             quantized_activations: true,
             programmatic_launch: true,
             kv_f16: false,
+            grid_iq: false,
         }
     }
 }
@@ -306,7 +313,9 @@ impl CudaSession {
             ));
         }
         let dev = Device::new(opts.device)?;
-        let weights = DeviceWeights::upload(&dev, w)?;
+        let grid_iq =
+            opts.grid_iq || std::env::var_os("LAGOON_CUDA_GRID_IQ").is_some_and(|v| v == "1");
+        let weights = DeviceWeights::upload(&dev, w, grid_iq)?;
         let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
         let prefill = laguna::build(cfg, &w.gates, opts.ubatch, opts.all_logits);
         let s = &dev.stream;

@@ -81,16 +81,20 @@ pub struct DeviceWeights {
     pub n_decoded: usize,
 }
 
-/// The device kernel type of a ggml type, if a kernel decodes it. The grid IQ types
-/// (IQ3_XXS, IQ2_XXS, IQ2_S: `quant.cuh`'s codebook decoders) only with
-/// `LAGOON_CUDA_GRID_IQ=1` until their kernels have run on a device; otherwise they are
-/// decoded to f32 at upload as before.
+/// The device kernel type of a ggml type, if a kernel decodes it, leaving out the grid IQ
+/// types (see [`wtype_grid`]).
 pub fn wtype(ty: GgmlType) -> Option<WType> {
-    let grid_iq = || std::env::var_os("LAGOON_CUDA_GRID_IQ").is_some_and(|v| v == "1");
+    wtype_grid(ty, false)
+}
+
+/// [`wtype`], with the grid IQ types (IQ3_XXS, IQ2_XXS, IQ2_S: `quant.cuh`'s codebook
+/// decoders) when `grid_iq` ([`crate::CudaSessionOptions::grid_iq`]: off by default until
+/// their kernels have run on a device; otherwise they are decoded to f32 at upload).
+pub fn wtype_grid(ty: GgmlType, grid_iq: bool) -> Option<WType> {
     Some(match ty {
-        GgmlType::IQ3XXS if grid_iq() => WType::Iq3Xxs,
-        GgmlType::IQ2XXS if grid_iq() => WType::Iq2Xxs,
-        GgmlType::IQ2S if grid_iq() => WType::Iq2S,
+        GgmlType::IQ3XXS if grid_iq => WType::Iq3Xxs,
+        GgmlType::IQ2XXS if grid_iq => WType::Iq2Xxs,
+        GgmlType::IQ2S if grid_iq => WType::Iq2S,
         GgmlType::F32 => WType::F32,
         GgmlType::F16 => WType::F16,
         GgmlType::BF16 => WType::Bf16,
@@ -262,9 +266,9 @@ fn for_each_piece<E>(
 }
 
 /// The matrix's device type and where its bytes come from.
-fn device_piece<'a>(m: &MatRef<'a>, force_f32: bool) -> (WType, Piece<'a>) {
+fn device_piece<'a>(m: &MatRef<'a>, force_f32: bool, grid_iq: bool) -> (WType, Piece<'a>) {
     if let Encoding::Ggml { ty, data } = m.enc
-        && let Some(wt) = wtype(ty)
+        && let Some(wt) = wtype_grid(ty, grid_iq)
         && !force_f32
     {
         return (wt, Piece::Bytes(Cow::Borrowed(data)));
@@ -309,6 +313,8 @@ struct Layout<'a> {
     items: Vec<(usize, Piece<'a>)>,
     len: usize,
     n_decoded: usize,
+    /// Keep the grid IQ types quantised ([`wtype_grid`]).
+    grid_iq: bool,
 }
 
 /// Alignment of every matrix and vector in the weight buffer (the kernels' wide loads rely
@@ -327,7 +333,7 @@ impl<'a> Layout<'a> {
     }
 
     fn mat(&mut self, m: &MatRef<'a>) -> DMat {
-        let (ty, piece) = device_piece(m, false);
+        let (ty, piece) = device_piece(m, false, self.grid_iq);
         if ty == WType::F32 && !is_f32(m) {
             self.n_decoded += 1;
         }
@@ -346,11 +352,13 @@ impl<'a> Layout<'a> {
     /// Experts stacked back to back, all in one type (f32 unless every expert has the same
     /// kernel-readable type, and `force_f32` is off).
     fn stack(&mut self, parts: &[MatRef<'a>], force_f32: bool) -> DMat {
-        let mut pieces: Vec<(WType, Piece<'a>)> =
-            parts.iter().map(|p| device_piece(p, force_f32)).collect();
+        let mut pieces: Vec<(WType, Piece<'a>)> = parts
+            .iter()
+            .map(|p| device_piece(p, force_f32, self.grid_iq))
+            .collect();
         let ty = pieces[0].0;
         if pieces.iter().any(|(t, _)| *t != ty) {
-            pieces = parts.iter().map(|p| device_piece(p, true)).collect();
+            pieces = parts.iter().map(|p| device_piece(p, true, false)).collect();
         }
         let ty = pieces[0].0;
         if ty == WType::F32 {
@@ -385,12 +393,18 @@ impl<'a> Layout<'a> {
 }
 
 impl DeviceWeights {
-    /// Copies every weight to the device.
-    pub fn upload(dev: &Device, w: &ModelWeights<'_>) -> Result<DeviceWeights, CudaError> {
+    /// Copies every weight to the device (`grid_iq`: keep the grid IQ types quantised, see
+    /// [`wtype_grid`]).
+    pub fn upload(
+        dev: &Device,
+        w: &ModelWeights<'_>,
+        grid_iq: bool,
+    ) -> Result<DeviceWeights, CudaError> {
         let mut lay = Layout {
             items: Vec::new(),
             len: 0,
             n_decoded: 0,
+            grid_iq,
         };
         let token_embd = lay.mat(&w.token_embd);
         let output_norm = lay.vector(&w.output_norm);
@@ -670,7 +684,7 @@ mod tests {
             enc: Encoding::Ct(CtMatrix::new(l, &w, &s, &z).unwrap()),
         };
         assert!(ct4_blocks(&m).is_none());
-        assert_eq!(device_piece(&m, false).0, WType::F32);
+        assert_eq!(device_piece(&m, false, false).0, WType::F32);
     }
 
     /// The parallel upload hands each piece over once, whole, at its offset, whatever the

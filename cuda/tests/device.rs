@@ -11,7 +11,7 @@ use lagoon_core::laguna::ModelWeights;
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device, MvMat};
 use lagoon_cuda::manifest::{ActQ, K};
-use lagoon_cuda::weights::wtype;
+use lagoon_cuda::weights::{wtype, wtype_grid};
 use lagoon_cuda::{CudaSession, CudaSessionOptions};
 use lagoon_gguf::Checkpoint;
 
@@ -33,6 +33,10 @@ fn matmul_and_embed_match_reference_for_every_type() {
         GgmlType::Q6K,
         GgmlType::Q5K,
         GgmlType::IQ4XS,
+        // Kept quantised only with CudaSessionOptions::grid_iq (wtype_grid).
+        GgmlType::IQ3XXS,
+        GgmlType::IQ2XXS,
+        GgmlType::IQ2S,
     ];
     for ty in types {
         for (rows, cols) in [(37usize, 512usize), (5, 1024)] {
@@ -42,7 +46,7 @@ fn matmul_and_embed_match_reference_for_every_type() {
                 cols,
                 enc: Encoding::Ggml { ty, data: &data },
             };
-            let wt = wtype(ty).unwrap();
+            let wt = wtype_grid(ty, true).unwrap();
             let row_bytes = ty.row_bytes(cols as u64).unwrap();
             let (_wb, wp) = upload(&dev, &data);
             for n in [1usize, 3, 8, 11] {
@@ -284,6 +288,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         quantized_activations: false,
                         programmatic_launch: false,
                         kv_f16: false,
+                        grid_iq: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -887,13 +892,19 @@ fn quant_type_models_match_llama_cpp() {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().unwrap())
         .collect();
-    for ty in ["q8_0", "q4_k_m", "q6_k", "q5_k_m", "iq4_xs", "q4_0"] {
+    // The grid IQ types run with CudaSessionOptions::grid_iq (their codebook decoders; off
+    // by default until this test has passed on a device) and must then have fewer matrices
+    // decoded to f32 at upload than without it.
+    for ty in [
+        "q8_0", "q4_k_m", "q6_k", "q5_k_m", "iq4_xs", "q4_0", "iq3_xxs", "iq2_xxs", "iq2_s",
+    ] {
+        let grid_iq = matches!(ty, "iq3_xxs" | "iq2_xxs" | "iq2_s");
         let ckpt = Checkpoint::open(dir.join(format!("model-{ty}.gguf"))).unwrap();
         let w = weights(&ckpt);
         let deq = read_f32(&dir.join(format!("logits.llamacpp.{ty}.deq.f32")));
         let llama = read_f32(&dir.join(format!("logits.llamacpp.{ty}.f32")));
         let d_llama = rel_l2(&llama, &deq);
-        let run = |ubatch: usize, quantized: bool| {
+        let run_with = |ubatch: usize, quantized: bool, grid_iq: bool| {
             let mut s = CudaSession::new(
                 &ckpt.config,
                 &w,
@@ -902,6 +913,7 @@ fn quant_type_models_match_llama_cpp() {
                     ubatch,
                     all_logits: true,
                     quantized_activations: quantized,
+                    grid_iq,
                     ..Default::default()
                 },
             )
@@ -910,10 +922,18 @@ fn quant_type_models_match_llama_cpp() {
             s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
             (out, s.weight_bytes().1)
         };
+        let run = |ubatch: usize, quantized: bool| run_with(ubatch, quantized, grid_iq);
         let (exact, nd) = run(toks.len(), false);
         let (fast, _) = run(1, true);
         // One-shot prefill on the fast path: the tensor-core products (f16 operands).
         let (tc, _) = run(toks.len(), true);
+        if grid_iq {
+            let (_, nd_f32) = run_with(toks.len(), false, false);
+            assert!(
+                nd < nd_f32,
+                "{ty}: {nd} matrices decoded to f32 with grid_iq, {nd_f32} without"
+            );
+        }
         let (e_exact, e_fast, e_tc) =
             (rel_l2(&exact, &deq), rel_l2(&fast, &deq), rel_l2(&tc, &deq));
         println!(

@@ -116,6 +116,14 @@ pub fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec
                     (0..134).for_each(|_| out.push(rng.byte()));
                 }
             }
+            // The grid IQ types: a scale, then random grid indices, sign indices, scales.
+            GgmlType::IQ3XXS | GgmlType::IQ2XXS | GgmlType::IQ2S => {
+                let bytes = ty.row_bytes(256).unwrap() as usize;
+                for _ in 0..cols / 256 {
+                    out.extend(f16b(0.0002 + 0.0004 * rng.f().abs()));
+                    (2..bytes).for_each(|_| out.push(rng.byte()));
+                }
+            }
             _ => unreachable!(),
         }
     }
