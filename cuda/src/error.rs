@@ -44,6 +44,15 @@ pub enum CudaError {
     },
     /// A token id outside the vocabulary.
     BadToken { token: u32, vocab: usize },
+    /// A buffer larger than the device's free memory, found before allocating it (`what`:
+    /// the buffer; `hint`: what makes it smaller, or empty).
+    OutOfMemory {
+        what: &'static str,
+        need: u64,
+        free: u64,
+        total: u64,
+        hint: String,
+    },
 }
 
 impl std::fmt::Display for CudaError {
@@ -86,6 +95,26 @@ impl std::fmt::Display for CudaError {
                     f,
                     "token id {token} is outside the vocabulary (size {vocab})"
                 )
+            }
+            CudaError::OutOfMemory {
+                what,
+                need,
+                free,
+                total,
+                hint,
+            } => {
+                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                write!(
+                    f,
+                    "{what} need {:.2} GiB of device memory but only {:.2} GiB of {:.2} GiB are free",
+                    gib(*need),
+                    gib(*free),
+                    gib(*total)
+                )?;
+                if !hint.is_empty() {
+                    write!(f, "; {hint}")?;
+                }
+                Ok(())
             }
         }
     }

@@ -335,6 +335,31 @@ impl CudaSession {
         // Bytes per cached element; the buffer is allocated as f32 words either way.
         let kv_elem = if opts.kv_f16 { 2 } else { 4 };
         let kv_len: usize = caps.iter().map(|c| 2 * c * row).sum();
+        // Checked before allocating: a context too long for what the weights left says so.
+        let kv_bytes = (kv_len * kv_elem).div_ceil(4).max(1) * 4;
+        let (free, total) = dev
+            .ctx
+            .mem_get_info()
+            .during("reading the device's free memory")?;
+        if kv_bytes > free {
+            let full = cfg.n_layers - (0..cfg.n_layers).filter(|&l| cfg.is_sliding(l)).count();
+            return Err(CudaError::OutOfMemory {
+                what: "the KV cache",
+                need: kv_bytes as u64,
+                free: free as u64,
+                total: total as u64,
+                hint: format!(
+                    "n_ctx {} takes {} KiB per token in each of the {full} full-attention layers{}",
+                    opts.n_ctx,
+                    2 * row * kv_elem / 1024,
+                    if opts.kv_f16 {
+                        "; use a smaller n_ctx"
+                    } else {
+                        "; use a smaller n_ctx or the f16 cache (kv_f16, half the bytes)"
+                    }
+                ),
+            });
+        }
         let kv_buf = s
             .alloc_zeros::<f32>((kv_len * kv_elem).div_ceil(4).max(1))
             .during("allocating the KV cache")?;

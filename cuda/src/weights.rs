@@ -315,6 +315,10 @@ struct Layout<'a> {
     n_decoded: usize,
     /// Keep the grid IQ types quantised ([`wtype_grid`]).
     grid_iq: bool,
+    /// Bytes of the matrices decoded to f32, and their stored type names (once each), for
+    /// the out-of-memory hint.
+    decoded_bytes: u64,
+    decoded_types: Vec<String>,
 }
 
 /// Alignment of every matrix and vector in the weight buffer (the kernels' wide loads rely
@@ -332,10 +336,20 @@ impl<'a> Layout<'a> {
         off
     }
 
+    /// Counts `m` as decoded to f32 (`bytes` on the device).
+    fn decoded(&mut self, m: &MatRef<'_>, bytes: u64) {
+        self.n_decoded += 1;
+        self.decoded_bytes += bytes;
+        let name = m.type_name().to_string();
+        if !self.decoded_types.contains(&name) {
+            self.decoded_types.push(name);
+        }
+    }
+
     fn mat(&mut self, m: &MatRef<'a>) -> DMat {
         let (ty, piece) = device_piece(m, false, self.grid_iq);
         if ty == WType::F32 && !is_f32(m) {
-            self.n_decoded += 1;
+            self.decoded(m, piece.len() as u64);
         }
         let n = piece.len() as u64;
         let ptr = self.place(piece, true) as u64;
@@ -362,7 +376,11 @@ impl<'a> Layout<'a> {
         }
         let ty = pieces[0].0;
         if ty == WType::F32 {
-            self.n_decoded += parts.iter().filter(|p| !is_f32(p)).count();
+            for (p, (_, piece)) in parts.iter().zip(&pieces) {
+                if !is_f32(p) {
+                    self.decoded(p, piece.len() as u64);
+                }
+            }
         }
         let mut base = 0;
         let mut eb = 0;
@@ -392,6 +410,36 @@ impl<'a> Layout<'a> {
     }
 }
 
+/// What makes the weights smaller: the matrices decoded to f32 at upload (`n` of them,
+/// `bytes` on the device, stored as `types`), and the grid IQ option when it is off and
+/// such types are among them.
+fn oom_hint(n: usize, bytes: u64, types: &[String], grid_iq: bool) -> String {
+    if n == 0 {
+        return "every weight is kept in its stored encoding already: a smaller quantisation \
+                or a device with more memory is needed (this backend keeps all weights on \
+                the device)"
+            .to_string();
+    }
+    let mut h = format!(
+        "{n} matrices ({}) are decoded to f32 at upload, {:.2} GiB of it, because no kernel \
+         reads their encoding",
+        types.join(", "),
+        bytes as f64 / (1u64 << 30) as f64
+    );
+    let grid = ["iq3_xxs", "iq2_xxs", "iq2_s"];
+    if !grid_iq
+        && types
+            .iter()
+            .any(|t| grid.contains(&t.to_ascii_lowercase().as_str()))
+    {
+        h.push_str(
+            "; CudaSessionOptions::grid_iq (LAGOON_CUDA_GRID_IQ=1) keeps IQ3_XXS, IQ2_XXS and \
+             IQ2_S quantised (its kernels are not yet verified on a device)",
+        );
+    }
+    h
+}
+
 impl DeviceWeights {
     /// Copies every weight to the device (`grid_iq`: keep the grid IQ types quantised, see
     /// [`wtype_grid`]).
@@ -405,6 +453,8 @@ impl DeviceWeights {
             len: 0,
             n_decoded: 0,
             grid_iq,
+            decoded_bytes: 0,
+            decoded_types: Vec::new(),
         };
         let token_embd = lay.mat(&w.token_embd);
         let output_norm = lay.vector(&w.output_norm);
@@ -422,12 +472,12 @@ impl DeviceWeights {
                     shared,
                 } => {
                     // Gate and up are read by one kernel: they share a type.
-                    let mark = (lay.items.len(), lay.len, lay.n_decoded);
+                    let mark = (lay.items.len(), lay.len, lay.n_decoded, lay.decoded_bytes);
                     let mut gate_d = lay.stack(gate, false);
                     let mut up_d = lay.stack(up, false);
                     if up_d.ty != gate_d.ty {
                         lay.items.truncate(mark.0);
-                        (lay.len, lay.n_decoded) = (mark.1, mark.2);
+                        (lay.len, lay.n_decoded, lay.decoded_bytes) = (mark.1, mark.2, mark.3);
                         gate_d = lay.stack(gate, true);
                         up_d = lay.stack(up, true);
                     }
@@ -458,6 +508,25 @@ impl DeviceWeights {
         }
         // Slack past the last matrix: the Q8_0 loader reads up to 2 bytes past a block.
         let len = lay.len + ALIGN;
+        // Checked before allocating, so a model that cannot fit says why and what to change.
+        let (free, total) = dev
+            .ctx
+            .mem_get_info()
+            .during("reading the device's free memory")?;
+        if len > free {
+            return Err(CudaError::OutOfMemory {
+                what: "the weights",
+                need: len as u64,
+                free: free as u64,
+                total: total as u64,
+                hint: oom_hint(
+                    lay.n_decoded,
+                    lay.decoded_bytes,
+                    &lay.decoded_types,
+                    lay.grid_iq,
+                ),
+            });
+        }
         let mut buf = dev
             .stream
             .alloc_zeros::<u8>(len)
@@ -585,6 +654,31 @@ impl DeviceWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The out-of-memory hint names the decoded matrices and, only where it would help, the
+    /// grid IQ option.
+    #[test]
+    fn oom_hint_names_decoded_types_and_the_grid_option() {
+        let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let h = oom_hint(96, 40 << 30, &t(&["iq3_xxs", "q2_K"]), false);
+        assert!(h.contains("96 matrices (iq3_xxs, q2_K)"), "{h}");
+        assert!(h.contains("40.00 GiB"), "{h}");
+        assert!(h.contains("grid_iq"), "{h}");
+        assert!(!oom_hint(96, 1 << 30, &t(&["iq3_xxs"]), true).contains("grid_iq"));
+        assert!(!oom_hint(3, 1 << 30, &t(&["q2_K"]), false).contains("grid_iq"));
+        assert!(oom_hint(0, 0, &[], false).contains("smaller quantisation"));
+        let e = CudaError::OutOfMemory {
+            what: "the weights",
+            need: 3 << 30,
+            free: 1 << 30,
+            total: 2 << 30,
+            hint: "x".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the weights need 3.00 GiB of device memory but only 1.00 GiB of 2.00 GiB are free; x"
+        );
+    }
     use lagoon_core::quant::ct::{
         CtKind, CtLayout, CtMatrix, CtStrategy, PackOrder, ScaleDtype, ZeroPoint, ZpDtype,
     };
