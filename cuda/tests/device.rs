@@ -443,6 +443,29 @@ fn bad_steps_are_typed_errors() {
         s.step(&[5]),
         Err(lagoon_cuda::CudaError::ContextFull { .. })
     ));
+    // A context whose KV cache cannot fit: refused before allocating, with its size.
+    let e = CudaSession::new(
+        &ckpt.config,
+        &w,
+        CudaSessionOptions {
+            n_ctx: 1 << 36,
+            ubatch: 2,
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("a 2^36-token context fits nowhere");
+    println!("{e}");
+    assert!(
+        matches!(
+            e,
+            lagoon_cuda::CudaError::OutOfMemory {
+                what: "the KV cache",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 /// The xs2_style Q8_0 tiny model, for comparisons of session options on one sequence.
