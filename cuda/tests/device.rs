@@ -444,7 +444,7 @@ fn bad_steps_are_typed_errors() {
         Err(lagoon_cuda::CudaError::ContextFull { .. })
     ));
     // A context whose KV cache cannot fit: refused before allocating, with its size.
-    let e = CudaSession::new(
+    let Err(e) = CudaSession::new(
         &ckpt.config,
         &w,
         CudaSessionOptions {
@@ -452,9 +452,9 @@ fn bad_steps_are_typed_errors() {
             ubatch: 2,
             ..Default::default()
         },
-    )
-    .err()
-    .expect("a 2^36-token context fits nowhere");
+    ) else {
+        panic!("a 2^36-token context fits nowhere");
+    };
     println!("{e}");
     assert!(
         matches!(
