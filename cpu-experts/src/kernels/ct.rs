@@ -41,6 +41,23 @@ pub(crate) enum Codes {
 pub(crate) type CtRowDot =
     fn(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, a: &[u8], n: usize) -> f32;
 
+/// A [`CtRowDot`] for int4 codes that takes the activation quants already rearranged by its
+/// [`CtActOrder`] (`qperm`), beside the activation row `a` (for its block scales); same
+/// results as the kernel table's `ct_nib4`.
+pub(crate) type CtRowDotPerm = fn(
+    row: &[u8],
+    scales: &[u8],
+    sd: ScaleDtype,
+    run: usize,
+    qperm: &[i8],
+    a: &[u8],
+    n: usize,
+) -> f32;
+
+/// Rearranges an activation row's quants for a [`CtRowDotPerm`] (lengths: equal multiples
+/// of 64).
+pub(crate) type CtActOrder = fn(qs: &[i8], out: &mut [i8]);
+
 /// What [`dot_row`] needs to know about a matrix, worked out once per call.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CtIntPlan {
@@ -98,6 +115,33 @@ pub(crate) fn plan(m: &CtMatrix<'_>) -> Option<CtIntPlan> {
 /// Row `r` of `m` dotted with the Q8_0 activation row `a`, through `f` for the symmetric
 /// part. NaN if a buffer is short (never panics).
 pub(crate) fn dot_row(f: CtRowDot, m: &CtMatrix<'_>, p: &CtIntPlan, r: usize, a: &[u8]) -> f32 {
+    let (sd, cols) = (m.layout.scale_dtype, m.layout.cols);
+    dot_row_by(m, p, r, a, |row, scales| f(row, scales, sd, p.run, a, cols))
+}
+
+/// [`dot_row`] through a [`CtRowDotPerm`], `qperm` being `a`'s quants in its order.
+pub(crate) fn dot_row_perm(
+    f: CtRowDotPerm,
+    m: &CtMatrix<'_>,
+    p: &CtIntPlan,
+    r: usize,
+    qperm: &[i8],
+    a: &[u8],
+) -> f32 {
+    let (sd, cols) = (m.layout.scale_dtype, m.layout.cols);
+    dot_row_by(m, p, r, a, |row, scales| {
+        f(row, scales, sd, p.run, qperm, a, cols)
+    })
+}
+
+/// [`dot_row`]'s body: `sym(row, scales)` gives the symmetric part of row `r`.
+fn dot_row_by(
+    m: &CtMatrix<'_>,
+    p: &CtIntPlan,
+    r: usize,
+    a: &[u8],
+    sym: impl Fn(&[u8], &[u8]) -> f32,
+) -> f32 {
     let l = &m.layout;
     let sd = l.scale_dtype;
     let sz = sd.size();
@@ -113,7 +157,7 @@ pub(crate) fn dot_row(f: CtRowDot, m: &CtMatrix<'_>, p: &CtIntPlan, r: usize, a:
     let Some(scales) = m.scale.get(s0..s0 + n_groups * sz) else {
         return f32::NAN;
     };
-    let mut v = f(row, scales, sd, p.run, a, l.cols);
+    let mut v = sym(row, scales);
     if l.zero.is_some() {
         let Some(act) = Q8_0Act::new(a, l.cols) else {
             return f32::NAN;

@@ -262,6 +262,9 @@ pub(crate) struct Table {
     pub bf16: RowDot,
     pub dot_f32: F32Dot,
     pub ct_nib4: ct::CtRowDot,
+    /// `ct_nib4` reading the activation quants in a kernel-specific order, written once per
+    /// activation row (`None`: `ct_nib4` for every row).
+    pub ct_nib4_perm: Option<(ct::CtActOrder, ct::CtRowDotPerm)>,
     pub ct_u8: ct::CtRowDot,
     pub ct_i8: ct::CtRowDot,
     /// Hints the caches to fetch these bytes (a no-op where there is no such hint).
@@ -309,11 +312,16 @@ pub(crate) fn scalar_table() -> Table {
         bf16: vec_dot_bf16_f32,
         dot_f32: dot_f32_act,
         ct_nib4: ct::vec_dot_ct_nib4_q8_0,
+        ct_nib4_perm: None,
         ct_u8: ct::vec_dot_ct_u8_q8_0,
         ct_i8: ct::vec_dot_ct_i8_q8_0,
         prefetch: |_| {},
     }
 }
+
+/// Widest int4 compressed-tensors row whose activation `dot_rows_multi` rearranges for a
+/// table's `ct_nib4_perm` (4 KiB of stack; S 2.1's experts are 3072 and 1024 wide).
+const CT_PERM_MAX_COLS: usize = 4096;
 
 /// Widest compressed-tensors row the fallback decodes (its whole-row decoder needs the row
 /// in one buffer): 64 KiB of stack. Laguna's widest input is 12288 (S 2.1 dense `down`).
@@ -583,6 +591,27 @@ impl Kernels {
                 *o = v;
             }
         };
+        // Int4 compressed-tensors rows at one token, where the table has `ct_nib4_perm`: the
+        // activation quants rearranged once here for all the rows (rows of at most
+        // CT_PERM_MAX_COLS; the buffer is only zeroed on this path).
+        let mut perm_store: Option<[i8; CT_PERM_MAX_COLS]> = None;
+        let perm = match (&plan, self.t.ct_nib4_perm) {
+            (Plan::CtInt { p, .. }, Some((order, f)))
+                if p.codes == ct::Codes::Nib4
+                    && n_act == 1
+                    && cols <= CT_PERM_MAX_COLS
+                    && cols.is_multiple_of(64) =>
+            {
+                act_t(0)
+                    .and_then(|a| act::Q8_0Act::new(a, cols))
+                    .map(|act| {
+                        let buf = &mut perm_store.insert([0; CT_PERM_MAX_COLS])[..cols];
+                        order(act.qs, buf);
+                        (f, &*buf)
+                    })
+            }
+            _ => None,
+        };
         for i in 0..n_rows {
             let r = r0 + i;
             if r >= w.rows {
@@ -635,6 +664,10 @@ impl Kernels {
                     let (ahead, rb) = (r + PREFETCH_ROWS, p.weight_row_bytes);
                     if let Some(next) = m.weight.get(ahead * rb..(ahead + 1) * rb) {
                         (self.t.prefetch)(next);
+                    }
+                    if let (Some((fp, qperm)), Some(a)) = (perm, act_t(0)) {
+                        put(0, i, ct::dot_row_perm(fp, m, p, r, qperm, a));
+                        continue;
                     }
                     for t in 0..n_act {
                         let v = act_t(t).map_or(f32::NAN, |a| ct::dot_row(*f, m, p, r, a));

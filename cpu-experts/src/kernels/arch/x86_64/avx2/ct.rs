@@ -19,11 +19,13 @@ use core::arch::x86_64::*;
 
 use lagoon_core::quant::ct::ScaleDtype;
 
-use super::{hsum_ps, ld_ps, ld128, ld256, wrap};
+use super::{hsum_ps, ld_ps, ld128, ld256, st256, wrap};
 use crate::kernels::act::Q8_0Act;
 use crate::kernels::ct::load_scale;
 
 wrap!(vec_dot_ct_nib4_q8_0 => ct_nib4(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, a: &[u8], n: usize) -> f32);
+wrap!(vec_dot_ct_nib4_perm_q8_0 => ct_nib4_perm(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, qperm: &[i8], a: &[u8], n: usize) -> f32);
+wrap!(nib4_act_order => nib4_order(qs: &[i8], out: &mut [i8]) -> ());
 
 /// Eight per-block weight scales for blocks `8k..8k+8` (`run` columns per scale, so
 /// `per = run/32` blocks share one): one vector load when `per == 1`, a broadcast when a
@@ -130,4 +132,98 @@ fn ct_nib4(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, a: &[u8], n: u
         }
     }
     sum
+}
+
+/// The activation quants in the weights' nibble order, for [`ct_nib4_perm`]: per 64 columns
+/// `c0..c0 + 64`, first the 32 even columns (`out[c0 + j] = qs[c0 + 2j]`), then the 32 odd
+/// ones (`out[c0 + 32 + j] = qs[c0 + 2j + 1]`). A 32-byte load of a row's codes then pairs
+/// its low nibbles with the first half and its high nibbles with the second, with no unpack
+/// of the codes and no lane permute of the activations. Written once per activation row
+/// and reused for every weight row. `qs.len()` and `out.len()` are equal multiples of 64.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nib4_order(qs: &[i8], out: &mut [i8]) {
+    // Per 128-bit lane: the 8 even bytes, then the 8 odd ones.
+    let split = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
+        7, 9, 11, 13, 15,
+    );
+    for (o, q) in out
+        .as_chunks_mut::<64>()
+        .0
+        .iter_mut()
+        .zip(qs.as_chunks::<64>().0)
+    {
+        let q = q.as_chunks::<32>().0;
+        // Quadwords: even 0-15, odd 0-15, even 16-31, odd 16-31 → even 0-31, odd 0-31.
+        let p =
+            |v: __m256i| _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(v, split));
+        let (a, b) = (p(ld256(&q[0])), p(ld256(&q[1])));
+        let [o0, o1] = o.as_chunks_mut::<32>().0 else {
+            unreachable!("64 bytes are two halves of 32")
+        };
+        st256(o0, _mm256_permute2x128_si256::<0x20>(a, b));
+        st256(o1, _mm256_permute2x128_si256::<0x31>(a, b));
+    }
+}
+
+/// [`ct_nib4`] with the activation quants already in [`nib4_order`] (`qperm`; `a` still
+/// gives the block scales). Same lanes, same i32 block sums (maddubs pairs the products
+/// differently, but each block's sum is exact), same f32 steps: bit-identical results.
+/// Rows whose block count is not a multiple of 8 take [`ct_nib4`].
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ct_nib4_perm(
+    row: &[u8],
+    scales: &[u8],
+    sd: ScaleDtype,
+    run: usize,
+    qperm: &[i8],
+    a: &[u8],
+    n: usize,
+) -> f32 {
+    let nb = n / 32;
+    let Some(act) = Q8_0Act::new(a, n) else {
+        return f32::NAN;
+    };
+    if !nb.is_multiple_of(8) || qperm.len() != n {
+        return ct_nib4(row, scales, sd, run, a, n);
+    }
+    let n_groups = n.div_ceil(run.max(1));
+    if row.len() < n / 2
+        || run == 0
+        || !run.is_multiple_of(32)
+        || scales.len() < n_groups * sd.size()
+    {
+        return f32::NAN;
+    }
+    let m4 = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let w8 = row.as_chunks::<128>().0;
+    let q8 = qperm.as_chunks::<256>().0;
+    let d8 = act.d.as_flattened().as_chunks::<32>().0;
+    let ds8 = act.ds.as_flattened().as_chunks::<32>().0;
+    let mut acc = _mm256_setzero_ps();
+    for k in 0..nb / 8 {
+        let (w, q) = (w8[k].as_chunks::<32>().0, q8[k].as_chunks::<32>().0);
+        let mut v = [_mm256_setzero_si256(); 4];
+        for p in 0..4 {
+            let x = ld256(&w[p]);
+            let lo = _mm256_and_si256(x, m4); // even columns: block 2p | block 2p + 1
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4); // odd columns
+            let s16 = _mm256_add_epi16(
+                _mm256_maddubs_epi16(lo, ld256(&q[2 * p])),
+                _mm256_maddubs_epi16(hi, ld256(&q[2 * p + 1])),
+            );
+            v[p] = _mm256_madd_epi16(s16, ones); // lanes 0-3: block 2p, 4-7: block 2p+1
+        }
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let bsum = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(h, order));
+        let t = _mm256_fmsub_ps(
+            ld_ps(&d8[k]),
+            bsum,
+            _mm256_mul_ps(_mm256_set1_ps(8.0), ld_ps(&ds8[k])),
+        );
+        acc = _mm256_fmadd_ps(block_scales(scales, sd, run / 32, k), t, acc);
+    }
+    hsum_ps(acc)
 }

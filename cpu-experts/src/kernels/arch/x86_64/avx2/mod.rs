@@ -73,6 +73,7 @@ pub(crate) fn table(_proof: Avx2Fma) -> Table {
         bf16: float::vec_dot_bf16_f32,
         dot_f32: float::dot_f32_act,
         ct_nib4: ct::vec_dot_ct_nib4_q8_0,
+        ct_nib4_perm: Some((ct::nib4_act_order, ct::vec_dot_ct_nib4_perm_q8_0)),
         prefetch: prefetch_bytes,
         ..scalar_table()
     }
@@ -110,6 +111,16 @@ pub(crate) fn ld256<T: Copy>(b: &[T; 32]) -> __m256i {
     // SAFETY: `b` is 32 readable bytes (T is one byte, asserted above); `loadu` accepts
     // any alignment.
     unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+}
+
+/// Stores 32 bytes (no alignment needed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn st256<T: Copy>(b: &mut [T; 32], v: __m256i) {
+    const { assert!(size_of::<T>() == 1) };
+    // SAFETY: `b` is 32 writable bytes (T is one byte, asserted above); `storeu` accepts
+    // any alignment.
+    unsafe { _mm256_storeu_si256(b.as_mut_ptr().cast(), v) }
 }
 
 /// Loads 16 bytes (no alignment needed).

@@ -90,6 +90,8 @@ pub(crate) fn table(proof: Avx512Vnni) -> Table {
         iq4xs: vnni256::vec_dot_iq4_xs_q8k,
         iq4xs_multi: Some(iq::vec_dot_iq4_xs_q8k_multi),
         ct_nib4: ct::vec_dot_ct_nib4_q8_0,
+        // (The AVX2 activation-order kernel is not measured against this one.)
+        ct_nib4_perm: None,
         ..avx2::table(proof.avx2())
     };
     iq::with_grid_kernels(proof, t)
