@@ -68,6 +68,32 @@ pub(crate) fn block_scales(scales: &[u8], sd: ScaleDtype, per: usize, k: usize) 
     }
 }
 
+/// Whether the row's codes and scales cover `n` columns in scale runs of `run` (a multiple
+/// of 32).
+fn buffers_fit(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, n: usize) -> bool {
+    row.len() >= n / 2
+        && run != 0
+        && run.is_multiple_of(32)
+        && scales.len() >= n.div_ceil(run) * sd.size()
+}
+
+/// `acc + S ⊙ (D ⊙ B − 8·DS)` for the eight blocks of one 256-column step (module comment):
+/// `v[p]` holds blocks 2p (lanes 0-3) and 2p + 1 (lanes 4-7) as i32 partial sums, `d` and
+/// `ds` the blocks' activation scales, `s` their weight scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn eight_blocks(v: [__m256i; 4], d: &[u8; 32], ds: &[u8; 32], s: __m256, acc: __m256) -> __m256 {
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let bsum = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(h, order));
+    let t = _mm256_fmsub_ps(
+        ld_ps(d),
+        bsum,
+        _mm256_mul_ps(_mm256_set1_ps(8.0), ld_ps(ds)),
+    );
+    _mm256_fmadd_ps(s, t, acc)
+}
+
 /// See the module comment. Rows whose block count is not a multiple of 8 finish their last
 /// `nb % 8` blocks one by one in scalar code.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -76,18 +102,12 @@ fn ct_nib4(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, a: &[u8], n: u
         return f32::NAN;
     };
     let nb = n / 32;
-    let n_groups = n.div_ceil(run.max(1));
-    if row.len() < n / 2
-        || run == 0
-        || !run.is_multiple_of(32)
-        || scales.len() < n_groups * sd.size()
-    {
+    if !buffers_fit(row, scales, sd, run, n) {
         return f32::NAN;
     }
     let n8 = nb / 8;
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let w8 = row.as_chunks::<128>().0;
     let q8 = act.qs.as_chunks::<256>().0;
     let d8 = act.d.as_flattened().as_chunks::<32>().0;
@@ -108,14 +128,13 @@ fn ct_nib4(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, a: &[u8], n: u
             let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(e1, p1), _mm256_maddubs_epi16(e2, p2));
             v[p] = _mm256_madd_epi16(s16, ones); // lanes 0-3: block 2p, 4-7: block 2p+1
         }
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        let bsum = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(h, order));
-        let t = _mm256_fmsub_ps(
-            ld_ps(&d8[k]),
-            bsum,
-            _mm256_mul_ps(_mm256_set1_ps(8.0), ld_ps(&ds8[k])),
+        acc = eight_blocks(
+            v,
+            &d8[k],
+            &ds8[k],
+            block_scales(scales, sd, run / 32, k),
+            acc,
         );
-        acc = _mm256_fmadd_ps(block_scales(scales, sd, run / 32, k), t, acc);
     }
     let mut sum = hsum_ps(acc);
     if n8 * 8 < nb {
@@ -187,17 +206,11 @@ fn ct_nib4_perm(
     if !nb.is_multiple_of(8) || qperm.len() != n {
         return ct_nib4(row, scales, sd, run, a, n);
     }
-    let n_groups = n.div_ceil(run.max(1));
-    if row.len() < n / 2
-        || run == 0
-        || !run.is_multiple_of(32)
-        || scales.len() < n_groups * sd.size()
-    {
+    if !buffers_fit(row, scales, sd, run, n) {
         return f32::NAN;
     }
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let w8 = row.as_chunks::<128>().0;
     let q8 = qperm.as_chunks::<256>().0;
     let d8 = act.d.as_flattened().as_chunks::<32>().0;
@@ -216,14 +229,13 @@ fn ct_nib4_perm(
             );
             v[p] = _mm256_madd_epi16(s16, ones); // lanes 0-3: block 2p, 4-7: block 2p+1
         }
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        let bsum = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(h, order));
-        let t = _mm256_fmsub_ps(
-            ld_ps(&d8[k]),
-            bsum,
-            _mm256_mul_ps(_mm256_set1_ps(8.0), ld_ps(&ds8[k])),
+        acc = eight_blocks(
+            v,
+            &d8[k],
+            &ds8[k],
+            block_scales(scales, sd, run / 32, k),
+            acc,
         );
-        acc = _mm256_fmadd_ps(block_scales(scales, sd, run / 32, k), t, acc);
     }
     hsum_ps(acc)
 }
