@@ -114,7 +114,8 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     // A float shared expert's warps read ~3x a CT4 slot's bytes: its blocks go first (grid
-    // row 0), so they do not make the launch's tail.
+    // row 0), so they do not make the launch's tail (reasoned from the block order, not
+    // measured apart from the fusion).
     int k = S == T ? (int)blockIdx.y : blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
     u64 sb = S == T ? row_bytes : srow;
     int rows = S != T && k == K ? si : I;

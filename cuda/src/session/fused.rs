@@ -398,10 +398,13 @@ impl CudaSession {
                         && si <= k * ffn
                         && h.is_multiple_of(8)
                         && si.is_multiple_of(8);
-                    if float_shared && let Some(kk) = gate.ty.moe_mixed(m1.ty) {
-                        mixed = Some((kk, m1.row_bytes, m4.row_bytes, si));
-                    }
-                    if linked && (same || mixed.is_some()) {
+                    let mixed_k = gate
+                        .ty
+                        .moe_mixed(m1.ty)
+                        .filter(|_| float_shared)
+                        .map(|kk| (kk, m1.row_bytes, m4.row_bytes, si));
+                    if linked && (same || mixed_k.is_some()) {
+                        mixed = mixed_k;
                         shared = Some((m1.ptr, m2.ptr, m4.ptr));
                         used = 6;
                         dst = f;
@@ -415,7 +418,6 @@ impl CudaSession {
                         }
                     }
                 }
-                let mixed = mixed.filter(|_| shared.is_some());
                 let slots = k + shared.is_some() as usize;
                 let (sg, su, sd) = shared.unwrap_or((0, 0, 0));
                 self.quantize_input(x, at(x), h, fg)?;
