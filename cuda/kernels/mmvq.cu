@@ -93,6 +93,30 @@ __device__ void mv_swiglu_split(const u8* __restrict__ Wg, const u8* __restrict_
     }
 }
 
+// out[r] = W[r] . x for a short float matrix: one block per row, its MV_WARPS warps each
+// taking a strided quarter of the row (lane_part_h_split), the warps' sums added in shared
+// memory. For matrices of too few rows to fill the device one warp per row (S 2.1's router,
+// 256 × 3072 bf16: mv_bf16 gave 64 blocks for 132 SMs and took 4.05 µs, two dependent rounds
+// of loads per warp; BENCHMARKS.md "Session 13 on the H200"). Grid rows.
+template <int T>
+__device__ void mv_split(const u8* __restrict__ W, u64 row_bytes, const float* __restrict__ x,
+                         float* __restrict__ out, int rows, int cols) {
+    pdl_trigger();
+    int r = blockIdx.x;
+    if (r >= rows) return;
+    int warp = threadIdx.x >> 5;
+    float y = warp_sum(lane_part_h_split<T, MV_WARPS, true>(W + (size_t)r * row_bytes, (const u8*)x, cols, warp));
+    __shared__ float part[MV_WARPS];
+    if ((threadIdx.x & 31) == 0) part[warp] = y;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < MV_WARPS; k++) v += part[k];
+        out[r] = v;
+    }
+}
+
 // act[k, r] = silu(gate_e[r] . x) * (up_e[r] . x) for slot k < K of the (single) token,
 // e = ids[k]; slot K, when the grid has K + 1 rows of blocks, is the shared expert (Sg, Su).
 // Grid (ceil(I / MV_WARPS), K or K + 1). Block (0, 0) also copies ids and weights to
@@ -156,6 +180,9 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // lane piece (DownQ4k: eight lanes per 144-byte super-block, one super-block each;
 // DownCt4: one 20-byte block per lane): on (the lane has a piece), load, part (its term).
 #define DOWN_BATCH 6
+// Pieces of a float shared expert's down row held from before the wait (moe_down_q): S 2.1's
+// 1024-wide bf16 row is four per lane.
+#define DOWN_SHARED_BATCH 4
 struct DownQ4k {
     Q4kLoad l;
     static __device__ __forceinline__ bool on(int lane, int I) { return (lane >> 3) < I / QK_K; }
@@ -241,7 +268,12 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     int lane = threadIdx.x & 31;
     if (r >= H) return;
     u64 sb = S == T ? row_bytes : srow;
-    if (Sd && lane == 0) prefetch_l2(Sd + (size_t)r * sb, sb);
+    // A float shared expert's row: its first pieces are requested before the wait (weights
+    // only), so they arrive with the routed rows' instead of in a round trip of their own
+    // after them. A T-typed shared row is asked of L2 instead.
+    HRowPart<S == T ? WT_BF16 : S, DOWN_SHARED_BATCH> sp;
+    if constexpr (S != T) sp.load(Sd + (size_t)r * srow, si);
+    else if (Sd && lane == 0) prefetch_l2(Sd + (size_t)r * sb, sb);
     pdl_wait();
     // The T-typed kernels below take the shared expert only when it is of type T.
     const u8* St = S == T ? Sd : nullptr;
@@ -280,7 +312,7 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         v = __fmul_rn(acc, scale);
         if (St) v = __fadd_rn(v, lane_part_q<T>(St + (size_t)r * row_bytes, actq + (size_t)K * astride, I));
     }
-    if constexpr (S != T) v = __fadd_rn(v, lane_part_h<S>(Sd + (size_t)r * srow, (const u8*)sact, si));
+    if constexpr (S != T) v = __fadd_rn(v, sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si));
     float y = warp_sum(v);
     if (res) y = __fadd_rn(res[r], y);
     if (lane == 0) out[r] = y;
@@ -384,7 +416,12 @@ MVQ_TYPES(DEFINE_MVQ)
 // models): the same mat-vec and SwiGLU kernels, `aq` being the f32 input row itself.
 #define MVH_TYPES(X) X(bf16, WT_BF16) X(f16, WT_F16)
 
-#define DEFINE_MVH(name, T) DEFINE_MV(name, T, mv_swiglu_split)
+#define DEFINE_MVH(name, T)                                                                        \
+    DEFINE_MV(name, T, mv_swiglu_split)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_split_##name(                  \
+        const u8* W, u64 row_bytes, const float* x, float* out, int rows, int cols) {              \
+        mv_split<T>(W, row_bytes, x, out, rows, cols);                                             \
+    }
 MVH_TYPES(DEFINE_MVH)
 
 // The routed experts on T's integer kernels with a float shared expert (W4A16 checkpoints:

@@ -549,6 +549,43 @@ __device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u
     return acc;
 }
 
+// lane_part_h split in two: `load` issues the lane's first B pieces of a row (weights only,
+// so it may run before pdl_wait), `finish` adds them against the activation and streams the
+// rest of the row B pieces at a time. Same terms in the same order as lane_part_h (whose
+// batch is H_BATCH; B changes only how many loads are in flight, not the sum).
+template <int T, int B>
+struct HRowPart {
+    uint4 w[B];
+    __device__ __forceinline__ void load(const u8* __restrict__ row, int cols) {
+        int lane = threadIdx.x & 31;
+        const uint4* w4 = (const uint4*)row;
+        int n8 = cols / 8;
+        #pragma unroll
+        for (int u = 0; u < B; u++) {
+            int i = lane + 32 * u;
+            if (i < n8) w[u] = ldw4(w4 + i);
+        }
+    }
+    __device__ __forceinline__ float finish(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+        int lane = threadIdx.x & 31;
+        const uint4* w4 = (const uint4*)row;
+        const float4* x4 = (const float4*)a;
+        int n8 = cols / 8;
+        float acc = 0.0f;
+        int i0 = lane;
+        while (i0 < n8) {
+            #pragma unroll
+            for (int u = 0; u < B; u++) {
+                int i = i0 + 32 * u;
+                if (i < n8) acc = h_dot8<T>(w[u], x4[2 * i], x4[2 * i + 1], acc);
+            }
+            i0 += 32 * B;
+            if (i0 < n8) load(row + (size_t)(i0 - lane) * 16, cols - (i0 - lane) * 8);
+        }
+        return acc;
+    }
+};
+
 // Warp w's share (of W warps on one row pair) of two float rows (gate and up) against one
 // activation, reduced over the warp: it takes pieces w·32 + lane, (w + W)·32 + lane, ..., both
 // rows' pieces in flight together. W = 1: one warp per row pair (warp_dot2_q). W > 1 lets a
@@ -592,6 +629,39 @@ __device__ __forceinline__ float2 warp_parts2_h(const u8* __restrict__ r0, const
         if (i0 < n8) fetch(i0);
     }
     return make_float2(warp_sum(ag), warp_sum(au));
+}
+
+// Warp w's share (of W warps on one row) of a float row against the f32 activation, not
+// reduced: warp_parts2_h for a single row (pieces w·32 + lane, (w + W)·32 + lane, ...).
+template <int T, int W, bool WAIT = false>
+__device__ __forceinline__ float lane_part_h_split(const u8* __restrict__ row, const u8* __restrict__ a, int cols,
+                                                   int w) {
+    int lane = threadIdx.x & 31;
+    const uint4* w4 = (const uint4*)row;
+    const float4* x4 = (const float4*)a;
+    int n8 = cols / 8;
+    float acc = 0.0f;
+    uint4 wv[H_BATCH / 2];
+    auto fetch = [&](int i0) {
+        #pragma unroll
+        for (int u = 0; u < H_BATCH / 2; u++) {
+            int i = i0 + 32 * W * u;
+            if (i < n8) wv[u] = ldw4(w4 + i);
+        }
+    };
+    int i0 = 32 * w + lane;
+    fetch(i0);
+    if (WAIT) warp_pdl_wait();
+    while (i0 < n8) {
+        #pragma unroll
+        for (int u = 0; u < H_BATCH / 2; u++) {
+            int i = i0 + 32 * W * u;
+            if (i < n8) acc = h_dot8<T>(wv[u], x4[2 * i], x4[2 * i + 1], acc);
+        }
+        i0 += 32 * W * (H_BATCH / 2);
+        if (i0 < n8) fetch(i0);
+    }
+    return acc;
 }
 
 // Dispatch by weight type: Q4_K/Q6_K against Q8_K, Q8_0 and CT4 against Q8_0, BF16/F16

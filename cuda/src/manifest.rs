@@ -129,6 +129,8 @@ manifest! {
     MvSwigluCt4 => "mmvq.cu", "mv_swiglu_ct4";
     MvBf16 => "mmvq.cu", "mv_bf16";
     MvF16 => "mmvq.cu", "mv_f16";
+    MvSplitBf16 => "mmvq.cu", "mv_split_bf16";
+    MvSplitF16 => "mmvq.cu", "mv_split_f16";
     MvSwigluBf16 => "mmvq.cu", "mv_swiglu_bf16";
     MoeGateUpMixedCt4Bf16 => "mmvq.cu", "moe_gate_up_mixed_ct4_bf16";
     MoeDownMixedCt4Bf16 => "mmvq.cu", "moe_down_mixed_ct4_bf16";
@@ -479,6 +481,15 @@ impl WType {
         match self {
             WType::Bf16 => Some((K::MvBf16, K::MvSwigluBf16)),
             WType::F16 => Some((K::MvF16, K::MvSwigluF16)),
+            _ => None,
+        }
+    }
+    /// The batch-1 float kernel with one block per row (`mmvq.cu`'s `mv_split_*`), for
+    /// matrices too short to fill the device one warp per row.
+    pub fn mvh_split(self) -> Option<K> {
+        match self {
+            WType::Bf16 => Some(K::MvSplitBf16),
+            WType::F16 => Some(K::MvSplitF16),
             _ => None,
         }
     }

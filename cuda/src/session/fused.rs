@@ -227,6 +227,28 @@ impl CudaSession {
                     run[len] = (self.w.mat(wj), at(oj), 0);
                     len += 1;
                 }
+                // A lone float product too short to fill the device one warp per row (S 2.1's
+                // router): a block per row.
+                if len == 1
+                    && fmt.is_none()
+                    && m.rows < 4 * self.sm_count
+                    && let Some(split) = m.ty.mvh_split()
+                {
+                    dev.launch(
+                        split,
+                        (m.rows as u32, 1),
+                        128,
+                        &[
+                            P(m.ptr),
+                            P(m.row_bytes),
+                            P(at(x)),
+                            P(at(out)),
+                            I(m.rows as i32),
+                            I(m.cols as i32),
+                        ],
+                    )?;
+                    return Ok(1);
+                }
                 let src = input()?;
                 let mut done = [false; 8];
                 for s in 0..len {
