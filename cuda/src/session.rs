@@ -69,8 +69,9 @@ pub struct CudaSessionOptions {
     /// Keep IQ3_XXS, IQ2_XXS and IQ2_S weights in their GGUF encoding on the device
     /// (`quant.cuh`'s codebook decoders, read by the f32 and tensor-core kernels) instead of
     /// decoding them to f32 at upload, which makes a real model of these types 8-10x larger
-    /// than its file. Off by default until those kernels have run on a device;
-    /// `LAGOON_CUDA_GRID_IQ=1` turns it on.
+    /// than its file. On by default (the device tests, `quant_type_models_match_llama_cpp`,
+    /// check them against llama.cpp's logits on the H200); `LAGOON_CUDA_GRID_IQ=0` turns it
+    /// off, `=1` on.
     pub grid_iq: bool,
 }
 
@@ -105,7 +106,7 @@ impl Default for CudaSessionOptions {
             quantized_activations: true,
             programmatic_launch: true,
             kv_f16: false,
-            grid_iq: false,
+            grid_iq: true,
         }
     }
 }
@@ -313,8 +314,11 @@ impl CudaSession {
             ));
         }
         let dev = Device::new(opts.device)?;
-        let grid_iq =
-            opts.grid_iq || std::env::var_os("LAGOON_CUDA_GRID_IQ").is_some_and(|v| v == "1");
+        let grid_iq = match std::env::var("LAGOON_CUDA_GRID_IQ").as_deref() {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => opts.grid_iq,
+        };
         let weights = DeviceWeights::upload(&dev, w, grid_iq)?;
         let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
         let prefill = laguna::build(cfg, &w.gates, opts.ubatch, opts.all_logits);

@@ -88,8 +88,8 @@ pub fn wtype(ty: GgmlType) -> Option<WType> {
 }
 
 /// [`wtype`], with the grid IQ types (IQ3_XXS, IQ2_XXS, IQ2_S: `quant.cuh`'s codebook
-/// decoders) when `grid_iq` ([`crate::CudaSessionOptions::grid_iq`]: off by default until
-/// their kernels have run on a device; otherwise they are decoded to f32 at upload).
+/// decoders) when `grid_iq` ([`crate::CudaSessionOptions::grid_iq`], on by default;
+/// otherwise they are decoded to f32 at upload).
 pub fn wtype_grid(ty: GgmlType, grid_iq: bool) -> Option<WType> {
     Some(match ty {
         GgmlType::IQ3XXS if grid_iq => WType::Iq3Xxs,
@@ -433,8 +433,8 @@ fn oom_hint(n: usize, bytes: u64, types: &[String], grid_iq: bool) -> String {
             .any(|t| grid.contains(&t.to_ascii_lowercase().as_str()))
     {
         h.push_str(
-            "; CudaSessionOptions::grid_iq (LAGOON_CUDA_GRID_IQ=1) keeps IQ3_XXS, IQ2_XXS and \
-             IQ2_S quantised (its kernels are not yet verified on a device)",
+            "; CudaSessionOptions::grid_iq (the default; LAGOON_CUDA_GRID_IQ=0 had turned it \
+             off) keeps IQ3_XXS, IQ2_XXS and IQ2_S quantised",
         );
     }
     h
