@@ -4,6 +4,7 @@
 // common.cuh's Kv; every kernel here has an `_f16` twin): position p lives in row p % cap
 // (full layers: cap = n_ctx; sliding: window - 1 + ubatch, see cpu-experts/kv.rs).
 #include "merge.cuh"
+#include "qk_rope.cuh"
 
 #define ATT_WARPS 4
 #define ATT_MAX_D 256
@@ -133,11 +134,23 @@ extern "C" __global__ void attention_merge(const float* __restrict__ part, float
 // differs from `attention` (and the CPU), so this kernel is not on the exact path. With one
 // split and a gate g (not null), the output is multiplied by softplus(g[c / per]) as
 // gate_mul does (per = hq d / gcols), fusing that node.
-template <typename KV>
+//
+// QKF (attention_decode_qk): the step's QK-norm, RoPE and KV store done here instead of by
+// fused.cu's qk_norm_rope_store, one launch fewer per layer. q, kin and vin are then the raw
+// projections: warp 0 norms and rotates query head h into shared memory, warp 1 key head kvh
+// and warp 2 copies value head kvh, both as the cache would return them (Kv round), and one
+// block per key head (the first of its query heads, split 0) writes them to the cache row of
+// the position. Every block takes the position's key and value from its own shared copy and
+// never reads that cache row, so no block waits for another's write; the values are those
+// the cache read would give, so the outputs are bitwise those of the unfused kernels.
+template <typename KV, bool QKF>
 __device__ void attention_decode_t(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,
                                    float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv,
                                    int d, int window, const u32* __restrict__ params, const float* __restrict__ g,
-                                   int gcols) {
+                                   int gcols, const float* __restrict__ kin = nullptr,
+                                   const float* __restrict__ vin = nullptr, const float* __restrict__ qw = nullptr,
+                                   const float* __restrict__ kw = nullptr, const float* __restrict__ inv_freq = nullptr,
+                                   float rscale = 1.0f, int rd = 0, float eps = 0.0f) {
     PDL_ENTRY();
     int h = blockIdx.x;
     int split = blockIdx.z, n_split = gridDim.z;
@@ -154,7 +167,31 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
         first = lo;
     }
     __shared__ __align__(16) float qs[ATT_MAX_D];
-    for (int k = threadIdx.x; k < d; k += blockDim.x) qs[k] = q[(size_t)h * d + k];
+    // The position's key and value (QKF), and the norm's scratch of warps 0 and 1.
+    __shared__ __align__(16) float ks[QKF ? ATT_MAX_D : 1], vs[QKF ? ATT_MAX_D : 1];
+    __shared__ float ys[QKF ? 2 : 1][QKF ? ATT_MAX_D : 1];
+    if constexpr (QKF) {
+        u32 upos = params[P_POS0];
+        bool writer = h % (hq / n_kv) == 0 && split == 0;
+        size_t slot = (size_t)(upos % cap) * row + (size_t)kvh * d;
+        if (warp == 0) {
+            norm_rope_head(q + (size_t)h * d, qw, ys[0], d, rd, upos, inv_freq, rscale, eps,
+                           [&](int i, float o) { qs[i] = o; });
+        } else if (warp == 1) {
+            norm_rope_head(kin + (size_t)kvh * d, kw, ys[1], d, rd, upos, inv_freq, rscale, eps, [&](int i, float o) {
+                ks[i] = Kv<KV>::round(o);
+                if (writer) Kv<KV>::st((KV*)kc + slot + i, o);
+            });
+        } else if (warp == 2) {
+            for (int i = lane; i < d; i += 32) {
+                float x = vin[(size_t)kvh * d + i];
+                vs[i] = Kv<KV>::round(x);
+                if (writer) Kv<KV>::st((KV*)vc + slot + i, x);
+            }
+        }
+    } else {
+        for (int k = threadIdx.x; k < d; k += blockDim.x) qs[k] = q[(size_t)h * d + k];
+    }
     __syncthreads();
     float scale = 1.0f / sqrtf((float)d);
     // Lane l holds output dims 2 l + 64 i and 2 l + 64 i + 1 (i < d / 64, rounded up): the
@@ -172,19 +209,26 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
         if (live) {
             const KV* kr = kc + (size_t)(j % cap) * row + (size_t)kvh * d;
             const float4* q4 = (const float4*)qs;
-            float a0 = 0.0f, a1 = 0.0f;
-            // Unrolled so that eight iterations' key loads are in flight together (the key
-            // row is 512 bytes of one lane's; rolled, each iteration waited for its own).
-            #pragma unroll 8
-            for (int i = 0; i < d / 4; i += 2) {
-                float4 kv = Kv<KV>::ld4(kr + 4 * i), qv = q4[i];
-                a0 += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
-                if (i + 1 < d / 4) {
-                    float4 kv2 = Kv<KV>::ld4(kr + 4 * i + 4), qv2 = q4[i + 1];
-                    a1 += kv2.x * qv2.x + kv2.y * qv2.y + kv2.z * qv2.z + kv2.w * qv2.w;
+            // The key's four values at element e: from the cache, or (QKF, the step's own
+            // position) from the block's shared copy.
+            auto dot = [&](auto ld4) {
+                float a0 = 0.0f, a1 = 0.0f;
+                // Unrolled so that eight iterations' key loads are in flight together (the
+                // key row is 512 bytes of one lane's; rolled, each iteration waited for its
+                // own).
+                #pragma unroll 8
+                for (int i = 0; i < d / 4; i += 2) {
+                    float4 kv = ld4(4 * i), qv = q4[i];
+                    a0 += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+                    if (i + 1 < d / 4) {
+                        float4 kv2 = ld4(4 * i + 4), qv2 = q4[i + 1];
+                        a1 += kv2.x * qv2.x + kv2.y * qv2.y + kv2.z * qv2.z + kv2.w * qv2.w;
+                    }
                 }
-            }
-            s = (a0 + a1) * scale;
+                return (a0 + a1) * scale;
+            };
+            if (QKF && j == pos) s = dot([&](int e) { return *(const float4*)(ks + e); });
+            else s = dot([&](int e) { return Kv<KV>::ld4(kr + e); });
         }
         float mn = fmaxf(m, warp_max(s));
         float corr = expf(m - mn);
@@ -207,10 +251,13 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
             for (int u = 0; u < ATT_VB; u++) {
                 pv[u] = __shfl_sync(0xffffffffu, p, jj + u);
                 const KV* vr = vc + (size_t)((base + jj + u) % cap) * row + (size_t)kvh * d;
+                bool own = QKF && base + jj + u == pos;
                 #pragma unroll
                 for (int i = 0; i < ATT_MAX_D / 64; i++) {
                     int k = 2 * lane + 64 * i;
-                    xv[u][i] = k < d ? Kv<KV>::ld2(vr + k) : make_float2(0.0f, 0.0f);
+                    xv[u][i] = k >= d ? make_float2(0.0f, 0.0f)
+                               : own  ? make_float2(vs[k], vs[k + 1])
+                                      : Kv<KV>::ld2(vr + k);
                 }
             }
             #pragma unroll
@@ -227,11 +274,12 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
         for (; jj < nk; jj++) {
             float pj = __shfl_sync(0xffffffffu, p, jj);
             const KV* vr = vc + (size_t)((base + jj) % cap) * row + (size_t)kvh * d;
+            bool own = QKF && base + jj == pos;
             #pragma unroll
             for (int i = 0; i < ATT_MAX_D / 64; i++) {
                 int k = 2 * lane + 64 * i;
                 if (k < d) {
-                    float2 x = Kv<KV>::ld2(vr + k);
+                    float2 x = own ? make_float2(vs[k], vs[k + 1]) : Kv<KV>::ld2(vr + k);
                     acc[i][0] += pj * x.x;
                     acc[i][1] += pj * x.y;
                 }
@@ -287,7 +335,17 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
         const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,           \
         float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,         \
         int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols) {         \
-        attention_decode_t<KV>(q, kc, vc, out, part, cap, hq, n_kv, d, window, params, g, gcols);    \
+        attention_decode_t<KV, false>(q, kc, vc, out, part, cap, hq, n_kv, d, window, params, g, gcols); \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention_decode_qk##sfx(           \
+        const float* __restrict__ q, KV* __restrict__ kc, KV* __restrict__ vc, float* __restrict__ out, \
+        float* __restrict__ part, int cap, int hq, int n_kv, int d, int window,                      \
+        const u32* __restrict__ params, const float* __restrict__ g, int gcols,                      \
+        const float* __restrict__ kin, const float* __restrict__ vin, const float* __restrict__ qw,  \
+        const float* __restrict__ kw, const float* __restrict__ inv_freq, float rscale, int rd,      \
+        float eps) {                                                                                 \
+        attention_decode_t<KV, true>(q, kc, vc, out, part, cap, hq, n_kv, d, window, params, g, gcols, kin, \
+                                     vin, qw, kw, inv_freq, rscale, rd, eps);                        \
     }
 KV_KERNELS(, float)
 KV_KERNELS(_f16, unsigned short)

@@ -58,6 +58,8 @@ template <typename KV> struct Kv;
 template <> struct Kv<float> {
     static __device__ __forceinline__ float ld(const float* p) { return *p; }
     static __device__ __forceinline__ void st(float* p, float v) { *p = v; }
+    // What ld returns after st(v).
+    static __device__ __forceinline__ float round(float v) { return v; }
     // Four consecutive values (p 16-byte aligned).
     static __device__ __forceinline__ float4 ld4(const float* p) { return *(const float4*)p; }
     // Two consecutive values (p 8-byte aligned).
@@ -67,6 +69,9 @@ template <> struct Kv<unsigned short> {
     static __device__ __forceinline__ float ld(const unsigned short* p) { return f16_to_f32(*p); }
     static __device__ __forceinline__ void st(unsigned short* p, float v) {
         *p = __half_as_ushort(__float2half_rn(f16_sat(v)));
+    }
+    static __device__ __forceinline__ float round(float v) {
+        return f16_to_f32(__half_as_ushort(__float2half_rn(f16_sat(v))));
     }
     // Four consecutive values (p 8-byte aligned).
     static __device__ __forceinline__ float4 ld4(const unsigned short* p) {

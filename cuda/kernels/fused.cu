@@ -3,6 +3,7 @@
 // not the bytes, are what these ops cost.
 #include "act.cuh"
 #include "merge.cuh"
+#include "qk_rope.cuh"
 
 #define NQ_THREADS 1024
 #define NQ_MAX 8192
@@ -122,30 +123,11 @@ __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* _
     KV* kd = kc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
     float* qd = q_out + (size_t)h * d;
     if constexpr (sizeof(KV) == 4) qd = is_q ? qd : (float*)kd;
-    float ss = 0.0f;
-    for (int i = lane; i < d; i += 32) ss += x[i] * x[i];
-    ss = warp_sum(ss);
-    float r = 1.0f / sqrtf(ss / (float)d + eps);
-    float* y = ys[warp];
-    for (int i = lane; i < d; i += 32) y[i] = w[i] * (x[i] * r);
-    __syncwarp();
-    int half = rd / 2;
-    float p = (float)pos;
-    for (int i = lane; i < d; i += 32) {
-        float o;
-        if (i >= rd) {
-            o = y[i];
-        } else {
-            int f = i < half ? i : i - half;
-            float a = p * inv_freq[f];
-            float c = cosf(a) * scale, s = sinf(a) * scale;
-            o = i < half ? __fsub_rn(__fmul_rn(y[i], c), __fmul_rn(y[i + half], s))
-                         : __fadd_rn(__fmul_rn(y[i], c), __fmul_rn(y[i - half], s));
-        }
+    norm_rope_head(x, w, ys[warp], d, rd, pos, inv_freq, scale, eps, [&](int i, float o) {
         if constexpr (sizeof(KV) == 4) qd[i] = o;
         else if (is_q) qd[i] = o;
         else Kv<KV>::st(kd + i, o);
-    }
+    });
     if (!is_q) {
         KV* vd = vc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
         for (int i = lane; i < d; i += 32) Kv<KV>::st(vd + i, v[(size_t)hk * d + i]);

@@ -38,6 +38,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("iq_grids.cuh", include_str!("../kernels/iq_grids.cuh")),
     ("merge.cuh", include_str!("../kernels/merge.cuh")),
     ("mmvq.cuh", include_str!("../kernels/mmvq.cuh")),
+    ("qk_rope.cuh", include_str!("../kernels/qk_rope.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("rf_formats.cuh", include_str!("../kernels/rf_formats.cuh")),
     ("tc.cuh", include_str!("../kernels/tc.cuh")),

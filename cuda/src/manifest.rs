@@ -113,6 +113,8 @@ manifest! {
     AttentionMerge => "attention.cu", "attention_merge";
     AttentionDecode => "attention.cu", "attention_decode";
     AttentionDecodeF16 => "attention.cu", "attention_decode_f16";
+    AttentionDecodeQk => "attention.cu", "attention_decode_qk";
+    AttentionDecodeQkF16 => "attention.cu", "attention_decode_qk_f16";
     AttentionPrefill => "flash.cu", "attention_prefill";
     AttentionPrefillF16 => "flash.cu", "attention_prefill_f16";
     Spin => "elementwise.cu", "spin";

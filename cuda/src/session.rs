@@ -73,6 +73,11 @@ pub struct CudaSessionOptions {
     /// check them against llama.cpp's logits on the H200); `LAGOON_CUDA_GRID_IQ=0` turns it
     /// off, `=1` on.
     pub grid_iq: bool,
+    /// Decode steps do the QK-norm, RoPE and KV store inside the attention kernel
+    /// (`attention.cu`'s `attention_decode_qk`: one launch per layer fewer) instead of in
+    /// `fused.cu`'s `qk_norm_rope_store`; the results are bitwise the same. Off by default
+    /// until the kernel has run on a device; `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
+    pub qk_attention: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -107,6 +112,7 @@ impl Default for CudaSessionOptions {
             programmatic_launch: true,
             kv_f16: false,
             grid_iq: true,
+            qk_attention: false,
         }
     }
 }
@@ -218,6 +224,8 @@ pub struct CudaSession {
     splits: Vec<usize>,
     /// Streaming multiprocessors of the device (tile-size choices).
     sm_count: usize,
+    /// [`CudaSessionOptions::qk_attention`], after `LAGOON_CUDA_QK_ATTN`.
+    qk_attention: bool,
     /// Prefill expert grouping: pair indices sorted by expert, then the tiles.
     _groups: CudaSlice<u32>,
     sorted: u64,
@@ -537,6 +545,11 @@ impl CudaSession {
             part,
             splits,
             sm_count,
+            qk_attention: match std::env::var("LAGOON_CUDA_QK_ATTN").as_deref() {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => opts.qk_attention,
+            },
             _groups: groups_buf,
             sorted,
             tiles,

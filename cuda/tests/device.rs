@@ -289,6 +289,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         programmatic_launch: false,
                         kv_f16: false,
                         grid_iq: false,
+                        qk_attention: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -528,6 +529,97 @@ fn decode_graph_replay_equals_eager_steps() {
             same,
             "graph {graphs} / programmatic launch {pdl} differs from eager launches"
         );
+    }
+}
+
+/// The decode step's QK-norm + RoPE + KV store done inside the attention kernel
+/// (`CudaSessionOptions::qk_attention`, `attention_decode_qk`) gives the bits of the separate
+/// `qk_norm_rope_store` + `attention_decode` launches: 40 one-token steps on the tiny models
+/// (sliding and full layers, per-head and per-element gates), f32 and f16 KV caches, one
+/// split and 8-key splits (the split holding the step's own position differs from the
+/// others), graph replay with programmatic launch. A profiled run checks that the fused
+/// kernel ran, and that every layer step ran either it or the separate QK kernel.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn qk_attention_fusion_gives_the_unfused_bits() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
+    for model in [
+        "xs2_style/model-q8_0.gguf",
+        "hybrid_perhead/model-f16.gguf",
+        "perelem_legacy/model-q8_0.gguf",
+    ] {
+        let path = PathBuf::from(root).join(model);
+        if !path.exists() {
+            continue;
+        }
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let w = weights(&ckpt);
+        let toks = xs2_tokens(&ckpt);
+        for kv_f16 in [false, true] {
+            for split_keys in [0, 8] {
+                let opts = |qk_attention: bool| CudaSessionOptions {
+                    n_ctx: toks.len(),
+                    ubatch: 1,
+                    attn_split_keys: split_keys,
+                    kv_f16,
+                    qk_attention,
+                    ..Default::default()
+                };
+                let (fused, plain) = (
+                    session_logits(&ckpt, &w, &toks, opts(true)),
+                    session_logits(&ckpt, &w, &toks, opts(false)),
+                );
+                let same = same_bits(&fused, &plain);
+                println!(
+                    "{model} kv_f16 {kv_f16} split keys {split_keys}: QK in attention vs apart over {} \
+                     steps: bitwise equal {same}, rel L2 {:.3e}",
+                    toks.len(),
+                    rel_l2(&fused, &plain)
+                );
+                assert!(
+                    same,
+                    "{model} kv_f16 {kv_f16} split keys {split_keys}: the fusion changed the logits"
+                );
+            }
+            // Which kernels ran (profiled steps launch one at a time, no graph).
+            let mut s = CudaSession::new(
+                &ckpt.config,
+                &w,
+                CudaSessionOptions {
+                    n_ctx: toks.len(),
+                    ubatch: 1,
+                    kv_f16,
+                    qk_attention: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            s.set_profiling(true);
+            s.prefill(&toks[..4], |_| {}).unwrap();
+            let times = s.set_profiling(false).unwrap_or_default();
+            let launches = |name: &str| {
+                times
+                    .iter()
+                    .filter(|k| k.kernel.starts_with(name))
+                    .map(|k| k.launches)
+                    .sum::<usize>()
+            };
+            let (qk, apart) = (
+                launches("attention_decode_qk"),
+                launches("qk_norm_rope_store"),
+            );
+            println!(
+                "{model} kv_f16 {kv_f16}: {qk} attention_decode_qk launches, {apart} qk_norm_rope_store"
+            );
+            // (A layer whose output the planner placed over the raw k or v keeps the two
+            // kernels: every layer is one or the other.)
+            assert!(
+                qk > 0 && qk + apart == 4 * ckpt.config.n_layers,
+                "{model}: {qk} attention_decode_qk and {apart} qk_norm_rope_store launches for {} \
+                 layer steps",
+                4 * ckpt.config.n_layers
+            );
+        }
     }
 }
 

@@ -30,7 +30,6 @@ impl CudaSession {
             ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
         };
         let dev = &self.dev;
-        let d = c.head_dim;
         // With fusions off only the one-node quantised products run here.
         let next = |k: usize| {
             if k == 0 || self.fuse {
@@ -47,6 +46,10 @@ impl CudaSession {
                 out: qn,
             } => {
                 if self.fuse {
+                    let used = self.fused_qk_attention(graph, i)?;
+                    if used > 0 {
+                        return Ok(used);
+                    }
                     let used = self.fused_qk(graph, i, 1, &self.readers)?;
                     if used > 0 {
                         return Ok(used);
@@ -271,75 +274,8 @@ impl CudaSession {
             }
             // Attention with the output gate fused: into the decode kernel's write when
             // there is one split, else into the merge of the splits.
-            Op::Attention { layer, q, out } => {
-                let split = self.splits[layer];
-                let Some(Op::GateMul { o, g, out: og }) = next(1) else {
-                    return Ok(0);
-                };
-                if o != out || !once(out) || !self.decode_attention(1) {
-                    return Ok(0);
-                }
-                let hq = c.n_heads[layer];
-                let gcols = vals[g].cols;
-                // One kernel reads q and writes og: og must not overlap another head's q.
-                if split < 2 && (apart(og, q) || vals[og].offset == vals[q].offset) {
-                    self.attention(layer, at(q), at(og), 1, 1, Some((at(g), gcols)), 0)?;
-                    return Ok(2);
-                }
-                if split < 2 {
-                    return Ok(0);
-                }
-                self.attention(layer, at(q), at(out), 1, split, None, 0)?;
-                // The output projection's quantiser in the merge, when the product after it
-                // reads og quantised.
-                let quant = match next(2) {
-                    Some(Op::MatMul { x, w, .. }) if x == og && self.fuse => {
-                        let m = self.w.mat(w);
-                        match (m.ty.act(), m.ty.mvq()) {
-                            (Some(fmt), Some(_)) if (hq * d).is_multiple_of(fmt.block()) => {
-                                fmt.merge_heads(d).map(|g| (fmt, g))
-                            }
-                            _ => None,
-                        }
-                    }
-                    _ => None,
-                };
-                if let Some((fmt, heads)) = quant {
-                    dev.launch(
-                        fmt.merge_gate_kernel(),
-                        ((hq / heads) as u32, 1),
-                        MERGE_QUANT_THREADS,
-                        &[
-                            P(self.part),
-                            P(at(g)),
-                            P(at(og)),
-                            P(self.xq),
-                            I(hq as i32),
-                            I(d as i32),
-                            I(split as i32),
-                            I(gcols as i32),
-                            I(heads as i32),
-                        ],
-                    )?;
-                    self.xq_holds.set(Some((og, fmt)));
-                    return Ok(2);
-                }
-                dev.launch(
-                    K::AttentionMergeGate,
-                    (hq as u32, 1),
-                    128,
-                    &[
-                        P(self.part),
-                        P(at(g)),
-                        P(at(og)),
-                        I(hq as i32),
-                        I(d as i32),
-                        I(split as i32),
-                        I(gcols as i32),
-                    ],
-                )?;
-                Ok(2)
-            }
+            // Attention with the output gate fused (QK-norm and RoPE ran before it).
+            Op::Attention { .. } => self.fused_attention(graph, i, None),
             Op::Experts {
                 layer,
                 x,
@@ -523,6 +459,117 @@ impl CudaSession {
             }
             _ => Ok(0),
         }
+    }
+
+    /// The decode step's attention at node `i` with the output gate after it fused: into the
+    /// attention kernel's write when there is one split, else into the merge of the splits
+    /// (and the output projection's quantiser with it). `qk`: the QK-norm, RoPE and KV-store
+    /// nodes before node `i`, done by the attention kernel itself (`attention_decode_qk`);
+    /// None: they ran already. Returns the nodes covered from `i` (2), or 0 with nothing
+    /// launched.
+    pub(super) fn fused_attention(
+        &self,
+        graph: &Graph,
+        i: usize,
+        qk: Option<super::qk_fusion::QkFusion>,
+    ) -> Result<usize, CudaError> {
+        use Arg::{I, P};
+        let c = &self.cfg;
+        let d = c.head_dim;
+        let dev = &self.dev;
+        let nodes = &graph.nodes;
+        let vals = &graph.values;
+        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
+        let once = |v: usize| self.readers[v] == 1;
+        let apart = |a: usize, b: usize| {
+            let (ra, rb) = (&vals[a], &vals[b]);
+            ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
+        };
+        let next = |k: usize| {
+            if k == 0 || self.fuse {
+                nodes.get(i + k).copied()
+            } else {
+                None
+            }
+        };
+        let Op::Attention { layer, q, out } = nodes[i] else {
+            return Ok(0);
+        };
+        let split = self.splits[layer];
+        let Some(Op::GateMul { o, g, out: og }) = next(1) else {
+            return Ok(0);
+        };
+        if o != out || !once(out) || !self.decode_attention(1) {
+            return Ok(0);
+        }
+        let hq = c.n_heads[layer];
+        let gcols = vals[g].cols;
+        // One kernel reads q (and with qk k and v) and writes og: og must not overlap another
+        // head's q, nor k or v.
+        let (qin, kv_in) = match qk {
+            Some(f) => (f.q, Some((f.k, f.v))),
+            None => (q, None),
+        };
+        let qk_ptrs = qk.map(|f| (f, at(f.k), at(f.v)));
+        let clear = (apart(og, qin) || vals[og].offset == vals[qin].offset)
+            && kv_in.is_none_or(|(k, v)| apart(og, k) && apart(og, v));
+        if split < 2 && clear {
+            self.decode_attention_qk(layer, qk_ptrs, at(qin), at(og), 1, Some((at(g), gcols)))?;
+            return Ok(2);
+        }
+        if split < 2 {
+            return Ok(0);
+        }
+        self.decode_attention_qk(layer, qk_ptrs, at(qin), at(out), split, None)?;
+        // The output projection's quantiser in the merge, when the product after it
+        // reads og quantised.
+        let quant = match next(2) {
+            Some(Op::MatMul { x, w, .. }) if x == og && self.fuse => {
+                let m = self.w.mat(w);
+                match (m.ty.act(), m.ty.mvq()) {
+                    (Some(fmt), Some(_)) if (hq * d).is_multiple_of(fmt.block()) => {
+                        fmt.merge_heads(d).map(|g| (fmt, g))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some((fmt, heads)) = quant {
+            dev.launch(
+                fmt.merge_gate_kernel(),
+                ((hq / heads) as u32, 1),
+                MERGE_QUANT_THREADS,
+                &[
+                    P(self.part),
+                    P(at(g)),
+                    P(at(og)),
+                    P(self.xq),
+                    I(hq as i32),
+                    I(d as i32),
+                    I(split as i32),
+                    I(gcols as i32),
+                    I(heads as i32),
+                ],
+            )?;
+            self.xq_holds.set(Some((og, fmt)));
+            return Ok(2);
+        }
+        dev.launch(
+            K::AttentionMergeGate,
+            (hq as u32, 1),
+            128,
+            &[
+                P(self.part),
+                P(at(g)),
+                P(at(og)),
+                I(hq as i32),
+                I(d as i32),
+                I(split as i32),
+                I(gcols as i32),
+            ],
+        )?;
+        Ok(2)
     }
 
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual

@@ -9,6 +9,9 @@ use crate::device::{Arg, blocks};
 use crate::error::CudaError;
 use crate::manifest::K;
 
+/// The widest head `attention_decode_qk` takes (`attention.cu`'s ATT_MAX_D).
+const QK_ATTN_MAX_D: usize = 256;
+
 /// Nodes i .. i + 5 of a graph: RmsNorm q (gain `qw`), RmsNorm k (`kw`), Rope of each, and
 /// the KV store of the rotated k with `v`, the rotated q going to `qr`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +94,83 @@ pub(super) fn match_qk(
 }
 
 impl CudaSession {
+    /// The QK-norm + RoPE + KV-store nodes at `i` and the attention after them (with its
+    /// output gate) as one attention kernel (`attention_decode_qk`), for decode steps when
+    /// the session takes that fusion ([`crate::CudaSessionOptions::qk_attention`]): the
+    /// number of nodes covered (7), or 0 with nothing launched.
+    pub(super) fn fused_qk_attention(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
+        let d = self.cfg.head_dim;
+        if !self.qk_attention || d > QK_ATTN_MAX_D || !d.is_multiple_of(8) {
+            return Ok(0);
+        }
+        let Some(f) = match_qk(graph, i, 1, &self.readers, |w| self.w.vector(w).len, d) else {
+            return Ok(0);
+        };
+        // The rotated q (not written by the fused kernel) must be the attention's input
+        // and read by nothing else.
+        match graph.nodes.get(i + 5) {
+            Some(&Op::Attention { layer, q, .. })
+                if layer == f.layer && q == f.qr && self.readers[f.qr] == 1 => {}
+            _ => return Ok(0),
+        }
+        let used = self.fused_attention(graph, i + 5, Some(f))?;
+        Ok(if used > 0 { 5 + used } else { 0 })
+    }
+
+    /// The one-token attention of `layer` (`attention_decode`), or with `qk` the kernel that
+    /// also does the step's QK-norm, RoPE and KV store (`attention_decode_qk`: `q` is then
+    /// the raw query projection, `k` and `v` the raw key and value projections).
+    pub(super) fn decode_attention_qk(
+        &self,
+        layer: usize,
+        qk: Option<(QkFusion, u64, u64)>,
+        q: u64,
+        out: u64,
+        split: usize,
+        gate: Option<(u64, usize)>,
+    ) -> Result<(), CudaError> {
+        use Arg::{F, I, P};
+        let Some((f, k, v)) = qk else {
+            return self.attention(layer, q, out, 1, split, gate, 0);
+        };
+        let c = &self.cfg;
+        let kv = self.kv[layer];
+        let window = if c.is_sliding(layer) {
+            c.sliding_window
+        } else {
+            0
+        };
+        let (freq, scale, rd) = self.ropes[f.sliding as usize];
+        self.dev.launch3(
+            self.kv_kernel(K::AttentionDecodeQk, K::AttentionDecodeQkF16),
+            (c.n_heads[layer] as u32, 1, split as u32),
+            128,
+            &[
+                P(q),
+                P(kv.k),
+                P(kv.v),
+                P(out),
+                P(self.part),
+                I(kv.cap as i32),
+                I(c.n_heads[layer] as i32),
+                I(c.n_kv_heads as i32),
+                I(c.head_dim as i32),
+                I(window as i32),
+                P(self.params),
+                P(gate.map_or(0, |g| g.0)),
+                I(gate.map_or(0, |g| g.1 as i32)),
+                P(k),
+                P(v),
+                P(self.w.vector(f.qw).ptr),
+                P(self.w.vector(f.kw).ptr),
+                P(freq),
+                F(scale),
+                I(rd as i32),
+                F(c.rms_eps),
+            ],
+        )
+    }
+
     /// The QK-norm + RoPE + KV-store fusion at node `i`, for `n` tokens, launched if it
     /// matches: the number of nodes it covered (5), or 0.
     pub(super) fn fused_qk(
