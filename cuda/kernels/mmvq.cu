@@ -18,8 +18,15 @@ struct MvMats {
     int rows[MV_MATS];
 };
 
-template <int T>
-__device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols) {
+// NORM (mv_norm_*, float T only): aq is the f32 input x of an RMSNorm with gain g whose
+// output only these products read; each warp adds Σ x² over the row alongside its dot of
+// w with g x (it reads all of x anyway) and scales its sum by 1 / sqrt(Σ x² / cols + eps),
+// so the norm needs no launch of its own. The product differs from norm-then-product in the
+// rounding (the scale applied to the sum, not to each element). The kernels are held to 8
+// blocks per SM (64 registers, as mv_bf16: 66 without the bound gave 7).
+template <int T, bool NORM = false>
+__device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols,
+                         const float* __restrict__ g = nullptr, float eps = 0.0f) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     // Which matrix row r falls in, with the table read by constant index only (a loop over
@@ -46,7 +53,14 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
     // issued before it instead (lane_part_waiting).
     float* out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
     const float* res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
-    float y = warp_sum(lane_part_waiting<T>(W + (size_t)r * rb, aq, cols));
+    float y;
+    if constexpr (NORM) {
+        float ss = 0.0f;
+        y = warp_sum(lane_part_h<T, true, true>(W + (size_t)r * rb, aq, cols, g, &ss));
+        y = __fmul_rn(y, 1.0f / sqrtf(warp_sum(ss) / (float)cols + eps));
+    } else {
+        y = warp_sum(lane_part_waiting<T>(W + (size_t)r * rb, aq, cols));
+    }
     if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
 }
 
@@ -418,6 +432,15 @@ MVQ_TYPES(DEFINE_MVQ)
 
 #define DEFINE_MVH(name, T)                                                                        \
     DEFINE_MV(name, T, mv_swiglu_split)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 8) mv_norm_##name(                \
+        const u8* x, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,      \
+        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
+        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
+        int n3, const float* g, float eps) {                                                       \
+        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
+                    {n0, n1, n2, n3}};                                                             \
+        mv_multi<T, true>(m, n_mats, x, cols, g, eps);                                             \
+    }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_split_##name(                  \
         const u8* W, u64 row_bytes, const float* x, float* out, int rows, int cols) {              \
         mv_split<T>(W, row_bytes, x, out, rows, cols);                                             \

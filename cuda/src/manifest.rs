@@ -133,6 +133,8 @@ manifest! {
     MvF16 => "mmvq.cu", "mv_f16";
     MvSplitBf16 => "mmvq.cu", "mv_split_bf16";
     MvSplitF16 => "mmvq.cu", "mv_split_f16";
+    MvNormBf16 => "mmvq.cu", "mv_norm_bf16";
+    MvNormF16 => "mmvq.cu", "mv_norm_f16";
     MvSwigluBf16 => "mmvq.cu", "mv_swiglu_bf16";
     MoeGateUpMixedCt4Bf16 => "mmvq.cu", "moe_gate_up_mixed_ct4_bf16";
     MoeDownMixedCt4Bf16 => "mmvq.cu", "moe_down_mixed_ct4_bf16";
@@ -492,6 +494,15 @@ impl WType {
         match self {
             WType::Bf16 => Some(K::MvSplitBf16),
             WType::F16 => Some(K::MvSplitF16),
+            _ => None,
+        }
+    }
+    /// The batch-1 float mat-vec with the RMSNorm of its input fused (`mmvq.cu`'s
+    /// `mv_norm_*`).
+    pub fn mvh_norm(self) -> Option<K> {
+        match self {
+            WType::Bf16 => Some(K::MvNormBf16),
+            WType::F16 => Some(K::MvNormF16),
             _ => None,
         }
     }

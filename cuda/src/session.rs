@@ -78,6 +78,12 @@ pub struct CudaSessionOptions {
     /// `fused.cu`'s `qk_norm_rope_store`; the results are bitwise the same. Off by default
     /// until the kernel has run on a device; `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
     pub qk_attention: bool,
+    /// Decode steps fold an RMSNorm whose only readers are float products (a W4A16
+    /// checkpoint's attention norm before its bf16 Q, K, V and gate) into those products
+    /// (`mmvq.cu`'s `mv_norm_*`: the norm's launch saved; rounding differs from
+    /// norm-then-product in the last bits). Off by default until it has run on a device;
+    /// `LAGOON_CUDA_NORM_MV=1` turns it on, `=0` off.
+    pub norm_products: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -113,6 +119,7 @@ impl Default for CudaSessionOptions {
             kv_f16: false,
             grid_iq: true,
             qk_attention: false,
+            norm_products: false,
         }
     }
 }
@@ -226,6 +233,8 @@ pub struct CudaSession {
     sm_count: usize,
     /// [`CudaSessionOptions::qk_attention`], after `LAGOON_CUDA_QK_ATTN`.
     qk_attention: bool,
+    /// [`CudaSessionOptions::norm_products`], after `LAGOON_CUDA_NORM_MV`.
+    norm_products: bool,
     /// Prefill expert grouping: pair indices sorted by expert, then the tiles.
     _groups: CudaSlice<u32>,
     sorted: u64,
@@ -549,6 +558,11 @@ impl CudaSession {
                 Ok("0") => false,
                 Ok("1") => true,
                 _ => opts.qk_attention,
+            },
+            norm_products: match std::env::var("LAGOON_CUDA_NORM_MV").as_deref() {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => opts.norm_products,
             },
             _groups: groups_buf,
             sorted,

@@ -290,6 +290,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         kv_f16: false,
                         grid_iq: false,
                         qk_attention: false,
+                        norm_products: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -620,6 +621,60 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                 4 * ckpt.config.n_layers
             );
         }
+    }
+}
+
+/// The attention norm folded into the float Q/K/V/gate products of a bf16 checkpoint
+/// (`CudaSessionOptions::norm_products`, `mv_norm_*`): 40 one-token steps of the tiny bf16
+/// models with and without it agree to f32 rounding (the scale is applied to each sum
+/// instead of to each element), and a profiled run shows the fused kernel ran and the norm
+/// kernel it replaces did not run for those layers.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn norm_products_fusion_matches_the_unfused() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
+    for model in ["hybrid_perhead/hf-bf16", "perelem_legacy/hf-bf16"] {
+        let path = PathBuf::from(root).join(model);
+        if !path.exists() {
+            continue;
+        }
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let w = weights(&ckpt);
+        let toks = xs2_tokens(&ckpt);
+        let opts = |norm_products: bool| CudaSessionOptions {
+            n_ctx: toks.len(),
+            ubatch: 1,
+            norm_products,
+            ..Default::default()
+        };
+        let (fused, plain) = (
+            session_logits(&ckpt, &w, &toks, opts(true)),
+            session_logits(&ckpt, &w, &toks, opts(false)),
+        );
+        let d = rel_l2(&fused, &plain);
+        println!("{model}: norm folded into the products vs apart, rel L2 {d:.3e}");
+        assert!(
+            d < 1e-5,
+            "{model}: rel L2 {d:.3e} between the fused and unfused norm"
+        );
+        let mut s = CudaSession::new(&ckpt.config, &w, opts(true)).unwrap();
+        s.set_profiling(true);
+        s.prefill(&toks[..4], |_| {}).unwrap();
+        let times = s.set_profiling(false).unwrap_or_default();
+        let launches = |name: &str| {
+            times
+                .iter()
+                .filter(|k| k.kernel.starts_with(name))
+                .map(|k| k.launches)
+                .sum::<usize>()
+        };
+        let (norm_mv, rows) = (launches("mv_norm_"), launches("rms_norm_row"));
+        println!("{model}: {norm_mv} mv_norm launches, {rows} rms_norm_row");
+        assert!(
+            norm_mv >= 4 * ckpt.config.n_layers,
+            "{model}: the fused kernel took {norm_mv} of {} layer steps",
+            4 * ckpt.config.n_layers
+        );
     }
 }
 

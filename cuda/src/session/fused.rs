@@ -80,6 +80,10 @@ impl CudaSession {
                     if !float || !cols.is_multiple_of(4) {
                         return Ok(0);
                     }
+                    let used = self.norm_into_products(graph, i)?;
+                    if used > 0 {
+                        return Ok(used);
+                    }
                     dev.launch(
                         K::RmsNormRow,
                         (1, 1),
@@ -570,6 +574,75 @@ impl CudaSession {
             ],
         )?;
         Ok(2)
+    }
+
+    /// The RMSNorm at node `i` folded into the float products after it that are its only
+    /// readers (`mv_norm_*`: a W4A16 checkpoint's bf16 Q, K, V and gate), when the session
+    /// takes that fusion ([`crate::CudaSessionOptions::norm_products`]): the nodes covered,
+    /// or 0 with nothing launched.
+    fn norm_into_products(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
+        let vals = &graph.values;
+        let Op::RmsNorm { x, w: gw, out: xn } = graph.nodes[i] else {
+            return Ok(0);
+        };
+        if !self.norm_products {
+            return Ok(0);
+        }
+        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
+        let apart = |a: usize, b: usize| {
+            let (ra, rb) = (&vals[a], &vals[b]);
+            ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
+        };
+        let mut mats = [(self.w.token_embd, 0u64, 0u64); MV_MATS];
+        let mut len = 0;
+        let mut kernel = None;
+        while len < MV_MATS
+            && let Some(&Op::MatMul { x: xj, w, out }) = graph.nodes.get(i + 1 + len)
+            && xj == xn
+        {
+            let m = self.w.mat(w);
+            let k = m.ty.mvh_norm();
+            // One kernel for the run, every output clear of the norm's input x (the kernel
+            // reads x while it writes).
+            if k.is_none()
+                || kernel.is_some_and(|kk| Some(kk) != k)
+                || !m.cols.is_multiple_of(8)
+                || !apart(out, x)
+            {
+                break;
+            }
+            kernel = k;
+            mats[len] = (m, at(out), 0);
+            len += 1;
+        }
+        // The normed value itself is never written: only these products may read it.
+        let Some(kernel) = kernel.filter(|_| self.readers[xn] as usize == len) else {
+            return Ok(0);
+        };
+        let mut mv = [MvMat {
+            w: 0,
+            row_bytes: 0,
+            rows: 0,
+            out: 0,
+            res: 0,
+        }; MV_MATS];
+        for (d, &(m, out, _)) in mv.iter_mut().zip(&mats[..len]) {
+            *d = MvMat {
+                w: m.ptr,
+                row_bytes: m.row_bytes,
+                rows: m.rows,
+                out,
+                res: 0,
+            };
+        }
+        self.dev.mv_with(
+            kernel,
+            at(x),
+            mats[0].0.cols,
+            &mv[..len],
+            &[Arg::P(self.w.vector(gw).ptr), Arg::F(self.cfg.rms_eps)],
+        )?;
+        Ok(1 + len)
     }
 
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual
