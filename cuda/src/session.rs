@@ -765,6 +765,41 @@ impl CudaSession {
         }
     }
 
+    /// The arguments `attention` and `attention_decode` (and `attention_decode_qk`'s first
+    /// ones) take: queries at `q`, output (or split states in `part`) at `out`, the fused
+    /// output gate of `attention_decode` (values, columns; None: none).
+    fn attention_args(
+        &self,
+        layer: usize,
+        q: u64,
+        out: u64,
+        gate: Option<(u64, usize)>,
+    ) -> [Arg; 13] {
+        use Arg::{I, P};
+        let c = &self.cfg;
+        let kv = self.kv[layer];
+        let window = if c.is_sliding(layer) {
+            c.sliding_window
+        } else {
+            0
+        };
+        [
+            P(q),
+            P(kv.k),
+            P(kv.v),
+            P(out),
+            P(self.part),
+            I(kv.cap as i32),
+            I(c.n_heads[layer] as i32),
+            I(c.n_kv_heads as i32),
+            I(c.head_dim as i32),
+            I(window as i32),
+            P(self.params),
+            P(gate.map_or(0, |g| g.0)),
+            I(gate.map_or(0, |g| g.1 as i32)),
+        ]
+    }
+
     /// Launches the attention kernel of `layer` for `n` tokens: queries at `q`, output at
     /// `out` (`split` = 1) or split-K partial states in `part` (`split` > 1).
     fn attention(
@@ -810,22 +845,7 @@ impl CudaSession {
         }
         // One token on the quantised path: the key-per-lane decode kernel (same outputs).
         let decode = self.decode_attention(n);
-        let args = [
-            P(q),
-            P(kv.k),
-            P(kv.v),
-            P(out),
-            P(self.part),
-            I(kv.cap as i32),
-            I(c.n_heads[layer] as i32),
-            I(c.n_kv_heads as i32),
-            I(c.head_dim as i32),
-            I(window as i32),
-            P(self.params),
-            // attention_decode's fused gate (null: none).
-            P(gate.map_or(0, |g| g.0)),
-            I(gate.map_or(0, |g| g.1 as i32)),
-        ];
+        let args = self.attention_args(layer, q, out, gate);
         let (kernel, n_args) = if decode {
             (
                 self.kv_kernel(K::AttentionDecode, K::AttentionDecodeF16),

@@ -533,6 +533,49 @@ fn decode_graph_replay_equals_eager_steps() {
     }
 }
 
+/// The tiny models the fusion tests run (per-head and per-element gates, sliding and full
+/// layers), where present: `f(name, checkpoint, weights, tokens)`.
+fn each_fusion_model(
+    models: &[&str],
+    mut f: impl FnMut(&str, &Checkpoint, &ModelWeights<'_>, &[u32]),
+) {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
+    for model in models {
+        let path = PathBuf::from(root).join(model);
+        if !path.exists() {
+            continue;
+        }
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let w = weights(&ckpt);
+        let toks = xs2_tokens(&ckpt);
+        f(model, &ckpt, &w, &toks);
+    }
+}
+
+/// The GGUF models of [`each_fusion_model`].
+const FUSION_GGUFS: [&str; 3] = [
+    "xs2_style/model-q8_0.gguf",
+    "hybrid_perhead/model-f16.gguf",
+    "perelem_legacy/model-q8_0.gguf",
+];
+
+/// Launches per kernel-name prefix over `n` one-token steps of a profiled session.
+fn launches_by_prefix(s: &mut CudaSession, toks: &[u32], prefixes: &[&str]) -> Vec<usize> {
+    s.set_profiling(true);
+    s.prefill(toks, |_| {}).unwrap();
+    let times = s.set_profiling(false).unwrap_or_default();
+    prefixes
+        .iter()
+        .map(|p| {
+            times
+                .iter()
+                .filter(|k| k.kernel.starts_with(p))
+                .map(|k| k.launches)
+                .sum()
+        })
+        .collect()
+}
+
 /// The decode step's QK-norm + RoPE + KV store done inside the attention kernel
 /// (`CudaSessionOptions::qk_attention`, `attention_decode_qk`) gives the bits of the separate
 /// `qk_norm_rope_store` + `attention_decode` launches: 40 one-token steps on the tiny models
@@ -543,19 +586,7 @@ fn decode_graph_replay_equals_eager_steps() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn qk_attention_fusion_gives_the_unfused_bits() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
-    for model in [
-        "xs2_style/model-q8_0.gguf",
-        "hybrid_perhead/model-f16.gguf",
-        "perelem_legacy/model-q8_0.gguf",
-    ] {
-        let path = PathBuf::from(root).join(model);
-        if !path.exists() {
-            continue;
-        }
-        let ckpt = Checkpoint::open(&path).unwrap();
-        let w = weights(&ckpt);
-        let toks = xs2_tokens(&ckpt);
+    each_fusion_model(&FUSION_GGUFS, |model, ckpt, w, toks| {
         for kv_f16 in [false, true] {
             for split_keys in [0, 8] {
                 let opts = |qk_attention: bool| CudaSessionOptions {
@@ -567,8 +598,8 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                     ..Default::default()
                 };
                 let (fused, plain) = (
-                    session_logits(&ckpt, &w, &toks, opts(true)),
-                    session_logits(&ckpt, &w, &toks, opts(false)),
+                    session_logits(ckpt, w, toks, opts(true)),
+                    session_logits(ckpt, w, toks, opts(false)),
                 );
                 let same = same_bits(&fused, &plain);
                 println!(
@@ -585,7 +616,7 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
             // Which kernels ran (profiled steps launch one at a time, no graph).
             let mut s = CudaSession::new(
                 &ckpt.config,
-                &w,
+                w,
                 CudaSessionOptions {
                     n_ctx: toks.len(),
                     ubatch: 1,
@@ -595,20 +626,12 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                 },
             )
             .unwrap();
-            s.set_profiling(true);
-            s.prefill(&toks[..4], |_| {}).unwrap();
-            let times = s.set_profiling(false).unwrap_or_default();
-            let launches = |name: &str| {
-                times
-                    .iter()
-                    .filter(|k| k.kernel.starts_with(name))
-                    .map(|k| k.launches)
-                    .sum::<usize>()
-            };
-            let (qk, apart) = (
-                launches("attention_decode_qk"),
-                launches("qk_norm_rope_store"),
+            let n = launches_by_prefix(
+                &mut s,
+                &toks[..4],
+                &["attention_decode_qk", "qk_norm_rope_store"],
             );
+            let (qk, apart) = (n[0], n[1]);
             println!(
                 "{model} kv_f16 {kv_f16}: {qk} attention_decode_qk launches, {apart} qk_norm_rope_store"
             );
@@ -621,7 +644,7 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                 4 * ckpt.config.n_layers
             );
         }
-    }
+    });
 }
 
 /// The attention norm folded into the float Q/K/V/gate products of a bf16 checkpoint
@@ -632,15 +655,8 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn norm_products_fusion_matches_the_unfused() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
-    for model in ["hybrid_perhead/hf-bf16", "perelem_legacy/hf-bf16"] {
-        let path = PathBuf::from(root).join(model);
-        if !path.exists() {
-            continue;
-        }
-        let ckpt = Checkpoint::open(&path).unwrap();
-        let w = weights(&ckpt);
-        let toks = xs2_tokens(&ckpt);
+    let models = ["hybrid_perhead/hf-bf16", "perelem_legacy/hf-bf16"];
+    each_fusion_model(&models, |model, ckpt, w, toks| {
         let opts = |norm_products: bool| CudaSessionOptions {
             n_ctx: toks.len(),
             ubatch: 1,
@@ -648,8 +664,8 @@ fn norm_products_fusion_matches_the_unfused() {
             ..Default::default()
         };
         let (fused, plain) = (
-            session_logits(&ckpt, &w, &toks, opts(true)),
-            session_logits(&ckpt, &w, &toks, opts(false)),
+            session_logits(ckpt, w, toks, opts(true)),
+            session_logits(ckpt, w, toks, opts(false)),
         );
         let d = rel_l2(&fused, &plain);
         println!("{model}: norm folded into the products vs apart, rel L2 {d:.3e}");
@@ -657,25 +673,16 @@ fn norm_products_fusion_matches_the_unfused() {
             d < 1e-5,
             "{model}: rel L2 {d:.3e} between the fused and unfused norm"
         );
-        let mut s = CudaSession::new(&ckpt.config, &w, opts(true)).unwrap();
-        s.set_profiling(true);
-        s.prefill(&toks[..4], |_| {}).unwrap();
-        let times = s.set_profiling(false).unwrap_or_default();
-        let launches = |name: &str| {
-            times
-                .iter()
-                .filter(|k| k.kernel.starts_with(name))
-                .map(|k| k.launches)
-                .sum::<usize>()
-        };
-        let (norm_mv, rows) = (launches("mv_norm_"), launches("rms_norm_row"));
-        println!("{model}: {norm_mv} mv_norm launches, {rows} rms_norm_row");
+        let mut s = CudaSession::new(&ckpt.config, w, opts(true)).unwrap();
+        let n = launches_by_prefix(&mut s, &toks[..4], &["mv_norm_", "rms_norm_row"]);
+        println!("{model}: {} mv_norm launches, {} rms_norm_row", n[0], n[1]);
         assert!(
-            norm_mv >= 4 * ckpt.config.n_layers,
-            "{model}: the fused kernel took {norm_mv} of {} layer steps",
+            n[0] >= 4 * ckpt.config.n_layers,
+            "{model}: the fused kernel took {} of {} layer steps",
+            n[0],
             4 * ckpt.config.n_layers
         );
-    }
+    });
 }
 
 /// The prefill fusions (`session/fused_prefill.rs`: QK-norm + RoPE + KV store, the norm
@@ -686,19 +693,7 @@ fn norm_products_fusion_matches_the_unfused() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn prefill_fusions_give_the_unfused_bits() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models");
-    for model in [
-        "xs2_style/model-q8_0.gguf",
-        "hybrid_perhead/model-f16.gguf",
-        "perelem_legacy/model-q8_0.gguf",
-    ] {
-        let path = PathBuf::from(root).join(model);
-        if !path.exists() {
-            continue;
-        }
-        let ckpt = Checkpoint::open(&path).unwrap();
-        let w = weights(&ckpt);
-        let toks = xs2_tokens(&ckpt);
+    each_fusion_model(&FUSION_GGUFS, |model, ckpt, w, toks| {
         for kv_f16 in [false, true] {
             for ubatch in [toks.len(), 16] {
                 let run = |fuse: bool| {
@@ -709,10 +704,10 @@ fn prefill_fusions_give_the_unfused_bits() {
                         kv_f16,
                         ..Default::default()
                     };
-                    let mut s = CudaSession::new(&ckpt.config, &w, opts).unwrap();
+                    let mut s = CudaSession::new(&ckpt.config, w, opts).unwrap();
                     s.set_fusions(fuse);
                     let mut out = Vec::new();
-                    s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
+                    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
                     out
                 };
                 let (fused, plain) = (run(true), run(false));
@@ -726,7 +721,7 @@ fn prefill_fusions_give_the_unfused_bits() {
                 );
             }
         }
-    }
+    });
 }
 
 /// The f16 KV cache (`kv_f16`) on a whole tiny model: every attention kernel and both cache

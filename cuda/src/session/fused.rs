@@ -10,7 +10,30 @@ use crate::error::CudaError;
 use crate::manifest::{ActQ, K, MERGE_QUANT_THREADS, WType};
 use crate::weights::{DFfn, DMat};
 
+/// Whether two values of a one-token graph occupy disjoint arena space. The planner lets a
+/// value reuse the space of values that died before it was made; in a fused kernel those
+/// may still be being read, so a fused output must not overlap a fused input.
+fn apart(graph: &Graph, a: usize, b: usize) -> bool {
+    let (ra, rb) = (&graph.values[a], &graph.values[b]);
+    ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
+}
+
 impl CudaSession {
+    /// The arena address of value `v` of `graph`.
+    fn at(&self, graph: &Graph, v: usize) -> u64 {
+        self.arena + 4 * graph.values[v].offset as u64
+    }
+
+    /// Node `i + k` of `graph` for a fusion starting at node `i`: with fusions off only node
+    /// `i` itself (the one-node quantised products still run here).
+    fn next(&self, graph: &Graph, i: usize, k: usize) -> Option<Op> {
+        if k == 0 || self.fuse {
+            graph.nodes.get(i + k).copied()
+        } else {
+            None
+        }
+    }
+
     /// Decode-step fusions on the quantised-activation path: recognises, at node `i` of the
     /// one-token graph, a run of nodes that one fused kernel (or a short chain) does, launches
     /// it and returns how many nodes it covered; 0 = none, the node runs on its own. Each
@@ -20,24 +43,11 @@ impl CudaSession {
         let c = &self.cfg;
         let nodes = &graph.nodes;
         let vals = &graph.values;
-        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
+        let at = |v: usize| self.at(graph, v);
         let once = |v: usize| self.readers[v] == 1;
-        // The planner lets a value reuse the space of values that died before it was made;
-        // in a fused kernel those may still be being read, so a fused output must not
-        // overlap a fused input.
-        let apart = |a: usize, b: usize| {
-            let (ra, rb) = (&vals[a], &vals[b]);
-            ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
-        };
+        let apart = |a: usize, b: usize| apart(graph, a, b);
         let dev = &self.dev;
-        // With fusions off only the one-node quantised products run here.
-        let next = |k: usize| {
-            if k == 0 || self.fuse {
-                nodes.get(i + k).copied()
-            } else {
-                None
-            }
-        };
+        let next = |k: usize| self.next(graph, i, k);
         match nodes[i] {
             // QK-norm, RoPE and the KV store.
             Op::RmsNorm {
@@ -119,19 +129,7 @@ impl CudaSession {
                 let m = self.w.mat(w);
                 if m.ty == WType::F32 && m.cols.is_multiple_of(4) {
                     // f32 weights (the router) at batch 1.
-                    dev.launch(
-                        K::MvF32,
-                        (m.rows as u32, 1),
-                        128,
-                        &[
-                            P(m.ptr),
-                            P(m.row_bytes),
-                            P(at(x)),
-                            P(at(out)),
-                            I(m.rows as i32),
-                            I(m.cols as i32),
-                        ],
-                    )?;
+                    self.mv_rows(K::MvF32, &m, at(x), at(out))?;
                     return Ok(1);
                 }
                 // Where the products read their input: quantised into `xq`, or (float
@@ -241,19 +239,7 @@ impl CudaSession {
                     && m.rows < 4 * self.sm_count
                     && let Some(split) = m.ty.mvh_split()
                 {
-                    dev.launch(
-                        split,
-                        (m.rows as u32, 1),
-                        128,
-                        &[
-                            P(m.ptr),
-                            P(m.row_bytes),
-                            P(at(x)),
-                            P(at(out)),
-                            I(m.rows as i32),
-                            I(m.cols as i32),
-                        ],
-                    )?;
+                    self.mv_rows(split, &m, at(x), at(out))?;
                     return Ok(1);
                 }
                 let src = input()?;
@@ -483,19 +469,10 @@ impl CudaSession {
         let dev = &self.dev;
         let nodes = &graph.nodes;
         let vals = &graph.values;
-        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
+        let at = |v: usize| self.at(graph, v);
         let once = |v: usize| self.readers[v] == 1;
-        let apart = |a: usize, b: usize| {
-            let (ra, rb) = (&vals[a], &vals[b]);
-            ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
-        };
-        let next = |k: usize| {
-            if k == 0 || self.fuse {
-                nodes.get(i + k).copied()
-            } else {
-                None
-            }
-        };
+        let apart = |a: usize, b: usize| apart(graph, a, b);
+        let next = |k: usize| self.next(graph, i, k);
         let Op::Attention { layer, q, out } = nodes[i] else {
             return Ok(0);
         };
@@ -581,18 +558,13 @@ impl CudaSession {
     /// takes that fusion ([`crate::CudaSessionOptions::norm_products`]): the nodes covered,
     /// or 0 with nothing launched.
     fn norm_into_products(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
-        let vals = &graph.values;
         let Op::RmsNorm { x, w: gw, out: xn } = graph.nodes[i] else {
             return Ok(0);
         };
         if !self.norm_products {
             return Ok(0);
         }
-        let at = |v: usize| self.arena + 4 * vals[v].offset as u64;
-        let apart = |a: usize, b: usize| {
-            let (ra, rb) = (&vals[a], &vals[b]);
-            ra.offset + ra.capacity(1) <= rb.offset || rb.offset + rb.capacity(1) <= ra.offset
-        };
+        let at = |v: usize| self.at(graph, v);
         let mut mats = [(self.w.token_embd, 0u64, 0u64); MV_MATS];
         let mut len = 0;
         let mut kernel = None;
@@ -607,7 +579,7 @@ impl CudaSession {
             if k.is_none()
                 || kernel.is_some_and(|kk| Some(kk) != k)
                 || !m.cols.is_multiple_of(8)
-                || !apart(out, x)
+                || !apart(graph, out, x)
             {
                 break;
             }
@@ -619,35 +591,47 @@ impl CudaSession {
         let Some(kernel) = kernel.filter(|_| self.readers[xn] as usize == len) else {
             return Ok(0);
         };
-        let mut mv = [MvMat {
-            w: 0,
-            row_bytes: 0,
-            rows: 0,
-            out: 0,
-            res: 0,
-        }; MV_MATS];
-        for (d, &(m, out, _)) in mv.iter_mut().zip(&mats[..len]) {
-            *d = MvMat {
-                w: m.ptr,
-                row_bytes: m.row_bytes,
-                rows: m.rows,
-                out,
-                res: 0,
-            };
-        }
-        self.dev.mv_with(
+        self.mv_with(
             kernel,
             at(x),
-            mats[0].0.cols,
-            &mv[..len],
+            &mats[..len],
             &[Arg::P(self.w.vector(gw).ptr), Arg::F(self.cfg.rms_eps)],
         )?;
         Ok(1 + len)
     }
 
+    /// A float mat-vec with one block per row (`mv_f32`, `mv_split_*`): `out = m · x`.
+    fn mv_rows(&self, kernel: K, m: &DMat, x: u64, out: u64) -> Result<(), CudaError> {
+        use Arg::{I, P};
+        self.dev.launch(
+            kernel,
+            (m.rows as u32, 1),
+            128,
+            &[
+                P(m.ptr),
+                P(m.row_bytes),
+                P(x),
+                P(out),
+                I(m.rows as i32),
+                I(m.cols as i32),
+            ],
+        )
+    }
+
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual
     /// or 0)` of the input at `src` (the quantised `xq`, or a float product's f32 input).
     fn mv(&self, kernel: K, src: u64, mats: &[(DMat, u64, u64)]) -> Result<(), CudaError> {
+        self.mv_with(kernel, src, mats, &[])
+    }
+
+    /// [`CudaSession::mv`] with arguments after the matrices (`mv_norm_*`'s gain and epsilon).
+    fn mv_with(
+        &self,
+        kernel: K,
+        src: u64,
+        mats: &[(DMat, u64, u64)],
+        extra: &[Arg],
+    ) -> Result<(), CudaError> {
         let mut mv = [MvMat {
             w: 0,
             row_bytes: 0,
@@ -665,7 +649,8 @@ impl CudaSession {
             };
         }
         let n = mats.len().min(MV_MATS);
-        self.dev.mv(kernel, src, mats[0].0.cols, &mv[..n])
+        self.dev
+            .mv_with(kernel, src, mats[0].0.cols, &mv[..n], extra)
     }
 
     /// Quantises the one-token value `v` (at `ptr`, `cols` wide) into the `xq` scratch in

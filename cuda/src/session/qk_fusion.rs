@@ -134,40 +134,24 @@ impl CudaSession {
             return self.attention(layer, q, out, 1, split, gate, 0);
         };
         let c = &self.cfg;
-        let kv = self.kv[layer];
-        let window = if c.is_sliding(layer) {
-            c.sliding_window
-        } else {
-            0
-        };
         let (freq, scale, rd) = self.ropes[f.sliding as usize];
+        let mut args = [I(0); 21];
+        args[..13].copy_from_slice(&self.attention_args(layer, q, out, gate));
+        args[13..].copy_from_slice(&[
+            P(k),
+            P(v),
+            P(self.w.vector(f.qw).ptr),
+            P(self.w.vector(f.kw).ptr),
+            P(freq),
+            F(scale),
+            I(rd as i32),
+            F(c.rms_eps),
+        ]);
         self.dev.launch3(
             self.kv_kernel(K::AttentionDecodeQk, K::AttentionDecodeQkF16),
             (c.n_heads[layer] as u32, 1, split as u32),
             128,
-            &[
-                P(q),
-                P(kv.k),
-                P(kv.v),
-                P(out),
-                P(self.part),
-                I(kv.cap as i32),
-                I(c.n_heads[layer] as i32),
-                I(c.n_kv_heads as i32),
-                I(c.head_dim as i32),
-                I(window as i32),
-                P(self.params),
-                P(gate.map_or(0, |g| g.0)),
-                I(gate.map_or(0, |g| g.1 as i32)),
-                P(k),
-                P(v),
-                P(self.w.vector(f.qw).ptr),
-                P(self.w.vector(f.kw).ptr),
-                P(freq),
-                F(scale),
-                I(rd as i32),
-                F(c.rms_eps),
-            ],
+            &args,
         )
     }
 
