@@ -3,6 +3,7 @@
 // at most MVQ_MAX_TOKENS tokens when the session runs with quantised activations; the f32
 // kernels of matmul.cu / moe.cu remain the exact (reference-numerics) path.
 #include "mmvq.cuh"
+#include "route.cuh"
 
 #define MV_WARPS 4
 #define MV_MATS 4
@@ -142,13 +143,21 @@ __device__ void mv_split(const u8* __restrict__ W, u64 row_bytes, const float* _
 // S != T (moe_gate_up_mixed): the shared expert's gate and up are float matrices of si rows
 // (srow bytes each) read against the f32 input xf, slot K's blocks taking warp_parts2_h's
 // loop; the grid then covers max(I, si) rows.
-template <int T, int S = T>
+// ROUTE (moe_gate_up_route_*): the step's routing is done here instead of by route_block:
+// z holds the router logits (E of them) and rbias the selection bias; warp 0 of each routed
+// block finds its slot's expert (route.cuh's warp_route, route_block's choice bit for bit),
+// and block 0 of the last slot, which finds every slot's, writes ids and weights (then
+// outputs) and their copy for the down kernel. The mixed twins are held to 7 blocks per SM
+// (72 registers, as moe_gate_up_mixed_*: 76 without the bound gave 6).
+template <int T, int S = T, bool ROUTE = false>
 __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                               u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
                               const u8* __restrict__ xq, const float* __restrict__ ids,
                               const float* __restrict__ weights, float* __restrict__ route_copy,
                               float* __restrict__ act, int I, int H, int K, u64 srow = 0,
-                              const float* __restrict__ xf = nullptr, int si = 0) {
+                              const float* __restrict__ xf = nullptr, int si = 0,
+                              const float* __restrict__ z = nullptr, const float* __restrict__ rbias = nullptr,
+                              int E = 0, int norm = 0) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     // A float shared expert's warps read ~3x a CT4 slot's bytes: its blocks go first (grid
@@ -162,9 +171,24 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
         prefetch_l2(Su + (size_t)r * sb, sb);
     }
     pdl_wait();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
-        route_copy[threadIdx.x] = ids[threadIdx.x];
-        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+    u32 expert = 0;
+    if constexpr (ROUTE) {
+        __shared__ u32 chosen;
+        if (k < K) {
+            if (threadIdx.x < 32) {
+                bool all = blockIdx.x == 0 && k == K - 1;
+                u32 e = warp_route(z, rbias, E, K, norm, k, all ? (float*)ids : nullptr, all ? (float*)weights : nullptr,
+                                   route_copy);
+                if (threadIdx.x == 0) chosen = e;
+            }
+            __syncthreads();
+            expert = chosen;
+        }
+    } else {
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
+            route_copy[threadIdx.x] = ids[threadIdx.x];
+            route_copy[K + threadIdx.x] = weights[threadIdx.x];
+        }
     }
     if (r >= rows) return;
     if constexpr (S != T) {
@@ -176,7 +200,7 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
     }
     const u8 *g, *u;
     if (k < K) {
-        size_t off = (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
+        size_t off = (size_t)(ROUTE ? expert : __float_as_uint(ids[k])) * expert_bytes + (size_t)r * row_bytes;
         g = Wg + off;
         u = Wu + off;
     } else {
@@ -417,6 +441,13 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
         moe_gate_up_q<T>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, \
                          I, H, K);                                                                 \
     }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_route_q_##name(       \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
+        const u8* xq, float* ids, float* weights, float* route_copy, float* act, int I, int H,     \
+        int K, const float* z, const float* rbias, int E, int norm) {                              \
+        moe_gate_up_q<T, T, true>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,       \
+                                  route_copy, act, I, H, K, 0, nullptr, 0, z, rbias, E, norm);     \
+    }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_q_##name(                \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
         const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
@@ -460,6 +491,14 @@ MVH_TYPES(DEFINE_MVH)
         int H, int K, u64 srow, const float* xf, int si) {                                         \
         moe_gate_up_q<T, S>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, \
                             act, I, H, K, srow, xf, si);                                           \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 7) moe_gate_up_route_mixed_##name(\
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
+        const u8* xq, float* ids, float* weights, float* route_copy, float* act, int I, int H,     \
+        int K, u64 srow, const float* xf, int si, const float* z, const float* rbias, int E,       \
+        int norm) {                                                                                \
+        moe_gate_up_q<T, S, true>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,       \
+                                  route_copy, act, I, H, K, srow, xf, si, z, rbias, E, norm);      \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_mixed_##name(            \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \

@@ -170,6 +170,12 @@ manifest! {
     DownQQ4K => "mmvq.cu", "moe_down_q_q4_K";
     DownQQ6K => "mmvq.cu", "moe_down_q_q6_K";
     GateUpQCt4 => "mmvq.cu", "moe_gate_up_q_ct4";
+    GateUpRouteQQ8_0 => "mmvq.cu", "moe_gate_up_route_q_q8_0";
+    GateUpRouteQQ4K => "mmvq.cu", "moe_gate_up_route_q_q4_K";
+    GateUpRouteQQ6K => "mmvq.cu", "moe_gate_up_route_q_q6_K";
+    GateUpRouteQCt4 => "mmvq.cu", "moe_gate_up_route_q_ct4";
+    GateUpRouteMixedCt4Bf16 => "mmvq.cu", "moe_gate_up_route_mixed_ct4_bf16";
+    GateUpRouteMixedCt4F16 => "mmvq.cu", "moe_gate_up_route_mixed_ct4_f16";
     DownQCt4 => "mmvq.cu", "moe_down_q_ct4";
     GemmF32 => "gemm.cu", "gemm_f32";
     GemmF16 => "gemm.cu", "gemm_f16";
@@ -682,6 +688,22 @@ pub struct MvqKernels {
     pub gate_up: K,
     /// Experts' down with the weighted sum, shared expert and residual (`moe_down_q_*`).
     pub down: K,
+}
+
+impl K {
+    /// The twin of a decode gate/up kernel that does the step's routing itself
+    /// (`mmvq.cu`'s `moe_gate_up_route_*`, route.cuh), if it has one.
+    pub fn gate_up_routing(self) -> Option<K> {
+        Some(match self {
+            K::GateUpQQ8_0 => K::GateUpRouteQQ8_0,
+            K::GateUpQQ4K => K::GateUpRouteQQ4K,
+            K::GateUpQQ6K => K::GateUpRouteQQ6K,
+            K::GateUpQCt4 => K::GateUpRouteQCt4,
+            K::MoeGateUpMixedCt4Bf16 => K::GateUpRouteMixedCt4Bf16,
+            K::MoeGateUpMixedCt4F16 => K::GateUpRouteMixedCt4F16,
+            _ => return None,
+        })
+    }
 }
 
 /// An activation format of the quantised mat-vec path (`act.cu`): ggml's Q8_K or Q8_0

@@ -84,6 +84,11 @@ pub struct CudaSessionOptions {
     /// norm-then-product in the last bits). Off by default until it has run on a device;
     /// `LAGOON_CUDA_NORM_MV=1` turns it on, `=0` off.
     pub norm_products: bool,
+    /// Decode steps route inside the experts' gate/up kernel (`mmvq.cu`'s
+    /// `moe_gate_up_route_*`, route.cuh: `route_block`'s choice and weights bit for bit, one
+    /// launch per MoE layer fewer). Off by default until it has run on a device;
+    /// `LAGOON_CUDA_ROUTE_GU=1` turns it on, `=0` off.
+    pub route_in_experts: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -120,6 +125,7 @@ impl Default for CudaSessionOptions {
             grid_iq: true,
             qk_attention: false,
             norm_products: false,
+            route_in_experts: false,
         }
     }
 }
@@ -195,6 +201,15 @@ impl std::fmt::Debug for DecodeGraph {
     }
 }
 
+/// A boolean setting from the environment: `NAME=1` on, `NAME=0` off, else `default`.
+fn env_flag(name: &str, default: bool) -> bool {
+    match std::env::var(name).as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => default,
+    }
+}
+
 /// A session on one device.
 #[derive(Debug)]
 pub struct CudaSession {
@@ -235,6 +250,8 @@ pub struct CudaSession {
     qk_attention: bool,
     /// [`CudaSessionOptions::norm_products`], after `LAGOON_CUDA_NORM_MV`.
     norm_products: bool,
+    /// [`CudaSessionOptions::route_in_experts`], after `LAGOON_CUDA_ROUTE_GU`.
+    route_in_experts: bool,
     /// Prefill expert grouping: pair indices sorted by expert, then the tiles.
     _groups: CudaSlice<u32>,
     sorted: u64,
@@ -331,11 +348,7 @@ impl CudaSession {
             ));
         }
         let dev = Device::new(opts.device)?;
-        let grid_iq = match std::env::var("LAGOON_CUDA_GRID_IQ").as_deref() {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => opts.grid_iq,
-        };
+        let grid_iq = env_flag("LAGOON_CUDA_GRID_IQ", opts.grid_iq);
         let weights = DeviceWeights::upload(&dev, w, grid_iq)?;
         let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
         let prefill = laguna::build(cfg, &w.gates, opts.ubatch, opts.all_logits);
@@ -554,16 +567,9 @@ impl CudaSession {
             part,
             splits,
             sm_count,
-            qk_attention: match std::env::var("LAGOON_CUDA_QK_ATTN").as_deref() {
-                Ok("0") => false,
-                Ok("1") => true,
-                _ => opts.qk_attention,
-            },
-            norm_products: match std::env::var("LAGOON_CUDA_NORM_MV").as_deref() {
-                Ok("0") => false,
-                Ok("1") => true,
-                _ => opts.norm_products,
-            },
+            qk_attention: env_flag("LAGOON_CUDA_QK_ATTN", opts.qk_attention),
+            norm_products: env_flag("LAGOON_CUDA_NORM_MV", opts.norm_products),
+            route_in_experts: env_flag("LAGOON_CUDA_ROUTE_GU", opts.route_in_experts),
             _groups: groups_buf,
             sorted,
             tiles,

@@ -291,6 +291,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         grid_iq: false,
                         qk_attention: false,
                         norm_products: false,
+                        route_in_experts: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -681,6 +682,55 @@ fn norm_products_fusion_matches_the_unfused() {
             "{model}: the fused kernel took {} of {} layer steps",
             n[0],
             4 * ckpt.config.n_layers
+        );
+    });
+}
+
+/// The decode step's routing done inside the experts' gate/up kernel
+/// (`CudaSessionOptions::route_in_experts`, `moe_gate_up_route_*`, route.cuh's warp_route)
+/// gives `route_block`'s experts and weights, so the logits are bitwise those of the
+/// separate launches: 40 one-token steps on tiny models with Q8_0 experts (the same-type
+/// kernels) and with 4-bit compressed-tensors experts beside a bf16 shared expert (the
+/// mixed kernels), graph replay with programmatic launch. A profiled run checks that the
+/// routing twin ran and `route_block` did not.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn route_in_experts_gives_the_unfused_bits() {
+    let models = [
+        "xs2_style/model-q8_0.gguf",
+        "perelem_legacy/model-q8_0.gguf",
+        "hybrid_perhead/ct-int4",
+    ];
+    each_fusion_model(&models, |model, ckpt, w, toks| {
+        let opts = |route_in_experts: bool| CudaSessionOptions {
+            n_ctx: toks.len(),
+            ubatch: 1,
+            route_in_experts,
+            ..Default::default()
+        };
+        let (fused, plain) = (
+            session_logits(ckpt, w, toks, opts(true)),
+            session_logits(ckpt, w, toks, opts(false)),
+        );
+        let same = same_bits(&fused, &plain);
+        println!(
+            "{model}: routing in the gate/up kernel vs route_block over {} steps: bitwise equal \
+             {same}, rel L2 {:.3e}",
+            toks.len(),
+            rel_l2(&fused, &plain)
+        );
+        assert!(same, "{model}: the routing fusion changed the logits");
+        let mut s = CudaSession::new(&ckpt.config, w, opts(true)).unwrap();
+        let n = launches_by_prefix(&mut s, &toks[..4], &["moe_gate_up_route_", "route_block"]);
+        println!(
+            "{model}: {} moe_gate_up_route launches, {} route_block",
+            n[0], n[1]
+        );
+        assert!(
+            n[0] > 0 && n[1] == 0,
+            "{model}: {} routing gate/up launches, {} route_block",
+            n[0],
+            n[1]
         );
     });
 }
