@@ -24,10 +24,11 @@ types=${TYPES:-q4_k_m}
 if [ "$types" = int4-g32 ]; then model=${MODEL:-/dev/shm/s21-int4}; else model=${MODEL:-/dev/shm/s21-q4km.gguf}; fi
 [ -e "$model" ] || .device/bin/synth --preset s-2.1 --types "$types" --threads 16 --out "$model" > "$out/synth.log" 2>&1
 lap "synth done"
-# VARIANTS: environment settings compared, interleaved (default: programmatic launch off/on).
+# VARIANTS: environment settings compared, interleaved (default: programmatic launch off/on);
+# one variant may set several variables, comma-separated (A=1,B=1).
 for v in ${VARIANTS:-LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1 LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1}; do
   echo "== $v"
-  env "$v" timeout 100 .device/bin/bench --model "$model" --device cuda -p 0 -n 64 -d ${DEPTHS:-0} -r 3 2>&1 \
+  env ${v//,/ } timeout 100 .device/bin/bench --model "$model" --device cuda -p 0 -n 64 -d ${DEPTHS:-0} -r 3 2>&1 \
     | grep -E "^\||floor" | tail -4
   lap "bench $v"
 done
