@@ -145,7 +145,8 @@ __device__ void mv_split(const u8* __restrict__ W, u64 row_bytes, const float* _
 // loop; the grid then covers max(I, si) rows.
 // ROUTE (moe_gate_up_route_*): the step's routing is done here instead of by route_block:
 // z holds the router logits (E of them) and rbias the selection bias; warp 0 of each routed
-// block finds its slot's expert (route.cuh's warp_route, route_block's choice bit for bit),
+// block finds its slot's expert (route.cuh's warp_route, meant to be route_block's choice bit
+// for bit; not yet run on a device),
 // and block 0 of the last slot, which finds every slot's, writes ids and weights (then
 // outputs) and their copy for the down kernel. The mixed twins are held to 7 blocks per SM
 // (72 registers, as moe_gate_up_mixed_*: 76 without the bound gave 6).

@@ -1,7 +1,8 @@
 // The decode step's top-k routing by one warp (moe.cu's route_block by a whole block): the
 // same selection (sigmoid(z) + bias, descending, ties to the lower expert; NaN and -inf
 // scores through route_block's serial rule) and the same weights (the chosen experts'
-// sigmoids, divided by their sum taken in slot order when norm), bit for bit. For kernels
+// sigmoids, divided by their sum taken in slot order when norm), meant bit for bit (device
+// test route_in_experts_gives_the_unfused_bits; not yet run on a device). For kernels
 // that need the routing of the token they work on (mmvq.cu's moe_gate_up_route_*), so the
 // routing needs no launch of its own.
 #pragma once

@@ -75,8 +75,8 @@ pub struct CudaSessionOptions {
     pub grid_iq: bool,
     /// Decode steps do the QK-norm, RoPE and KV store inside the attention kernel
     /// (`attention.cu`'s `attention_decode_qk`: one launch per layer fewer) instead of in
-    /// `fused.cu`'s `qk_norm_rope_store`; the results are bitwise the same. Off by default
-    /// until the kernel has run on a device; `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
+    /// `fused.cu`'s `qk_norm_rope_store`; designed to give the same bits (its device test
+    /// checks that). Off by default until the kernel has run on a device; `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
     pub qk_attention: bool,
     /// Decode steps fold an RMSNorm whose only readers are float products (a W4A16
     /// checkpoint's attention norm before its bf16 Q, K, V and gate) into those products
@@ -85,7 +85,7 @@ pub struct CudaSessionOptions {
     /// `LAGOON_CUDA_NORM_MV=1` turns it on, `=0` off.
     pub norm_products: bool,
     /// Decode steps route inside the experts' gate/up kernel (`mmvq.cu`'s
-    /// `moe_gate_up_route_*`, route.cuh: `route_block`'s choice and weights bit for bit, one
+    /// `moe_gate_up_route_*`, route.cuh: designed to give `route_block`'s choice and weights bit for bit, one
     /// launch per MoE layer fewer). Off by default until it has run on a device;
     /// `LAGOON_CUDA_ROUTE_GU=1` turns it on, `=0` off.
     pub route_in_experts: bool,

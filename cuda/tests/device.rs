@@ -560,6 +560,19 @@ const FUSION_GGUFS: [&str; 3] = [
     "perelem_legacy/model-q8_0.gguf",
 ];
 
+/// The logits of a session with a fusion on (`opts(true)`) and off (`opts(false)`).
+fn fused_and_plain(
+    ckpt: &Checkpoint,
+    w: &ModelWeights<'_>,
+    toks: &[u32],
+    opts: impl Fn(bool) -> CudaSessionOptions,
+) -> (Vec<f32>, Vec<f32>) {
+    (
+        session_logits(ckpt, w, toks, opts(true)),
+        session_logits(ckpt, w, toks, opts(false)),
+    )
+}
+
 /// Launches per kernel-name prefix over `n` one-token steps of a profiled session.
 fn launches_by_prefix(s: &mut CudaSession, toks: &[u32], prefixes: &[&str]) -> Vec<usize> {
     s.set_profiling(true);
@@ -598,10 +611,7 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                     qk_attention,
                     ..Default::default()
                 };
-                let (fused, plain) = (
-                    session_logits(ckpt, w, toks, opts(true)),
-                    session_logits(ckpt, w, toks, opts(false)),
-                );
+                let (fused, plain) = fused_and_plain(ckpt, w, toks, opts);
                 let same = same_bits(&fused, &plain);
                 println!(
                     "{model} kv_f16 {kv_f16} split keys {split_keys}: QK in attention vs apart over {} \
@@ -664,10 +674,7 @@ fn norm_products_fusion_matches_the_unfused() {
             norm_products,
             ..Default::default()
         };
-        let (fused, plain) = (
-            session_logits(ckpt, w, toks, opts(true)),
-            session_logits(ckpt, w, toks, opts(false)),
-        );
+        let (fused, plain) = fused_and_plain(ckpt, w, toks, opts);
         let d = rel_l2(&fused, &plain);
         println!("{model}: norm folded into the products vs apart, rel L2 {d:.3e}");
         assert!(
@@ -708,10 +715,7 @@ fn route_in_experts_gives_the_unfused_bits() {
             route_in_experts,
             ..Default::default()
         };
-        let (fused, plain) = (
-            session_logits(ckpt, w, toks, opts(true)),
-            session_logits(ckpt, w, toks, opts(false)),
-        );
+        let (fused, plain) = fused_and_plain(ckpt, w, toks, opts);
         let same = same_bits(&fused, &plain);
         println!(
             "{model}: routing in the gate/up kernel vs route_block over {} steps: bitwise equal \
