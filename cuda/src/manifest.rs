@@ -133,8 +133,6 @@ manifest! {
     MvF16 => "mmvq.cu", "mv_f16";
     MvSplitBf16 => "mmvq.cu", "mv_split_bf16";
     MvSplitF16 => "mmvq.cu", "mv_split_f16";
-    MvNormBf16 => "mmvq.cu", "mv_norm_bf16";
-    MvNormF16 => "mmvq.cu", "mv_norm_f16";
     MvSwigluBf16 => "mmvq.cu", "mv_swiglu_bf16";
     MoeGateUpMixedCt4Bf16 => "mmvq.cu", "moe_gate_up_mixed_ct4_bf16";
     MoeDownMixedCt4Bf16 => "mmvq.cu", "moe_down_mixed_ct4_bf16";
@@ -170,12 +168,6 @@ manifest! {
     DownQQ4K => "mmvq.cu", "moe_down_q_q4_K";
     DownQQ6K => "mmvq.cu", "moe_down_q_q6_K";
     GateUpQCt4 => "mmvq.cu", "moe_gate_up_q_ct4";
-    GateUpRouteQQ8_0 => "mmvq.cu", "moe_gate_up_route_q_q8_0";
-    GateUpRouteQQ4K => "mmvq.cu", "moe_gate_up_route_q_q4_K";
-    GateUpRouteQQ6K => "mmvq.cu", "moe_gate_up_route_q_q6_K";
-    GateUpRouteQCt4 => "mmvq.cu", "moe_gate_up_route_q_ct4";
-    GateUpRouteMixedCt4Bf16 => "mmvq.cu", "moe_gate_up_route_mixed_ct4_bf16";
-    GateUpRouteMixedCt4F16 => "mmvq.cu", "moe_gate_up_route_mixed_ct4_f16";
     DownQCt4 => "mmvq.cu", "moe_down_q_ct4";
     GemmF32 => "gemm.cu", "gemm_f32";
     GemmF16 => "gemm.cu", "gemm_f16";
@@ -503,15 +495,6 @@ impl WType {
             _ => None,
         }
     }
-    /// The batch-1 float mat-vec with the RMSNorm of its input fused (`mmvq.cu`'s
-    /// `mv_norm_*`).
-    pub fn mvh_norm(self) -> Option<K> {
-        match self {
-            WType::Bf16 => Some(K::MvNormBf16),
-            WType::F16 => Some(K::MvNormF16),
-            _ => None,
-        }
-    }
     /// Batch-1 expert kernels `(gate_up, down)` for routed experts of this type with a shared
     /// expert of float type `shared` (`mmvq.cu`'s `moe_gate_up_mixed_*`, `moe_down_mixed_*`:
     /// W4A16's CT4 experts with a bf16 or f16 shared expert, all in two launches).
@@ -688,22 +671,6 @@ pub struct MvqKernels {
     pub gate_up: K,
     /// Experts' down with the weighted sum, shared expert and residual (`moe_down_q_*`).
     pub down: K,
-}
-
-impl K {
-    /// The twin of a decode gate/up kernel that does the step's routing itself
-    /// (`mmvq.cu`'s `moe_gate_up_route_*`, route.cuh), if it has one.
-    pub fn gate_up_routing(self) -> Option<K> {
-        Some(match self {
-            K::GateUpQQ8_0 => K::GateUpRouteQQ8_0,
-            K::GateUpQQ4K => K::GateUpRouteQQ4K,
-            K::GateUpQQ6K => K::GateUpRouteQQ6K,
-            K::GateUpQCt4 => K::GateUpRouteQCt4,
-            K::MoeGateUpMixedCt4Bf16 => K::GateUpRouteMixedCt4Bf16,
-            K::MoeGateUpMixedCt4F16 => K::GateUpRouteMixedCt4F16,
-            _ => return None,
-        })
-    }
 }
 
 /// An activation format of the quantised mat-vec path (`act.cu`): ggml's Q8_K or Q8_0

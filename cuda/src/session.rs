@@ -75,20 +75,9 @@ pub struct CudaSessionOptions {
     pub grid_iq: bool,
     /// Decode steps do the QK-norm, RoPE and KV store inside the attention kernel
     /// (`attention.cu`'s `attention_decode_qk`: one launch per layer fewer) instead of in
-    /// `fused.cu`'s `qk_norm_rope_store`; designed to give the same bits (its device test
-    /// checks that). Off by default until the kernel has run on a device; `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
+    /// `fused.cu`'s `qk_norm_rope_store`; the results are bitwise the same. Off by default
+    /// until the kernel has run on a device; `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
     pub qk_attention: bool,
-    /// Decode steps fold an RMSNorm whose only readers are float products (a W4A16
-    /// checkpoint's attention norm before its bf16 Q, K, V and gate) into those products
-    /// (`mmvq.cu`'s `mv_norm_*`: the norm's launch saved; rounding differs from
-    /// norm-then-product in the last bits). Off by default until it has run on a device;
-    /// `LAGOON_CUDA_NORM_MV=1` turns it on, `=0` off.
-    pub norm_products: bool,
-    /// Decode steps route inside the experts' gate/up kernel (`mmvq.cu`'s
-    /// `moe_gate_up_route_*`, route.cuh: designed to give `route_block`'s choice and weights bit for bit, one
-    /// launch per MoE layer fewer). Off by default until it has run on a device;
-    /// `LAGOON_CUDA_ROUTE_GU=1` turns it on, `=0` off.
-    pub route_in_experts: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -124,8 +113,6 @@ impl Default for CudaSessionOptions {
             kv_f16: false,
             grid_iq: true,
             qk_attention: false,
-            norm_products: false,
-            route_in_experts: false,
         }
     }
 }
@@ -201,15 +188,6 @@ impl std::fmt::Debug for DecodeGraph {
     }
 }
 
-/// A boolean setting from the environment: `NAME=1` on, `NAME=0` off, else `default`.
-fn env_flag(name: &str, default: bool) -> bool {
-    match std::env::var(name).as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => default,
-    }
-}
-
 /// A session on one device.
 #[derive(Debug)]
 pub struct CudaSession {
@@ -248,10 +226,6 @@ pub struct CudaSession {
     sm_count: usize,
     /// [`CudaSessionOptions::qk_attention`], after `LAGOON_CUDA_QK_ATTN`.
     qk_attention: bool,
-    /// [`CudaSessionOptions::norm_products`], after `LAGOON_CUDA_NORM_MV`.
-    norm_products: bool,
-    /// [`CudaSessionOptions::route_in_experts`], after `LAGOON_CUDA_ROUTE_GU`.
-    route_in_experts: bool,
     /// Prefill expert grouping: pair indices sorted by expert, then the tiles.
     _groups: CudaSlice<u32>,
     sorted: u64,
@@ -348,7 +322,11 @@ impl CudaSession {
             ));
         }
         let dev = Device::new(opts.device)?;
-        let grid_iq = env_flag("LAGOON_CUDA_GRID_IQ", opts.grid_iq);
+        let grid_iq = match std::env::var("LAGOON_CUDA_GRID_IQ").as_deref() {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => opts.grid_iq,
+        };
         let weights = DeviceWeights::upload(&dev, w, grid_iq)?;
         let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
         let prefill = laguna::build(cfg, &w.gates, opts.ubatch, opts.all_logits);
@@ -567,9 +545,11 @@ impl CudaSession {
             part,
             splits,
             sm_count,
-            qk_attention: env_flag("LAGOON_CUDA_QK_ATTN", opts.qk_attention),
-            norm_products: env_flag("LAGOON_CUDA_NORM_MV", opts.norm_products),
-            route_in_experts: env_flag("LAGOON_CUDA_ROUTE_GU", opts.route_in_experts),
+            qk_attention: match std::env::var("LAGOON_CUDA_QK_ATTN").as_deref() {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => opts.qk_attention,
+            },
             _groups: groups_buf,
             sorted,
             tiles,

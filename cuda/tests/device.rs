@@ -290,8 +290,6 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         kv_f16: false,
                         grid_iq: false,
                         qk_attention: false,
-                        norm_products: false,
-                        route_in_experts: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -560,19 +558,6 @@ const FUSION_GGUFS: [&str; 3] = [
     "perelem_legacy/model-q8_0.gguf",
 ];
 
-/// The logits of a session with a fusion on (`opts(true)`) and off (`opts(false)`).
-fn fused_and_plain(
-    ckpt: &Checkpoint,
-    w: &ModelWeights<'_>,
-    toks: &[u32],
-    opts: impl Fn(bool) -> CudaSessionOptions,
-) -> (Vec<f32>, Vec<f32>) {
-    (
-        session_logits(ckpt, w, toks, opts(true)),
-        session_logits(ckpt, w, toks, opts(false)),
-    )
-}
-
 /// Launches per kernel-name prefix over `n` one-token steps of a profiled session.
 fn launches_by_prefix(s: &mut CudaSession, toks: &[u32], prefixes: &[&str]) -> Vec<usize> {
     s.set_profiling(true);
@@ -611,7 +596,10 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                     qk_attention,
                     ..Default::default()
                 };
-                let (fused, plain) = fused_and_plain(ckpt, w, toks, opts);
+                let (fused, plain) = (
+                    session_logits(ckpt, w, toks, opts(true)),
+                    session_logits(ckpt, w, toks, opts(false)),
+                );
                 let same = same_bits(&fused, &plain);
                 println!(
                     "{model} kv_f16 {kv_f16} split keys {split_keys}: QK in attention vs apart over {} \
@@ -655,87 +643,6 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                 4 * ckpt.config.n_layers
             );
         }
-    });
-}
-
-/// The attention norm folded into the float Q/K/V/gate products of a bf16 checkpoint
-/// (`CudaSessionOptions::norm_products`, `mv_norm_*`): 40 one-token steps of the tiny bf16
-/// models with and without it agree to f32 rounding (the scale is applied to each sum
-/// instead of to each element), and a profiled run shows the fused kernel ran and the norm
-/// kernel it replaces did not run for those layers.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn norm_products_fusion_matches_the_unfused() {
-    let models = ["hybrid_perhead/hf-bf16", "perelem_legacy/hf-bf16"];
-    each_fusion_model(&models, |model, ckpt, w, toks| {
-        let opts = |norm_products: bool| CudaSessionOptions {
-            n_ctx: toks.len(),
-            ubatch: 1,
-            norm_products,
-            ..Default::default()
-        };
-        let (fused, plain) = fused_and_plain(ckpt, w, toks, opts);
-        let d = rel_l2(&fused, &plain);
-        println!("{model}: norm folded into the products vs apart, rel L2 {d:.3e}");
-        assert!(
-            d < 1e-5,
-            "{model}: rel L2 {d:.3e} between the fused and unfused norm"
-        );
-        let mut s = CudaSession::new(&ckpt.config, w, opts(true)).unwrap();
-        let n = launches_by_prefix(&mut s, &toks[..4], &["mv_norm_", "rms_norm_row"]);
-        println!("{model}: {} mv_norm launches, {} rms_norm_row", n[0], n[1]);
-        assert!(
-            n[0] >= 4 * ckpt.config.n_layers,
-            "{model}: the fused kernel took {} of {} layer steps",
-            n[0],
-            4 * ckpt.config.n_layers
-        );
-    });
-}
-
-/// The decode step's routing done inside the experts' gate/up kernel
-/// (`CudaSessionOptions::route_in_experts`, `moe_gate_up_route_*`, route.cuh's warp_route)
-/// gives `route_block`'s experts and weights, so the logits are bitwise those of the
-/// separate launches: 40 one-token steps on tiny models with Q8_0 experts (the same-type
-/// kernels) and with 4-bit compressed-tensors experts beside a bf16 shared expert (the
-/// mixed kernels), graph replay with programmatic launch. A profiled run checks that the
-/// routing twin ran and `route_block` did not.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn route_in_experts_gives_the_unfused_bits() {
-    let models = [
-        "xs2_style/model-q8_0.gguf",
-        "perelem_legacy/model-q8_0.gguf",
-        "hybrid_perhead/ct-int4",
-    ];
-    each_fusion_model(&models, |model, ckpt, w, toks| {
-        let opts = |route_in_experts: bool| CudaSessionOptions {
-            n_ctx: toks.len(),
-            ubatch: 1,
-            route_in_experts,
-            ..Default::default()
-        };
-        let (fused, plain) = fused_and_plain(ckpt, w, toks, opts);
-        let same = same_bits(&fused, &plain);
-        println!(
-            "{model}: routing in the gate/up kernel vs route_block over {} steps: bitwise equal \
-             {same}, rel L2 {:.3e}",
-            toks.len(),
-            rel_l2(&fused, &plain)
-        );
-        assert!(same, "{model}: the routing fusion changed the logits");
-        let mut s = CudaSession::new(&ckpt.config, w, opts(true)).unwrap();
-        let n = launches_by_prefix(&mut s, &toks[..4], &["moe_gate_up_route_", "route_block"]);
-        println!(
-            "{model}: {} moe_gate_up_route launches, {} route_block",
-            n[0], n[1]
-        );
-        assert!(
-            n[0] > 0 && n[1] == 0,
-            "{model}: {} routing gate/up launches, {} route_block",
-            n[0],
-            n[1]
-        );
     });
 }
 

@@ -90,10 +90,6 @@ impl CudaSession {
                     if !float || !cols.is_multiple_of(4) {
                         return Ok(0);
                     }
-                    let used = self.norm_into_products(graph, i)?;
-                    if used > 0 {
-                        return Ok(used);
-                    }
                     dev.launch(
                         K::RmsNormRow,
                         (1, 1),
@@ -262,16 +258,191 @@ impl CudaSession {
                 }
                 Ok(len)
             }
+            // Attention with the output gate fused: into the decode kernel's write when
+            // there is one split, else into the merge of the splits.
             // Attention with the output gate fused (QK-norm and RoPE ran before it).
             Op::Attention { .. } => self.fused_attention(graph, i, None),
-            Op::Experts { .. } => self.fused_experts(graph, i, None),
-            // The routing done by the gate/up kernel of the experts after it.
-            Op::Route {
+            Op::Experts {
                 layer,
-                z,
+                x,
                 ids,
                 weights,
-            } => self.fused_route(graph, i, layer, z, ids, weights),
+                out,
+            } => {
+                let DFfn::Moe { gate, up, down, .. } = &self.w.layers[layer].ffn else {
+                    return Ok(0);
+                };
+                let (Some(fg), Some(kg), Some(fd), Some(kd)) =
+                    (gate.ty.act(), gate.ty.mvq(), down.ty.act(), down.ty.mvq())
+                else {
+                    return Ok(0);
+                };
+                if gate.ty != up.ty {
+                    return Ok(0);
+                }
+                let (h, ffn, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
+                // The shared expert's MLP and the two adds after the experts, when their
+                // types and widths let the expert kernels take them as slot K: of the
+                // experts' type, or float matrices beside CT4 experts (`mixed`: the mixed
+                // kernels and the shared gate's and down's row bytes).
+                let (mut used, mut shared, mut res, mut dst) = (1, None, 0u64, out);
+                let mut mixed = None;
+                if let (
+                    Some(Op::MatMul {
+                        x: x1,
+                        w: w1,
+                        out: sg,
+                    }),
+                    Some(Op::MatMul {
+                        x: x2,
+                        w: w2,
+                        out: su,
+                    }),
+                    Some(Op::SwiGlu {
+                        gate: g3,
+                        up: u3,
+                        out: sa,
+                    }),
+                    Some(Op::MatMul {
+                        x: x4,
+                        w: w4,
+                        out: sd,
+                    }),
+                    Some(Op::Add {
+                        a: a5,
+                        b: b5,
+                        out: f,
+                    }),
+                ) = (next(1), next(2), next(3), next(4), next(5))
+                {
+                    let (m1, m2, m4) = (self.w.mat(w1), self.w.mat(w2), self.w.mat(w4));
+                    let linked = x1 == x
+                        && x2 == x
+                        && g3 == sg
+                        && u3 == su
+                        && x4 == sa
+                        && a5 == out
+                        && b5 == sd
+                        && [out, sg, su, sa, sd].iter().all(|&v| once(v));
+                    let same = m1.ty == gate.ty
+                        && m2.ty == gate.ty
+                        && m4.ty == down.ty
+                        && m1.rows == ffn
+                        && m1.row_bytes == gate.row_bytes
+                        && m4.row_bytes == down.row_bytes;
+                    // (The shared activations follow the routed ones in the expert scratch,
+                    // which holds 2·k·ffn values at least.)
+                    let si = m1.rows;
+                    let float_shared = m2.ty == m1.ty
+                        && m4.ty == m1.ty
+                        && down.ty == gate.ty
+                        && (m1.cols, m2.rows, m2.cols) == (h, si, h)
+                        && (m4.rows, m4.cols) == (h, si)
+                        && m1.row_bytes == m2.row_bytes
+                        && si <= k * ffn
+                        && h.is_multiple_of(8)
+                        && si.is_multiple_of(8);
+                    let mixed_k = gate
+                        .ty
+                        .moe_mixed(m1.ty)
+                        .filter(|_| float_shared)
+                        .map(|kk| (kk, m1.row_bytes, m4.row_bytes, si));
+                    if linked && (same || mixed_k.is_some()) {
+                        mixed = mixed_k;
+                        shared = Some((m1.ptr, m2.ptr, m4.ptr));
+                        used = 6;
+                        dst = f;
+                        if let Some(Op::Add { a, b, out: x2 }) = next(6)
+                            && b == f
+                            && once(f)
+                        {
+                            res = at(a);
+                            dst = x2;
+                            used = 7;
+                        }
+                    }
+                }
+                let slots = k + shared.is_some() as usize;
+                let (sg, su, sd) = shared.unwrap_or((0, 0, 0));
+                self.quantize_input(x, at(x), h, fg)?;
+                // The mixed kernels' extra arguments: the shared matrix's row bytes and its
+                // f32 input (x for gate/up; the shared expert's SwiGLU row, slot k of act,
+                // for down).
+                let (gate_up_k, down_k, gu_extra, d_extra, rows) = match mixed {
+                    Some(((gu, dk), srow_gu, srow_d, si)) => (
+                        gu,
+                        dk,
+                        [P(srow_gu), P(at(x)), I(si as i32)],
+                        [P(srow_d), P(self.act + 4 * (k * ffn) as u64), I(si as i32)],
+                        ffn.max(si),
+                    ),
+                    None => (
+                        kg.gate_up,
+                        kd.down,
+                        [P(0), P(0), I(0)],
+                        [P(0), P(0), I(0)],
+                        ffn,
+                    ),
+                };
+                let n_extra = if mixed.is_some() { 3 } else { 0 };
+                let gu_args = [
+                    P(gate.ptr),
+                    P(up.ptr),
+                    P(gate.expert_bytes),
+                    P(gate.row_bytes),
+                    P(sg),
+                    P(su),
+                    P(self.xq),
+                    P(at(ids)),
+                    P(at(weights)),
+                    P(self.route_copy),
+                    P(self.act),
+                    I(ffn as i32),
+                    I(h as i32),
+                    I(k as i32),
+                    gu_extra[0],
+                    gu_extra[1],
+                    gu_extra[2],
+                ];
+                dev.launch(
+                    gate_up_k,
+                    (blocks(rows, 4), slots as u32),
+                    128,
+                    &gu_args[..gu_args.len() - 3 + n_extra],
+                )?;
+                // (A float shared expert's activations stay f32: only the routed rows are
+                // quantised.)
+                let stride = fd.row_stride(ffn);
+                let qrows = if mixed.is_some() { k } else { slots };
+                self.dev
+                    .quantize_act(fd, self.act, self.actq, ffn, stride, qrows)?;
+                let d_args = [
+                    P(down.ptr),
+                    P(down.expert_bytes),
+                    P(down.row_bytes),
+                    P(sd),
+                    P(self.actq),
+                    P(stride as u64),
+                    P(self.route_copy),
+                    P(self.route_copy + 4 * k as u64),
+                    P(res),
+                    P(at(dst)),
+                    I(h as i32),
+                    I(ffn as i32),
+                    I(k as i32),
+                    F(c.routed_scaling),
+                    d_extra[0],
+                    d_extra[1],
+                    d_extra[2],
+                ];
+                dev.launch(
+                    down_k,
+                    (blocks(h, 4), 1),
+                    128,
+                    &d_args[..d_args.len() - 3 + n_extra],
+                )?;
+                Ok(used)
+            }
             _ => Ok(0),
         }
     }
@@ -378,318 +549,6 @@ impl CudaSession {
         Ok(2)
     }
 
-    /// The RMSNorm at node `i` folded into the float products after it that are its only
-    /// readers (`mv_norm_*`: a W4A16 checkpoint's bf16 Q, K, V and gate), when the session
-    /// takes that fusion ([`crate::CudaSessionOptions::norm_products`]): the nodes covered,
-    /// or 0 with nothing launched.
-    fn norm_into_products(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
-        let Op::RmsNorm { x, w: gw, out: xn } = graph.nodes[i] else {
-            return Ok(0);
-        };
-        if !self.norm_products {
-            return Ok(0);
-        }
-        let at = |v: usize| self.at(graph, v);
-        let mut mats = [(self.w.token_embd, 0u64, 0u64); MV_MATS];
-        let mut len = 0;
-        let mut kernel = None;
-        while len < MV_MATS
-            && let Some(&Op::MatMul { x: xj, w, out }) = graph.nodes.get(i + 1 + len)
-            && xj == xn
-        {
-            let m = self.w.mat(w);
-            let k = m.ty.mvh_norm();
-            // One kernel for the run, every output clear of the norm's input x (the kernel
-            // reads x while it writes).
-            if k.is_none()
-                || kernel.is_some_and(|kk| Some(kk) != k)
-                || !m.cols.is_multiple_of(8)
-                || !apart(graph, out, x)
-            {
-                break;
-            }
-            kernel = k;
-            mats[len] = (m, at(out), 0);
-            len += 1;
-        }
-        // The normed value itself is never written: only these products may read it.
-        let Some(kernel) = kernel.filter(|_| self.readers[xn] as usize == len) else {
-            return Ok(0);
-        };
-        self.mv_with(
-            kernel,
-            at(x),
-            &mats[..len],
-            &[Arg::P(self.w.vector(gw).ptr), Arg::F(self.cfg.rms_eps)],
-        )?;
-        Ok(1 + len)
-    }
-
-    /// The decode step's routed experts at node `i` (`Op::Experts`), with the shared expert
-    /// and the adds after them when they fit: the gate/up kernel, the activations' quantiser
-    /// and the down kernel. `route` (the router logits' value and the selection bias): the
-    /// routing node before node `i`, done by the gate/up kernel itself (its
-    /// `moe_gate_up_route_*` twin); None: it ran already. Returns the nodes covered from `i`,
-    /// or 0 with nothing launched.
-    fn fused_experts(
-        &self,
-        graph: &Graph,
-        i: usize,
-        route: Option<(usize, u64)>,
-    ) -> Result<usize, CudaError> {
-        use Arg::{F, I, P};
-        let c = &self.cfg;
-        let dev = &self.dev;
-        let at = |v: usize| self.at(graph, v);
-        let once = |v: usize| self.readers[v] == 1;
-        let next = |k: usize| self.next(graph, i, k);
-        let Op::Experts {
-            layer,
-            x,
-            ids,
-            weights,
-            out,
-        } = graph.nodes[i]
-        else {
-            return Ok(0);
-        };
-        let DFfn::Moe { gate, up, down, .. } = &self.w.layers[layer].ffn else {
-            return Ok(0);
-        };
-        let (Some(fg), Some(kg), Some(fd), Some(kd)) =
-            (gate.ty.act(), gate.ty.mvq(), down.ty.act(), down.ty.mvq())
-        else {
-            return Ok(0);
-        };
-        if gate.ty != up.ty {
-            return Ok(0);
-        }
-        let (h, ffn, k) = (c.hidden_size, c.expert_ffn, c.n_experts_used);
-        // The shared expert's MLP and the two adds after the experts, when their
-        // types and widths let the expert kernels take them as slot K: of the
-        // experts' type, or float matrices beside CT4 experts (`mixed`: the mixed
-        // kernels and the shared gate's and down's row bytes).
-        let (mut used, mut shared, mut res, mut dst) = (1, None, 0u64, out);
-        let mut mixed = None;
-        if let (
-            Some(Op::MatMul {
-                x: x1,
-                w: w1,
-                out: sg,
-            }),
-            Some(Op::MatMul {
-                x: x2,
-                w: w2,
-                out: su,
-            }),
-            Some(Op::SwiGlu {
-                gate: g3,
-                up: u3,
-                out: sa,
-            }),
-            Some(Op::MatMul {
-                x: x4,
-                w: w4,
-                out: sd,
-            }),
-            Some(Op::Add {
-                a: a5,
-                b: b5,
-                out: f,
-            }),
-        ) = (next(1), next(2), next(3), next(4), next(5))
-        {
-            let (m1, m2, m4) = (self.w.mat(w1), self.w.mat(w2), self.w.mat(w4));
-            let linked = x1 == x
-                && x2 == x
-                && g3 == sg
-                && u3 == su
-                && x4 == sa
-                && a5 == out
-                && b5 == sd
-                && [out, sg, su, sa, sd].iter().all(|&v| once(v));
-            let same = m1.ty == gate.ty
-                && m2.ty == gate.ty
-                && m4.ty == down.ty
-                && m1.rows == ffn
-                && m1.row_bytes == gate.row_bytes
-                && m4.row_bytes == down.row_bytes;
-            // (The shared activations follow the routed ones in the expert scratch,
-            // which holds 2·k·ffn values at least.)
-            let si = m1.rows;
-            let float_shared = m2.ty == m1.ty
-                && m4.ty == m1.ty
-                && down.ty == gate.ty
-                && (m1.cols, m2.rows, m2.cols) == (h, si, h)
-                && (m4.rows, m4.cols) == (h, si)
-                && m1.row_bytes == m2.row_bytes
-                && si <= k * ffn
-                && h.is_multiple_of(8)
-                && si.is_multiple_of(8);
-            let mixed_k = gate
-                .ty
-                .moe_mixed(m1.ty)
-                .filter(|_| float_shared)
-                .map(|kk| (kk, m1.row_bytes, m4.row_bytes, si));
-            if linked && (same || mixed_k.is_some()) {
-                mixed = mixed_k;
-                shared = Some((m1.ptr, m2.ptr, m4.ptr));
-                used = 6;
-                dst = f;
-                if let Some(Op::Add { a, b, out: x2 }) = next(6)
-                    && b == f
-                    && once(f)
-                {
-                    res = at(a);
-                    dst = x2;
-                    used = 7;
-                }
-            }
-        }
-        // The routing inside the gate/up kernel (`route`: the router logits and the selection
-        // bias): its twin kernel, which writes ids and weights while other blocks read z and
-        // x, so those must not overlap.
-        let gate_up_base = mixed.map_or(kg.gate_up, |((gu, _), ..)| gu);
-        let routing = match route {
-            None => None,
-            Some((z, bias)) => {
-                let clear = [ids, weights]
-                    .iter()
-                    .all(|&v| apart(graph, v, x) && apart(graph, v, z));
-                match gate_up_base.gate_up_routing() {
-                    Some(twin) if clear => Some((twin, at(z), bias)),
-                    _ => return Ok(0),
-                }
-            }
-        };
-        let slots = k + shared.is_some() as usize;
-        let (sg, su, sd) = shared.unwrap_or((0, 0, 0));
-        self.quantize_input(x, at(x), h, fg)?;
-        // The mixed kernels' extra arguments: the shared matrix's row bytes and its
-        // f32 input (x for gate/up; the shared expert's SwiGLU row, slot k of act,
-        // for down).
-        let (gate_up_k, down_k, gu_extra, d_extra, rows) = match mixed {
-            Some(((gu, dk), srow_gu, srow_d, si)) => (
-                gu,
-                dk,
-                [P(srow_gu), P(at(x)), I(si as i32)],
-                [P(srow_d), P(self.act + 4 * (k * ffn) as u64), I(si as i32)],
-                ffn.max(si),
-            ),
-            None => (
-                kg.gate_up,
-                kd.down,
-                [P(0), P(0), I(0)],
-                [P(0), P(0), I(0)],
-                ffn,
-            ),
-        };
-        let n_extra = if mixed.is_some() { 3 } else { 0 };
-        let gu_args = [
-            P(gate.ptr),
-            P(up.ptr),
-            P(gate.expert_bytes),
-            P(gate.row_bytes),
-            P(sg),
-            P(su),
-            P(self.xq),
-            P(at(ids)),
-            P(at(weights)),
-            P(self.route_copy),
-            P(self.act),
-            I(ffn as i32),
-            I(h as i32),
-            I(k as i32),
-            gu_extra[0],
-            gu_extra[1],
-            gu_extra[2],
-        ];
-        let mut args = gu_args[..gu_args.len() - 3 + n_extra].to_vec();
-        let kernel = match routing {
-            Some((twin, z, bias)) => {
-                args.extend([
-                    P(z),
-                    P(bias),
-                    I(c.n_experts as i32),
-                    I(c.norm_topk_prob as i32),
-                ]);
-                twin
-            }
-            None => gate_up_k,
-        };
-        dev.launch(kernel, (blocks(rows, 4), slots as u32), 128, &args)?;
-        // (A float shared expert's activations stay f32: only the routed rows are
-        // quantised.)
-        let stride = fd.row_stride(ffn);
-        let qrows = if mixed.is_some() { k } else { slots };
-        self.dev
-            .quantize_act(fd, self.act, self.actq, ffn, stride, qrows)?;
-        let d_args = [
-            P(down.ptr),
-            P(down.expert_bytes),
-            P(down.row_bytes),
-            P(sd),
-            P(self.actq),
-            P(stride as u64),
-            P(self.route_copy),
-            P(self.route_copy + 4 * k as u64),
-            P(res),
-            P(at(dst)),
-            I(h as i32),
-            I(ffn as i32),
-            I(k as i32),
-            F(c.routed_scaling),
-            d_extra[0],
-            d_extra[1],
-            d_extra[2],
-        ];
-        dev.launch(
-            down_k,
-            (blocks(h, 4), 1),
-            128,
-            &d_args[..d_args.len() - 3 + n_extra],
-        )?;
-        Ok(used)
-    }
-
-    /// The routing at node `i` and the experts after it as one chain whose gate/up kernel
-    /// routes (`moe_gate_up_route_*`), when the session takes that fusion
-    /// ([`crate::CudaSessionOptions::route_in_experts`]): the nodes covered, or 0 with
-    /// nothing launched.
-    fn fused_route(
-        &self,
-        graph: &Graph,
-        i: usize,
-        layer: usize,
-        z: usize,
-        ids: usize,
-        weights: usize,
-    ) -> Result<usize, CudaError> {
-        let c = &self.cfg;
-        // warp_route's bounds (route.cuh): K <= 32, K <= E <= 256.
-        if !self.route_in_experts
-            || c.n_experts_used > 32
-            || c.n_experts_used > c.n_experts
-            || c.n_experts > 256
-        {
-            return Ok(0);
-        }
-        match self.next(graph, i, 1) {
-            Some(Op::Experts {
-                layer: l,
-                ids: i2,
-                weights: w2,
-                ..
-            }) if l == layer && i2 == ids && w2 == weights => {}
-            _ => return Ok(0),
-        }
-        let DFfn::Moe { bias, .. } = &self.w.layers[layer].ffn else {
-            return Ok(0);
-        };
-        let used = self.fused_experts(graph, i + 1, Some((z, bias.ptr)))?;
-        Ok(if used > 0 { 1 + used } else { 0 })
-    }
-
     /// A float mat-vec with one block per row (`mv_f32`, `mv_split_*`): `out = m · x`.
     fn mv_rows(&self, kernel: K, m: &DMat, x: u64, out: u64) -> Result<(), CudaError> {
         use Arg::{I, P};
@@ -711,17 +570,6 @@ impl CudaSession {
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual
     /// or 0)` of the input at `src` (the quantised `xq`, or a float product's f32 input).
     fn mv(&self, kernel: K, src: u64, mats: &[(DMat, u64, u64)]) -> Result<(), CudaError> {
-        self.mv_with(kernel, src, mats, &[])
-    }
-
-    /// [`CudaSession::mv`] with arguments after the matrices (`mv_norm_*`'s gain and epsilon).
-    fn mv_with(
-        &self,
-        kernel: K,
-        src: u64,
-        mats: &[(DMat, u64, u64)],
-        extra: &[Arg],
-    ) -> Result<(), CudaError> {
         let mut mv = [MvMat {
             w: 0,
             row_bytes: 0,
@@ -739,8 +587,7 @@ impl CudaSession {
             };
         }
         let n = mats.len().min(MV_MATS);
-        self.dev
-            .mv_with(kernel, src, mats[0].0.cols, &mv[..n], extra)
+        self.dev.mv(kernel, src, mats[0].0.cols, &mv[..n])
     }
 
     /// Quantises the one-token value `v` (at `ptr`, `cols` wide) into the `xq` scratch in
