@@ -542,7 +542,12 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
     };
     // The kernels with moe_gate_up_q's grid and arguments.
     let per_row = |kernel: K, set: usize| {
-        dev.launch(kernel, (blocks(i_dim, 4), k as u32 + 1), 128, &common(set))
+        // (the production kernel's `early`: 0, its shared expert waits like the routed slots)
+        let mut a = common(set).to_vec();
+        if kernel == K::GateUpQQ4K {
+            a.push(Arg::I(0));
+        }
+        dev.launch(kernel, (blocks(i_dim, 4), k as u32 + 1), 128, &a)
     };
     let old = |set: usize| per_row(K::GateUpQQ4K, set);
     old(0)?;

@@ -119,7 +119,7 @@ __device__ void mv_split(const u8* __restrict__ W, u64 row_bytes, const float* _
 
 // act[k, r] = silu(gate_e[r] . x) * (up_e[r] . x) for slot k < K of the (single) token,
 // e = ids[k]; slot K, when the grid has K + 1 rows of blocks, is the shared expert (Sg, Su).
-// Grid (ceil(I / MV_WARPS), K or K + 1). Block (0, 0) also copies ids and weights to
+// Grid (ceil(I / MV_WARPS), K or K + 1). The first block of slot 0 copies ids and weights to
 // route_copy[0 .. 2K) for moe_down_q: their arena slots may be reused by the values the
 // down kernel writes. (Asking L2 here for the slots' down rows, for moe_down_q to find them
 // there, was measured on the H200 and dropped: this kernel then moved 68 MB instead of 39 at
@@ -128,48 +128,46 @@ __device__ void mv_split(const u8* __restrict__ W, u64 row_bytes, const float* _
 // S != T (moe_gate_up_mixed): the shared expert's gate and up are float matrices of si rows
 // (srow bytes each) read against the f32 input xf, slot K's blocks taking warp_parts2_h's
 // loop; the grid then covers max(I, si) rows.
+// The shared expert is grid row 0, so its blocks are scheduled first. early != 0: the host
+// launched this kernel right after one that waits before it triggers (route_block, a
+// PDL_ENTRY kernel), so when this kernel starts everything before that kernel has finished
+// -- among it the norm that wrote x -- and the shared expert's blocks do their whole work
+// before pdl_wait, while the routing still runs (only the routed slots need ids).
 template <int T, int S = T>
 __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                               u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
                               const u8* __restrict__ xq, const float* __restrict__ ids,
                               const float* __restrict__ weights, float* __restrict__ route_copy,
-                              float* __restrict__ act, int I, int H, int K, u64 srow = 0,
+                              float* __restrict__ act, int I, int H, int K, int early, u64 srow = 0,
                               const float* __restrict__ xf = nullptr, int si = 0) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
-    // A float shared expert's warps read ~3x a CT4 slot's bytes: its blocks go first (grid
-    // row 0), so they do not make the launch's tail (reasoned from the block order, not
-    // measured apart from the fusion).
-    int k = S == T ? (int)blockIdx.y : blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
-    u64 sb = S == T ? row_bytes : srow;
-    int rows = S != T && k == K ? si : I;
-    if (k == K && r < rows && (threadIdx.x & 31) == 0) {
-        prefetch_l2(Sg + (size_t)r * sb, sb);
-        prefetch_l2(Su + (size_t)r * sb, sb);
+    int k = gridDim.y > (unsigned)K ? (blockIdx.y == 0 ? K : (int)blockIdx.y - 1) : (int)blockIdx.y;
+    if (k == K) {
+        u64 sb = S == T ? row_bytes : srow;
+        int rows = S != T ? si : I;
+        if (!early) {
+            if (r < rows && (threadIdx.x & 31) == 0) {
+                prefetch_l2(Sg + (size_t)r * sb, sb);
+                prefetch_l2(Su + (size_t)r * sb, sb);
+            }
+            pdl_wait();
+        }
+        if (r >= rows) return;
+        float2 gu;
+        if constexpr (S != T) gu = warp_parts2_h<S, 1>(Sg + (size_t)r * srow, Su + (size_t)r * srow, (const u8*)xf, H, 0);
+        else gu = warp_dot2_q<T>(Sg + (size_t)r * row_bytes, Su + (size_t)r * row_bytes, xq, H);
+        if ((threadIdx.x & 31) == 0) act[(size_t)K * I + r] = silu_f(gu.x) * gu.y;
+        return;
     }
     pdl_wait();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
+    if (blockIdx.x == 0 && k == 0 && threadIdx.x < K) {
         route_copy[threadIdx.x] = ids[threadIdx.x];
         route_copy[K + threadIdx.x] = weights[threadIdx.x];
     }
-    if (r >= rows) return;
-    if constexpr (S != T) {
-        if (k == K) {
-            float2 gu = warp_parts2_h<S, 1>(Sg + (size_t)r * srow, Su + (size_t)r * srow, (const u8*)xf, H, 0);
-            if ((threadIdx.x & 31) == 0) act[(size_t)K * I + r] = silu_f(gu.x) * gu.y;
-            return;
-        }
-    }
-    const u8 *g, *u;
-    if (k < K) {
-        size_t off = (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
-        g = Wg + off;
-        u = Wu + off;
-    } else {
-        g = Sg + (size_t)r * row_bytes;
-        u = Su + (size_t)r * row_bytes;
-    }
-    float2 gu = warp_dot2_q<T>(g, u, xq, H);
+    if (r >= I) return;
+    size_t off = (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
+    float2 gu = warp_dot2_q<T>(Wg + off, Wu + off, xq, H);
     if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(gu.x) * gu.y;
 }
 
@@ -272,8 +270,16 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     // only), so they arrive with the routed rows' instead of in a round trip of their own
     // after them. A T-typed shared row is asked of L2 instead.
     HRowPart<S == T ? WT_BF16 : S, DOWN_SHARED_BATCH> sp;
-    if constexpr (S != T) sp.load(Sd + (size_t)r * srow, si);
-    else if (Sd && lane == 0) prefetch_l2(Sd + (size_t)r * sb, sb);
+    float shared = 0.0f;
+    if constexpr (S != T) {
+        // The host launches this kernel right after the routed activations' quantiser, which
+        // waits before it triggers (PDL_ENTRY), so the gate/up kernel that wrote sact has
+        // finished when this one starts: the shared expert's term is added up before the wait.
+        sp.load(Sd + (size_t)r * srow, si);
+        shared = sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si);
+    } else if (Sd && lane == 0) {
+        prefetch_l2(Sd + (size_t)r * sb, sb);
+    }
     pdl_wait();
     // The T-typed kernels below take the shared expert only when it is of type T.
     const u8* St = S == T ? Sd : nullptr;
@@ -312,7 +318,7 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         v = __fmul_rn(acc, scale);
         if (St) v = __fadd_rn(v, lane_part_q<T>(St + (size_t)r * row_bytes, actq + (size_t)K * astride, I));
     }
-    if constexpr (S != T) v = __fadd_rn(v, sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si));
+    if constexpr (S != T) v = __fadd_rn(v, shared);
     float y = warp_sum(v);
     if (res) y = __fadd_rn(res[r], y);
     if (lane == 0) out[r] = y;
@@ -399,9 +405,9 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_q_##name(             \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
         const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
-        int H, int K) {                                                                            \
+        int H, int K, int early) {                                                                 \
         moe_gate_up_q<T>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, \
-                         I, H, K);                                                                 \
+                         I, H, K, early);                                                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_q_##name(                \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
@@ -434,9 +440,9 @@ MVH_TYPES(DEFINE_MVH)
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_mixed_##name(         \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
         const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
-        int H, int K, u64 srow, const float* xf, int si) {                                         \
+        int H, int K, int early, u64 srow, const float* xf, int si) {                              \
         moe_gate_up_q<T, S>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, \
-                            act, I, H, K, srow, xf, si);                                           \
+                            act, I, H, K, early, srow, xf, si);                                    \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_mixed_##name(            \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \

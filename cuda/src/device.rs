@@ -32,6 +32,8 @@ pub struct Device {
     /// it still runs, prefetch its weights, and wait in `pdl_wait` (`common.cuh`) for that
     /// kernel's results. The session turns it on for decode steps.
     pub pdl: Cell<bool>,
+    /// The kernel launched last on the stream ([`Device::last_launch`]).
+    last: Cell<Option<K>>,
 }
 
 /// Per-launch GPU timing: an event after each launch, so the time between consecutive
@@ -124,7 +126,15 @@ impl Device {
             arch,
             profiler: RefCell::new(None),
             pdl: Cell::new(false),
+            last: Cell::new(None),
         })
+    }
+
+    /// The kernel of the last launch (`None` before the first). A kernel launched right
+    /// after one that waits before it triggers ([`K::waits_then_triggers`]) starts, under
+    /// programmatic launch, only once every kernel before that one has finished.
+    pub fn last_launch(&self) -> Option<K> {
+        self.last.get()
     }
 
     /// Launches kernel `k` on the stream with `grid` blocks of `block` threads.
@@ -150,6 +160,7 @@ impl Device {
         block: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
+        self.last.set(Some(k));
         if self.pdl.get() && k.pdl() && self.profiler.borrow().is_none() {
             return self.launch_pdl(k, grid, block, args);
         }

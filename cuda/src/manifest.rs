@@ -296,6 +296,16 @@ impl K {
             && !matches!(self, K::Spin | K::ReadStream)
     }
 
+    /// Whether the kernel starts with `PDL_ENTRY` (`common.cuh`): it waits for the kernel
+    /// before it and only then lets the next one be scheduled, so a kernel launched right
+    /// after it starts, under programmatic launch, when everything before it has finished
+    /// (each kernel waits for its predecessor before it ends). `moe_gate_up_q` (after
+    /// `route_block`) and `moe_down_mixed_*` (after the quantiser) use that to do the shared
+    /// expert's work before their own wait.
+    pub fn waits_then_triggers(self) -> bool {
+        matches!(self, K::RouteBlock | K::QuantizeQ8K | K::QuantizeQ8_0)
+    }
+
     /// Dynamic shared memory the kernel is launched with (bytes; 0 for all but the
     /// `gemm_rf.cu` products, whose cp.async ring is larger than the 48 KiB a static
     /// allocation may take, and `flash.cu`'s tile buffers).

@@ -75,8 +75,12 @@ pub struct CudaSessionOptions {
     pub grid_iq: bool,
     /// Decode steps do the QK-norm, RoPE and KV store inside the attention kernel
     /// (`attention.cu`'s `attention_decode_qk`: one launch per layer fewer) instead of in
-    /// `fused.cu`'s `qk_norm_rope_store`; the results are bitwise the same. Off by default
-    /// until the kernel has run on a device; `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
+    /// `fused.cu`'s `qk_norm_rope_store`; the results are bitwise the same (device test
+    /// `qk_attention_fusion_gives_the_unfused_bits`, H200). Off by default: it is not faster.
+    /// On S 2.1 W4A16 decode the fused kernel took 10.7 us against 6.0 + 4.4 for the two it
+    /// replaces (the small kernels' time is their chain of dependent loads, which the fusion
+    /// keeps) and tg64 fell 213.4 -> 203.9 t/s (BENCHMARKS.md, session 14).
+    /// `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
     pub qk_attention: bool,
 }
 

@@ -385,6 +385,11 @@ impl CudaSession {
                     ),
                 };
                 let n_extra = if mixed.is_some() { 3 } else { 0 };
+                // The shared expert's gate/up before the kernel's wait (moe_gate_up_q's
+                // `early`) when route_block, which waits before it triggers, was the launch
+                // before: x's norm has then finished. (Not after a quantiser of x: the shared
+                // expert reads what that one writes.)
+                let early = I((dev.last_launch() == Some(K::RouteBlock)) as i32);
                 let gu_args = [
                     P(gate.ptr),
                     P(up.ptr),
@@ -400,6 +405,7 @@ impl CudaSession {
                     I(ffn as i32),
                     I(h as i32),
                     I(k as i32),
+                    early,
                     gu_extra[0],
                     gu_extra[1],
                     gu_extra[2],
@@ -435,6 +441,9 @@ impl CudaSession {
                     d_extra[1],
                     d_extra[2],
                 ];
+                // The mixed down kernel adds its float shared expert's term before its wait:
+                // the launch before it must wait before it triggers (the quantiser does).
+                debug_assert!(dev.last_launch().is_some_and(K::waits_then_triggers));
                 dev.launch(
                     down_k,
                     (blocks(h, 4), 1),
