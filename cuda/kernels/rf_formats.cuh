@@ -235,12 +235,36 @@ struct RfQ6K {
 // No scale table: a lane reads each block's header word next to its code word. Unit u is
 // block u; weight 32 u + k is nibble k % 2 of code byte k / 2, so lane q's weights
 // 8 q .. 8 q + 8 are the code bytes 4 q .. 4 q + 4, one aligned word.
+// Pairs of 16-bit floats in a u32 (low half first), each operation rounded once to nearest
+// even (PTX fma.rn.bf16x2, sm_80; sub/mul.rn.f16x2, no flush of subnormals).
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 sub_f16x2(u32 a, u32 b) {
+    u32 d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 mul_f16x2(u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
 struct RfCt4 : RfPieces<10> {
     static constexpr int STAGES = 3, SLOT = 160, SC_STRIDE = 0;
     static __device__ __forceinline__ void scales(const u8*, u8*, int, int, int) {}
-    // A weight is compressed-tensors' rnd(rnd((c - 8) - z) * s) in the scale dtype (quant.cuh's
-    // CT4 decode): (c - 8) - z is an integer of at most 9 bits, exact in either dtype, so only
-    // the product is rounded. It is taken as (2^23 + c) - (2^23 + 8 + z), both exact.
+    // A weight is compressed-tensors' rnd((c - 8 - z) * s) in the scale dtype (quant.cuh's CT4
+    // decode; c - 8 - z is an integer of at most 9 bits, so only the product is rounded), then
+    // f16. Done two weights at a time in the scale's own 16-bit type, which gives that value
+    // exactly: a code pair is made the floats m + c by a byte permute (m = 1024 for f16, whose
+    // unit there is 1; 64 for bf16, unit 1/2, so the code goes in doubled), m + 8 + z is
+    // subtracted (exact: every integer involved is within the type's exact range), and the
+    // product with the scale is the one rounding. A bf16 pair then becomes f16 through f32.
+    // (Was: each weight in f32, then rounded to the scale dtype by integer steps: about three
+    // times the instructions per weight.)
     static __device__ __forceinline__ void frags(const u8* st, const u8*, const RfRows& rw, int q, int, int u,
                                                  u32 a[2][2][4]) {
         #pragma unroll
@@ -250,24 +274,39 @@ struct RfCt4 : RfPieces<10> {
                 const u8* b = st + 160 * rw.r[mt][h] + 20 * u;
                 u32 hd = *(const u32*)b;
                 u32 cw = *(const u32*)(b + 4 + 4 * q);
-                bool bf = (hd >> 24) == WT_BF16;
-                unsigned short sb = (unsigned short)(hd & 0xFFFF);
-                float s = bf ? bf16_to_f32(sb) : f16_to_f32(sb);
-                float off = 8388616.0f + (float)(signed char)((hd >> 16) & 0xFF);
-                u32 lo = cw & 0x0F0F0F0Fu, hi = (cw >> 4) & 0x0F0F0F0Fu;
-                #pragma unroll
-                for (int s2 = 0; s2 < 2; s2++) {
-                    // Weights 8 q + 4 s2 + {0, 1, 2, 3}: code bytes 4 q + 2 s2, + 1, nibbles in
-                    // element order.
-                    u32 nib = __byte_perm(lo, hi, s2 ? 0x7362 : 0x5140);
-                    float wv[4];
+                u32 s2 = __byte_perm(hd, 0, 0x1010);
+                int z = (int)(signed char)((hd >> 16) & 0xFF);
+                if ((hd >> 24) == WT_BF16) {
+                    // 64 + c as bf16 is 0x4280 | 2c: bytes 0x80 | 2c, each paired with 0x42.
+                    u32 lo = ((cw << 1) & 0x1E1E1E1Eu) | 0x80808080u;
+                    u32 hi = ((cw >> 3) & 0x1E1E1E1Eu) | 0x80808080u;
+                    u32 off = __byte_perm(__float_as_uint((float)(72 + z)), 0, 0x3232);
                     #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        float y = __fmul_rn(__fsub_rn(rf_byte_f(nib, i), off), s);
-                        wv[i] = bf ? round_bf16(y) : round_f16(y);
+                    for (int s2i = 0; s2i < 2; s2i++) {
+                        // Weights 8 q + 4 s2i + {0, 1, 2, 3}: code bytes 4 q + 2 s2i, + 1,
+                        // nibbles in element order.
+                        u32 nib = __byte_perm(lo, hi, s2i ? 0x7362 : 0x5140);
+                        #pragma unroll
+                        for (int p = 0; p < 2; p++) {
+                            u32 m = __byte_perm(nib, 0x42424242u, p ? 0x4342 : 0x4140);
+                            u32 w = fma_bf16x2(fma_bf16x2(off, 0xBF80BF80u, m), s2, 0x80008000u);
+                            a[s2i][mt][2 * p + h] =
+                                pack_f16x2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+                        }
                     }
-                    a[s2][mt][h] = pack_f16x2(wv[0], wv[1]);
-                    a[s2][mt][2 + h] = pack_f16x2(wv[2], wv[3]);
+                } else {
+                    // 1024 + c as f16 is 0x6400 | c.
+                    u32 lo = cw & 0x0F0F0F0Fu, hi = (cw >> 4) & 0x0F0F0F0Fu;
+                    u32 off = (u32)__half_as_ushort(__float2half_rn((float)(1032 + z))) * 0x10001u;
+                    #pragma unroll
+                    for (int s2i = 0; s2i < 2; s2i++) {
+                        u32 nib = __byte_perm(lo, hi, s2i ? 0x7362 : 0x5140);
+                        #pragma unroll
+                        for (int p = 0; p < 2; p++) {
+                            u32 m = __byte_perm(nib, 0x64646464u, p ? 0x4342 : 0x4140);
+                            a[s2i][mt][2 * p + h] = mul_f16x2(sub_f16x2(m, off), s2);
+                        }
+                    }
                 }
             }
     }
