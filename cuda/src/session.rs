@@ -39,12 +39,14 @@ pub struct CudaSessionOptions {
     pub all_logits: bool,
     /// CUDA device ordinal.
     pub device: usize,
-    /// Replay decode steps as one captured CUDA graph (the node walk is captured on the
-    /// first decode step; the position and token come from device memory, so the same
-    /// graph serves every later step).
+    /// Replay decode steps as captured CUDA graphs (the node walk is captured on the first
+    /// decode step of each split-K attention count, [`split_bucket`]: at most five per
+    /// session; the position and token come from device memory, so a graph serves every
+    /// later step of its count).
     pub cuda_graphs: bool,
     /// Keys per block of split-K (flash-decoding) attention in steps of at most
-    /// [`SPLIT_MAX_TOKENS`] tokens; 0 = [`SPLIT_KEYS`].
+    /// [`SPLIT_MAX_TOKENS`] tokens, the split count following the keys a step reads
+    /// ([`split_bucket`]); 0 = [`SPLIT_KEYS`].
     pub attn_split_keys: usize,
     /// The fast numerics. Decode steps quantise each matrix input once (Q8_K for K-quant
     /// weights, Q8_0 for Q8_0 weights, ggml's values, as the CPU's fast path) and run integer
@@ -99,6 +101,18 @@ const FLASH_HEAD_DIM: usize = 128;
 pub const SPLIT_KEYS: usize = 256;
 /// Most splits of one head's keys.
 pub const MAX_SPLITS: usize = 16;
+
+/// The split count of split-K attention for a step that reads `keys` keys: about
+/// `split_keys` keys per split, rounded up to a power of two (so the decode steps of a session
+/// use at most log2(MAX_SPLITS) + 1 different counts, each captured as a graph once), at most
+/// [`MAX_SPLITS`]. Any count is correct at any position: the kernels divide the keys there are
+/// into that many equal runs.
+pub fn split_bucket(keys: usize, split_keys: usize) -> usize {
+    keys.div_ceil(split_keys.max(1))
+        .clamp(1, MAX_SPLITS)
+        .next_power_of_two()
+        .min(MAX_SPLITS)
+}
 /// Steps of at most this many tokens use split-K attention (decode and tiny batches); larger
 /// ones have a block per (head, token) already.
 pub const SPLIT_MAX_TOKENS: usize = 4;
@@ -224,8 +238,13 @@ pub struct CudaSession {
     /// Split-K attention partial states `[SPLIT_MAX_TOKENS · max_heads · MAX_SPLITS, d + 2]`.
     _part: CudaSlice<f32>,
     part: u64,
-    /// Split count per layer for small steps.
+    /// Split count per layer for small steps: [`split_bucket`] of the step's keys, at most
+    /// the layer's `max_splits`.
     splits: Vec<usize>,
+    /// Split count per layer for a step over the whole context.
+    max_splits: Vec<usize>,
+    /// Keys per split the counts aim at.
+    split_keys: usize,
     /// Streaming multiprocessors of the device (tile-size choices).
     sm_count: usize,
     /// [`CudaSessionOptions::qk_attention`], after `LAGOON_CUDA_QK_ATTN`.
@@ -242,7 +261,8 @@ pub struct CudaSession {
     params_host: Vec<u32>,
     logits: Vec<f32>,
     n_past: usize,
-    decode_graph: Option<DecodeGraph>,
+    /// Captured decode steps, one per split bucket used so far (at most log2(MAX_SPLITS) + 1).
+    decode_graphs: Vec<(usize, DecodeGraph)>,
     /// Quantised copy of the current matrix input (decode), and which value/format it holds.
     _xq: CudaSlice<u8>,
     xq: u64,
@@ -441,7 +461,7 @@ impl CudaSession {
             opts.attn_split_keys
         };
         let sm_count = dev.sm_count()? as usize;
-        let splits = (0..cfg.n_layers)
+        let max_splits: Vec<usize> = (0..cfg.n_layers)
             .map(|l| {
                 let keys = if cfg.is_sliding(l) {
                     cfg.sliding_window.min(opts.n_ctx)
@@ -547,7 +567,9 @@ impl CudaSession {
             ys,
             _part: part_buf,
             part,
-            splits,
+            splits: vec![1; max_splits.len()],
+            max_splits,
+            split_keys,
             sm_count,
             qk_attention: match std::env::var("LAGOON_CUDA_QK_ATTN").as_deref() {
                 Ok("0") => false,
@@ -564,7 +586,7 @@ impl CudaSession {
             params_host: vec![0; 2 + opts.ubatch],
             logits: vec![0.0; out_len],
             n_past: 0,
-            decode_graph: None,
+            decode_graphs: Vec::new(),
             _xq: xq_buf,
             xq,
             xq_holds: Cell::new(None),
@@ -657,6 +679,13 @@ impl CudaSession {
         s.memcpy_htod(&self.params_host[..2 + n], &mut pv)
             .during("uploading the step's tokens")?;
         self.dev.pdl.set(self.pdl && n == 1);
+        // Split-K attention sized for the keys this step reads, not for the whole context (a
+        // 32k context's 16 splits at depth 0 cost S 2.1 W4A16 decode 3%: BENCHMARKS.md,
+        // session 14).
+        let bucket = split_bucket(self.n_past + n, self.split_keys);
+        for (s, &m) in self.splits.iter_mut().zip(&self.max_splits) {
+            *s = bucket.min(m);
+        }
         if self.profile.is_some() {
             // Queue the whole step behind a spin kernel, so the kernels then run back to back
             // and the events between them time the kernels, not the host's launch rate.
@@ -674,10 +703,11 @@ impl CudaSession {
                 p.collect(acc)?;
             }
         } else if n == 1 && self.opts.cuda_graphs {
-            if self.decode_graph.is_none() {
-                self.decode_graph = Some(self.capture_decode()?);
+            if !self.decode_graphs.iter().any(|(b, _)| *b == bucket) {
+                let g = self.capture_decode()?;
+                self.decode_graphs.push((bucket, g));
             }
-            if let Some(g) = &self.decode_graph {
+            if let Some((_, g)) = self.decode_graphs.iter().find(|(b, _)| *b == bucket) {
                 g.0.launch().during("replaying the decode graph")?;
             }
         } else {
@@ -713,12 +743,12 @@ impl CudaSession {
 
     /// Turns the multi-node fusions of both step kinds on (the default) or off, for
     /// bisecting and for tests that compare the two (the environment's
-    /// `LAGOON_CUDA_NO_FUSE=1` sets the same at creation). The decode graph is captured
-    /// again on the next decode step.
+    /// `LAGOON_CUDA_NO_FUSE=1` sets the same at creation). The decode graphs are captured
+    /// again from the next decode step.
     pub fn set_fusions(&mut self, on: bool) {
         if self.fuse != on {
             self.fuse = on;
-            self.decode_graph = None;
+            self.decode_graphs.clear();
         }
     }
 
@@ -1296,4 +1326,27 @@ fn quant_scratch(cfg: &ModelConfig, decode: &Graph, w: &DeviceWeights) -> (usize
         }
     }
     (xq, actq)
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::{MAX_SPLITS, SPLIT_KEYS, split_bucket};
+
+    /// The split count follows the keys a step reads, in powers of two up to MAX_SPLITS:
+    /// one split for a short context however large n_ctx is, the whole-context count only
+    /// once the keys call for it.
+    #[test]
+    fn split_counts_follow_the_keys_in_powers_of_two() {
+        assert_eq!(split_bucket(1, SPLIT_KEYS), 1);
+        assert_eq!(split_bucket(SPLIT_KEYS, SPLIT_KEYS), 1);
+        assert_eq!(split_bucket(SPLIT_KEYS + 1, SPLIT_KEYS), 2);
+        assert_eq!(split_bucket(3 * SPLIT_KEYS, SPLIT_KEYS), 4);
+        assert_eq!(split_bucket(4096, SPLIT_KEYS), 16);
+        assert_eq!(split_bucket(1 << 20, SPLIT_KEYS), MAX_SPLITS);
+        assert_eq!(split_bucket(0, SPLIT_KEYS), 1);
+        assert_eq!(split_bucket(5, 0), 8);
+        let mut seen: Vec<usize> = (1..100_000).map(|k| split_bucket(k, 8)).collect();
+        seen.dedup();
+        assert_eq!(seen, [1, 2, 4, 8, 16]);
+    }
 }
