@@ -29,7 +29,7 @@ for name in "$@"; do
     if PATH=$cache/nvidia/cu13/bin:$PATH cuobjdump -sass -fun "$name" "$c" > "$keep/out" 2> /dev/null \
        && grep -q "Function : $name\$" "$keep/out"; then
       if [ -n "${SASS_OUT:-}" ]; then
-        grep -E '^\s+/\*[0-9a-f]{4}\*/' "$keep/out" | sed 's#/\*[0-9a-f]*\*/##; s#;.*##' > "$SASS_OUT/$name.sass"
+        grep -E '^\s+/\*[0-9a-f]{4,}\*/' "$keep/out" | sed 's#/\*[0-9a-f]*\*/##; s#;.*##' > "$SASS_OUT/$name.sass"
       else
         echo "// $(basename "$c" .cubin)"; cat "$keep/out"
       fi
