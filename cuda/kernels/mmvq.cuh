@@ -667,8 +667,53 @@ __device__ __forceinline__ float lane_part_h_split(const u8* __restrict__ row, c
     return acc;
 }
 
-// Dispatch by weight type: Q4_K/Q6_K against Q8_K, Q8_0 and CT4 against Q8_0, BF16/F16
-// against the f32 activation.
+// Four grid magnitudes (bytes of g) with their signs applied: bit j of s4 negates byte j
+// (the bit spread to a 0x00/0xFF byte mask, then (g ^ m) - m per byte).
+__device__ __forceinline__ int iq_signed4(u32 g, u32 s4) {
+    u32 m = ((s4 * 0x00204081u) & 0x01010101u) * 0xFFu;
+    return (int)__vsub4(g ^ m, m);
+}
+
+// A lane's share of an IQ3_XXS row (98-byte super-blocks: d, 64 grid-index bytes, then per
+// 32-weight sub-block a word of four 7-bit sign indices and a 4-bit scale) dotted with the Q8_K
+// activation a: lane (b % 4, ib) takes sub-block ib of super-blocks b = lane / 8, + 4, ...,
+// each 8-weight run's two grid points (iq3xxs_grid) signed by ksigns_iq2xs and dotted with the
+// activation bytes by dp4a, as the CPU's vec_dot_iq3_xxs_q8k adds them (ggml's
+// ggml_vec_dot_iq3_xxs_q8_K): the run sums times the scale 2 s + 1 exactly, then (d_w · d_a)
+// times that, and 1/4 of the total. Each lane scales its own sub-block's integer sum instead
+// of the super-block's (lane_part_q6k's reason): the rounding differs by a few ulp.
+__device__ __forceinline__ float lane_part_iq3xxs(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    int ib = lane & 7;
+    int nb = cols / QK_K;
+    const float* ad = q8k_d(a, cols);
+    float acc = 0.0f;
+    #pragma unroll 2
+    for (int b = lane >> 3; b < nb; b += 4) {
+        const u8* blk = row + (size_t)b * 98;
+        u32 q[2] = {ld_u32_a2(blk + 2 + 8 * ib), ld_u32_a2(blk + 6 + 8 * ib)};
+        u32 aw = ld_u32_a2(blk + 66 + 4 * ib);
+        float d = f16_to_f32(__ldg((const unsigned short*)blk));
+        const int4* qa = (const int4*)(a + (size_t)b * QK_K + 32 * ib);
+        int4 x0 = qa[0], x1 = qa[1];
+        int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int s = 0;
+        #pragma unroll
+        for (int l = 0; l < 4; l++) {
+            u32 signs = __ldg(&ksigns_iq2xs[(aw >> (7 * l)) & 127]);
+            u32 w = q[l / 2] >> (16 * (l & 1));
+            u32 g0 = __ldg(&iq3xxs_grid[w & 0xFF]), g1 = __ldg(&iq3xxs_grid[(w >> 8) & 0xFF]);
+            s = __dp4a(iq_signed4(g0, signs & 0xF), xs[2 * l], s);
+            s = __dp4a(iq_signed4(g1, signs >> 4), xs[2 * l + 1], s);
+        }
+        int sumi = (2 * (int)(aw >> 28) + 1) * s;
+        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(d, ad[b]), (float)sumi));
+    }
+    return __fmul_rn(acc, 0.25f);
+}
+
+// Dispatch by weight type: Q4_K/Q6_K/IQ3_XXS against Q8_K, Q8_0 and CT4 against Q8_0,
+// BF16/F16 against the f32 activation.
 template <int T>
 __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return warp_dot_q8_0(row, a, cols);
@@ -679,6 +724,7 @@ __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8
     // against the eight-lane loop; the pair kernels below keep warp_dot_q4k_rows<2>, which
     // measured faster for gate/up: 17.1 us against 19.6 with half warps of four-lane groups).
     else if constexpr (T == WT_Q4_K) return group_dot_q4k<8>(row, a, cols);
+    else if constexpr (T == WT_IQ3_XXS) return warp_sum(lane_part_iq3xxs(row, a, cols));
     else return warp_dot_q6k(row, a, cols);
 }
 
@@ -690,6 +736,7 @@ __device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u
     else if constexpr (T == WT_CT4) return lane_part_ct4(row, a, cols);
     else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T>(row, a, cols);
     else if constexpr (T == WT_Q4_K) return group_part_q4k<8>(row, a, cols);
+    else if constexpr (T == WT_IQ3_XXS) return lane_part_iq3xxs(row, a, cols);
     else return lane_part_q6k(row, a, cols);
 }
 
@@ -726,6 +773,10 @@ __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u
         float y[2];
         warp_dot_q4k_rows<2>(rows, a, cols, y);
         return make_float2(y[0], y[1]);
+    }
+    else if constexpr (T == WT_IQ3_XXS) {
+        float p0 = lane_part_iq3xxs(r0, a, cols), p1 = lane_part_iq3xxs(r1, a, cols);
+        return make_float2(warp_sum(p0), warp_sum(p1));
     }
     else return warp_dot2_q6k(r0, r1, a, cols);
 }

@@ -169,6 +169,10 @@ manifest! {
     DownQQ6K => "mmvq.cu", "moe_down_q_q6_K";
     GateUpQCt4 => "mmvq.cu", "moe_gate_up_q_ct4";
     DownQCt4 => "mmvq.cu", "moe_down_q_ct4";
+    MvIq3Xxs => "mmvq.cu", "mv_iq3_xxs";
+    MvSwigluIq3Xxs => "mmvq.cu", "mv_swiglu_iq3_xxs";
+    GateUpQIq3Xxs => "mmvq.cu", "moe_gate_up_q_iq3_xxs";
+    DownQIq3Xxs => "mmvq.cu", "moe_down_q_iq3_xxs";
     GemmF32 => "gemm.cu", "gemm_f32";
     GemmF16 => "gemm.cu", "gemm_f16";
     GemmBf16 => "gemm.cu", "gemm_bf16";
@@ -462,11 +466,12 @@ impl WType {
             | WType::Bf16
             | WType::Q5K
             | WType::Iq4Xs
-            | WType::Iq3Xxs
             | WType::Iq2Xxs
             | WType::Iq2S => None,
             WType::Q8_0 | WType::Ct4 => Some(ActQ::Q8_0),
-            WType::Q4K | WType::Q6K => Some(ActQ::Q8K),
+            // (IQ3_XXS only where the session takes its integer kernels:
+            // `CudaSessionOptions::grid_iq_mvq`.)
+            WType::Q4K | WType::Q6K | WType::Iq3Xxs => Some(ActQ::Q8K),
         }
     }
     /// Quantised-activation kernels (for types with [`WType::act`]).
@@ -484,6 +489,12 @@ impl WType {
             WType::Ct4 => Some(k(K::MvCt4, K::MvSwigluCt4, K::GateUpQCt4, K::DownQCt4)),
             WType::Q4K => Some(k(K::MvQ4K, K::MvSwigluQ4K, K::GateUpQQ4K, K::DownQQ4K)),
             WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
+            WType::Iq3Xxs => Some(k(
+                K::MvIq3Xxs,
+                K::MvSwigluIq3Xxs,
+                K::GateUpQIq3Xxs,
+                K::DownQIq3Xxs,
+            )),
             _ => None,
         }
     }

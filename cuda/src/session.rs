@@ -75,6 +75,14 @@ pub struct CudaSessionOptions {
     /// check them against llama.cpp's logits on the H200); `LAGOON_CUDA_GRID_IQ=0` turns it
     /// off, `=1` on.
     pub grid_iq: bool,
+    /// Decode steps run IQ3_XXS products on integer mat-vec kernels against Q8_K activations
+    /// (`mmvq.cuh`'s `lane_part_iq3xxs`, the CPU's vec_dot_iq3_xxs_q8k in dp4a form) instead
+    /// of the f32-activation kernels. Off by default until it has run on a device (written in
+    /// session 14, when the f32 kernels decoded a UD-Q3_K_M-like S 2.1 at 13% of its floor;
+    /// device tests `quantised_mat_vec_matches_the_cpu_kernels` and
+    /// `quant_type_models_match_llama_cpp` cover it); `LAGOON_CUDA_GRID_IQ_MVQ=1` turns it
+    /// on, `=0` off.
+    pub grid_iq_mvq: bool,
     /// Decode steps do the QK-norm, RoPE and KV store inside the attention kernel
     /// (`attention.cu`'s `attention_decode_qk`: one launch per layer fewer) instead of in
     /// `fused.cu`'s `qk_norm_rope_store`; the results are bitwise the same (device test
@@ -130,6 +138,7 @@ impl Default for CudaSessionOptions {
             programmatic_launch: true,
             kv_f16: false,
             grid_iq: true,
+            grid_iq_mvq: false,
             qk_attention: false,
         }
     }
@@ -249,6 +258,8 @@ pub struct CudaSession {
     sm_count: usize,
     /// [`CudaSessionOptions::qk_attention`], after `LAGOON_CUDA_QK_ATTN`.
     qk_attention: bool,
+    /// [`CudaSessionOptions::grid_iq_mvq`], after `LAGOON_CUDA_GRID_IQ_MVQ`.
+    grid_iq_mvq: bool,
     /// Prefill expert grouping: pair indices sorted by expert, then the tiles.
     _groups: CudaSlice<u32>,
     sorted: u64,
@@ -575,6 +586,11 @@ impl CudaSession {
                 Ok("0") => false,
                 Ok("1") => true,
                 _ => opts.qk_attention,
+            },
+            grid_iq_mvq: match std::env::var("LAGOON_CUDA_GRID_IQ_MVQ").as_deref() {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => opts.grid_iq_mvq,
             },
             _groups: groups_buf,
             sorted,

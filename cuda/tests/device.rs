@@ -289,6 +289,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         programmatic_launch: false,
                         kv_f16: false,
                         grid_iq: false,
+                        grid_iq_mvq: false,
                         qk_attention: false,
                     },
                 )
@@ -816,7 +817,13 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
     let dev = device();
     let mut rng = Rng(0x3a7_0002);
     let k = Kernels::scalar();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+    // (IQ3_XXS: the integer kernels of CudaSessionOptions::grid_iq_mvq.)
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::IQ3XXS,
+    ] {
         for (rows, cols) in [(37usize, 256usize), (70, 1024), (9, 3072)] {
             let data = random_rows(&mut rng, ty, rows, cols);
             let m = MatRef {
@@ -824,7 +831,7 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
                 cols,
                 enc: Encoding::Ggml { ty, data: &data },
             };
-            let wt = wtype(ty).unwrap();
+            let wt = lagoon_cuda::weights::wtype_grid(ty, true).unwrap();
             let fmt = wt.act().unwrap();
             let mv = wt.mvq().unwrap().mv;
             let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
@@ -1030,7 +1037,7 @@ fn quant_type_models_match_llama_cpp() {
         let deq = read_f32(&dir.join(format!("logits.llamacpp.{ty}.deq.f32")));
         let llama = read_f32(&dir.join(format!("logits.llamacpp.{ty}.f32")));
         let d_llama = rel_l2(&llama, &deq);
-        let run_with = |ubatch: usize, quantized: bool, grid_iq: bool| {
+        let run_mvq = |ubatch: usize, quantized: bool, grid_iq: bool, grid_iq_mvq: bool| {
             let mut s = CudaSession::new(
                 &ckpt.config,
                 &w,
@@ -1040,6 +1047,7 @@ fn quant_type_models_match_llama_cpp() {
                     all_logits: true,
                     quantized_activations: quantized,
                     grid_iq,
+                    grid_iq_mvq,
                     ..Default::default()
                 },
             )
@@ -1047,6 +1055,9 @@ fn quant_type_models_match_llama_cpp() {
             let mut out = Vec::new();
             s.prefill(&toks, |l| out.extend_from_slice(l)).unwrap();
             (out, s.weight_bytes().1)
+        };
+        let run_with = |ubatch: usize, quantized: bool, grid_iq: bool| {
+            run_mvq(ubatch, quantized, grid_iq, false)
         };
         let run = |ubatch: usize, quantized: bool| run_with(ubatch, quantized, grid_iq);
         let (exact, nd) = run(toks.len(), false);
@@ -1067,6 +1078,20 @@ fn quant_type_models_match_llama_cpp() {
             e_fast / d_llama,
             e_tc / d_llama
         );
+        if ty == "iq3_xxs" {
+            // Decode on the IQ3_XXS integer mat-vec kernels (Q8_K activations, as the CPU's
+            // fast path and llama.cpp pair them).
+            let (mvq, _) = run_mvq(1, true, true, true);
+            let e_mvq = rel_l2(&mvq, &deq);
+            println!(
+                "{ty}: quantised decode on the integer IQ3_XXS kernels vs llama.cpp f32 {e_mvq:.3e} ({:.2} x llama.cpp's own)",
+                e_mvq / d_llama
+            );
+            assert!(
+                e_mvq <= 1.25 * d_llama,
+                "{ty}: integer IQ3_XXS decode {e_mvq:.3e}"
+            );
+        }
         assert!(e_exact <= MAX_REL_L2, "{ty}: exact {e_exact:.3e}");
         assert!(
             e_fast <= 1.25 * d_llama,

@@ -73,9 +73,9 @@ impl CudaSession {
                     return Ok(0);
                 }
                 let fmt = nodes[i + 1..].iter().find_map(|op| match *op {
-                    Op::MatMul { x, w, .. } if x == qn => self.w.mat(w).ty.act(),
+                    Op::MatMul { x, w, .. } if x == qn => self.act(self.w.mat(w).ty),
                     Op::Experts { layer, x, .. } if x == qn => match &self.w.layers[layer].ffn {
-                        DFfn::Moe { gate, .. } => gate.ty.act(),
+                        DFfn::Moe { gate, .. } => self.act(gate.ty),
                         DFfn::Dense { .. } => None,
                     },
                     _ => None,
@@ -131,7 +131,7 @@ impl CudaSession {
                 // Where the products read their input: quantised into `xq`, or (float
                 // weights) the f32 value itself; `same` says which other products can share
                 // it, `kernel` gives their mat-vec kernel.
-                let quant = m.ty.act().zip(m.ty.mvq());
+                let quant = self.act(m.ty).zip(self.mvq(m.ty));
                 let (mv_k, swiglu_k) = match (quant, m.ty.mvh()) {
                     (Some((_, k)), _) => (k.mv, k.swiglu),
                     (None, Some(k)) if m.cols.is_multiple_of(8) => k,
@@ -139,11 +139,11 @@ impl CudaSession {
                 };
                 let fmt = quant.map(|(f, _)| f);
                 let same = |ty: WType| match fmt {
-                    Some(f) => ty.act() == Some(f),
+                    Some(f) => self.act(ty) == Some(f),
                     None => ty.mvh().is_some(),
                 };
                 let kernel = |ty: WType| match fmt {
-                    Some(_) => ty.mvq().map_or(mv_k, |kk| kk.mv),
+                    Some(_) => self.mvq(ty).map_or(mv_k, |kk| kk.mv),
                     None => ty.mvh().map_or(mv_k, |kk| kk.0),
                 };
                 let input = || -> Result<u64, CudaError> {
@@ -272,9 +272,12 @@ impl CudaSession {
                 let DFfn::Moe { gate, up, down, .. } = &self.w.layers[layer].ffn else {
                     return Ok(0);
                 };
-                let (Some(fg), Some(kg), Some(fd), Some(kd)) =
-                    (gate.ty.act(), gate.ty.mvq(), down.ty.act(), down.ty.mvq())
-                else {
+                let (Some(fg), Some(kg), Some(fd), Some(kd)) = (
+                    self.act(gate.ty),
+                    self.mvq(gate.ty),
+                    self.act(down.ty),
+                    self.mvq(down.ty),
+                ) else {
                     return Ok(0);
                 };
                 if gate.ty != up.ty {
@@ -512,7 +515,7 @@ impl CudaSession {
         let quant = match next(2) {
             Some(Op::MatMul { x, w, .. }) if x == og && self.fuse => {
                 let m = self.w.mat(w);
-                match (m.ty.act(), m.ty.mvq()) {
+                match (self.act(m.ty), self.mvq(m.ty)) {
                     (Some(fmt), Some(_)) if (hq * d).is_multiple_of(fmt.block()) => {
                         fmt.merge_heads(d).map(|g| (fmt, g))
                     }
@@ -597,6 +600,20 @@ impl CudaSession {
         }
         let n = mats.len().min(MV_MATS);
         self.dev.mv(kernel, src, mats[0].0.cols, &mv[..n])
+    }
+    /// [`WType::act`] as this session uses it: IQ3_XXS takes the quantised path only with
+    /// [`crate::CudaSessionOptions::grid_iq_mvq`].
+    pub(super) fn act(&self, ty: WType) -> Option<ActQ> {
+        if ty == WType::Iq3Xxs && !self.grid_iq_mvq {
+            return None;
+        }
+        ty.act()
+    }
+
+    /// [`WType::mvq`] for the types [`CudaSession::act`] quantises for.
+    pub(super) fn mvq(&self, ty: WType) -> Option<crate::manifest::MvqKernels> {
+        self.act(ty)?;
+        ty.mvq()
     }
 
     /// Quantises the one-token value `v` (at `ptr`, `cols` wide) into the `xq` scratch in
