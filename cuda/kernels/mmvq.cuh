@@ -674,15 +674,74 @@ __device__ __forceinline__ int iq_signed4(u32 g, u32 s4) {
     return (int)__vsub4(g ^ m, m);
 }
 
-// A lane's share of an IQ3_XXS row (98-byte super-blocks: d, 64 grid-index bytes, then per
-// 32-weight sub-block a word of four 7-bit sign indices and a 4-bit scale) dotted with the Q8_K
-// activation a: lane (b % 4, ib) takes sub-block ib of super-blocks b = lane / 8, + 4, ...,
-// each 8-weight run's two grid points (iq3xxs_grid) signed by ksigns_iq2xs and dotted with the
-// activation bytes by dp4a, as the CPU's vec_dot_iq3_xxs_q8k adds them (ggml's
-// ggml_vec_dot_iq3_xxs_q8_K): the run sums times the scale 2 s + 1 exactly, then (d_w · d_a)
-// times that, and 1/4 of the total. Each lane scales its own sub-block's integer sum instead
-// of the super-block's (lane_part_q6k's reason): the rounding differs by a few ulp.
-__device__ __forceinline__ float lane_part_iq3xxs(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+// The integer sum of sub-block ib (32 weights) of a grid-IQ super-block blk against its 32
+// activation bytes x0, x1, as the CPU's vec_dot_*_q8k adds it (ggml's
+// ggml_vec_dot_*_q8_K): each 8-weight run's grid magnitudes signed and dotted by dp4a, times
+// the run's scale 2 s + 1, exactly.
+// IQ3_XXS (98 B: d, 64 grid-index bytes, then per sub-block a word of four 7-bit sign indices
+// and a 4-bit scale): run l takes grid points qs[8 ib + 2 l], qs[8 ib + 2 l + 1] (4 magnitudes
+// each) and signs ksigns[(a >> 7 l) & 127]. IQ2_XXS (66 B: d, then per sub-block 4 grid
+// indices and that word): run l takes grid point qs[l] (8 magnitudes). IQ2_S (82 B: d, 32 low
+// index bytes, 32 sign bytes, 8 qh bytes, 8 scale bytes): run l takes grid point
+// qs[4 ib + l] | (qh >> 2 l & 3) << 8, sign byte signs[4 ib + l], scale nibble l / 2.
+// Word i (0..7, a constant once unrolled) of the 32 activation bytes x0, x1.
+__device__ __forceinline__ int iq_x(int4 x0, int4 x1, int i) {
+    int4 x = i < 4 ? x0 : x1;
+    return (i & 3) == 0 ? x.x : (i & 3) == 1 ? x.y : (i & 3) == 2 ? x.z : x.w;
+}
+
+template <int T>
+__device__ __forceinline__ int iq_sub_sum(const u8* __restrict__ blk, int ib, int4 x0, int4 x1) {
+    if constexpr (T == WT_IQ3_XXS) {
+        u32 q0 = ld_u32_a2(blk + 2 + 8 * ib), q1 = ld_u32_a2(blk + 6 + 8 * ib);
+        u32 aw = ld_u32_a2(blk + 66 + 4 * ib);
+        int s = 0;
+        #pragma unroll
+        for (int l = 0; l < 4; l++) {
+            u32 signs = __ldg(&ksigns_iq2xs[(aw >> (7 * l)) & 127]);
+            u32 w = (l < 2 ? q0 : q1) >> (16 * (l & 1));
+            u32 g0 = __ldg(&iq3xxs_grid[w & 0xFF]), g1 = __ldg(&iq3xxs_grid[(w >> 8) & 0xFF]);
+            s = __dp4a(iq_signed4(g0, signs & 0xF), iq_x(x0, x1, 2 * l), s);
+            s = __dp4a(iq_signed4(g1, signs >> 4), iq_x(x0, x1, 2 * l + 1), s);
+        }
+        return (2 * (int)(aw >> 28) + 1) * s;
+    } else if constexpr (T == WT_IQ2_XXS) {
+        u32 qw = ld_u32_a2(blk + 2 + 8 * ib), aw = ld_u32_a2(blk + 6 + 8 * ib);
+        int s = 0;
+        #pragma unroll
+        for (int l = 0; l < 4; l++) {
+            u32 signs = __ldg(&ksigns_iq2xs[(aw >> (7 * l)) & 127]);
+            unsigned long long p = __ldg(&iq2xxs_grid[(qw >> (8 * l)) & 0xFF]);
+            s = __dp4a(iq_signed4((u32)p, signs & 0xF), iq_x(x0, x1, 2 * l), s);
+            s = __dp4a(iq_signed4((u32)(p >> 32), signs >> 4), iq_x(x0, x1, 2 * l + 1), s);
+        }
+        return (2 * (int)(aw >> 28) + 1) * s;
+    } else {
+        u32 qw = ld_u32_a2(blk + 2 + 4 * ib), sw = ld_u32_a2(blk + 34 + 4 * ib);
+        u32 qh = blk[66 + ib], sc = blk[74 + ib];
+        int sumi = 0;
+        #pragma unroll
+        for (int l = 0; l < 4; l++) {
+            u32 idx = ((qw >> (8 * l)) & 0xFF) | (((qh >> (2 * l)) & 3) << 8);
+            unsigned long long p = __ldg(&iq2s_grid[idx]);
+            u32 sb = (sw >> (8 * l)) & 0xFF;
+            int s = __dp4a(iq_signed4((u32)p, sb & 0xF), iq_x(x0, x1, 2 * l), 0);
+            s = __dp4a(iq_signed4((u32)(p >> 32), sb >> 4), iq_x(x0, x1, 2 * l + 1), s);
+            u32 ls = l < 2 ? (sc & 0xF) : (sc >> 4);
+            sumi += (2 * (int)ls + 1) * s;
+        }
+        return sumi;
+    }
+}
+
+// A lane's share of a grid-IQ row (IQ3_XXS, IQ2_XXS, IQ2_S) dotted with the Q8_K activation
+// a: lane (b % 4, ib) takes sub-block ib of super-blocks b = lane / 8, + 4, ...; its integer
+// sum (iq_sub_sum) times (d_w · d_a), and the CPU's final factor (1/4 for IQ3_XXS, 1/8 for
+// the IQ2 types). Each lane scales its own sub-block's sum instead of the super-block's
+// (lane_part_q6k's reason): the rounding differs from the CPU's by a few ulp.
+template <int T>
+__device__ __forceinline__ float lane_part_iq(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    constexpr int BYTES = T == WT_IQ3_XXS ? 98 : T == WT_IQ2_XXS ? 66 : 82;
     int lane = threadIdx.x & 31;
     int ib = lane & 7;
     int nb = cols / QK_K;
@@ -690,29 +749,17 @@ __device__ __forceinline__ float lane_part_iq3xxs(const u8* __restrict__ row, co
     float acc = 0.0f;
     #pragma unroll 2
     for (int b = lane >> 3; b < nb; b += 4) {
-        const u8* blk = row + (size_t)b * 98;
-        u32 q[2] = {ld_u32_a2(blk + 2 + 8 * ib), ld_u32_a2(blk + 6 + 8 * ib)};
-        u32 aw = ld_u32_a2(blk + 66 + 4 * ib);
+        const u8* blk = row + (size_t)b * BYTES;
         float d = f16_to_f32(__ldg((const unsigned short*)blk));
         const int4* qa = (const int4*)(a + (size_t)b * QK_K + 32 * ib);
         int4 x0 = qa[0], x1 = qa[1];
-        int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        int s = 0;
-        #pragma unroll
-        for (int l = 0; l < 4; l++) {
-            u32 signs = __ldg(&ksigns_iq2xs[(aw >> (7 * l)) & 127]);
-            u32 w = q[l / 2] >> (16 * (l & 1));
-            u32 g0 = __ldg(&iq3xxs_grid[w & 0xFF]), g1 = __ldg(&iq3xxs_grid[(w >> 8) & 0xFF]);
-            s = __dp4a(iq_signed4(g0, signs & 0xF), xs[2 * l], s);
-            s = __dp4a(iq_signed4(g1, signs >> 4), xs[2 * l + 1], s);
-        }
-        int sumi = (2 * (int)(aw >> 28) + 1) * s;
+        int sumi = iq_sub_sum<T>(blk, ib, x0, x1);
         acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(d, ad[b]), (float)sumi));
     }
-    return __fmul_rn(acc, 0.25f);
+    return __fmul_rn(acc, T == WT_IQ3_XXS ? 0.25f : 0.125f);
 }
 
-// Dispatch by weight type: Q4_K/Q6_K/IQ3_XXS against Q8_K, Q8_0 and CT4 against Q8_0,
+// Dispatch by weight type: Q4_K/Q6_K and the grid IQ types against Q8_K, Q8_0 and CT4 against Q8_0,
 // BF16/F16 against the f32 activation.
 template <int T>
 __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
@@ -724,7 +771,7 @@ __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8
     // against the eight-lane loop; the pair kernels below keep warp_dot_q4k_rows<2>, which
     // measured faster for gate/up: 17.1 us against 19.6 with half warps of four-lane groups).
     else if constexpr (T == WT_Q4_K) return group_dot_q4k<8>(row, a, cols);
-    else if constexpr (T == WT_IQ3_XXS) return warp_sum(lane_part_iq3xxs(row, a, cols));
+    else if constexpr (T == WT_IQ3_XXS || T == WT_IQ2_XXS || T == WT_IQ2_S) return warp_sum(lane_part_iq<T>(row, a, cols));
     else return warp_dot_q6k(row, a, cols);
 }
 
@@ -736,7 +783,7 @@ __device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u
     else if constexpr (T == WT_CT4) return lane_part_ct4(row, a, cols);
     else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T>(row, a, cols);
     else if constexpr (T == WT_Q4_K) return group_part_q4k<8>(row, a, cols);
-    else if constexpr (T == WT_IQ3_XXS) return lane_part_iq3xxs(row, a, cols);
+    else if constexpr (T == WT_IQ3_XXS || T == WT_IQ2_XXS || T == WT_IQ2_S) return lane_part_iq<T>(row, a, cols);
     else return lane_part_q6k(row, a, cols);
 }
 
@@ -774,8 +821,8 @@ __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u
         warp_dot_q4k_rows<2>(rows, a, cols, y);
         return make_float2(y[0], y[1]);
     }
-    else if constexpr (T == WT_IQ3_XXS) {
-        float p0 = lane_part_iq3xxs(r0, a, cols), p1 = lane_part_iq3xxs(r1, a, cols);
+    else if constexpr (T == WT_IQ3_XXS || T == WT_IQ2_XXS || T == WT_IQ2_S) {
+        float p0 = lane_part_iq<T>(r0, a, cols), p1 = lane_part_iq<T>(r1, a, cols);
         return make_float2(warp_sum(p0), warp_sum(p1));
     }
     else return warp_dot2_q6k(r0, r1, a, cols);

@@ -173,6 +173,14 @@ manifest! {
     MvSwigluIq3Xxs => "mmvq.cu", "mv_swiglu_iq3_xxs";
     GateUpQIq3Xxs => "mmvq.cu", "moe_gate_up_q_iq3_xxs";
     DownQIq3Xxs => "mmvq.cu", "moe_down_q_iq3_xxs";
+    MvIq2Xxs => "mmvq.cu", "mv_iq2_xxs";
+    MvSwigluIq2Xxs => "mmvq.cu", "mv_swiglu_iq2_xxs";
+    GateUpQIq2Xxs => "mmvq.cu", "moe_gate_up_q_iq2_xxs";
+    DownQIq2Xxs => "mmvq.cu", "moe_down_q_iq2_xxs";
+    MvIq2S => "mmvq.cu", "mv_iq2_s";
+    MvSwigluIq2S => "mmvq.cu", "mv_swiglu_iq2_s";
+    GateUpQIq2S => "mmvq.cu", "moe_gate_up_q_iq2_s";
+    DownQIq2S => "mmvq.cu", "moe_down_q_iq2_s";
     GemmF32 => "gemm.cu", "gemm_f32";
     GemmF16 => "gemm.cu", "gemm_f16";
     GemmBf16 => "gemm.cu", "gemm_bf16";
@@ -461,17 +469,13 @@ impl WType {
     /// Q8_0 as on the CPU (`cpu-experts/src/kernels/ct.rs`).
     pub fn act(self) -> Option<ActQ> {
         match self {
-            WType::F32
-            | WType::F16
-            | WType::Bf16
-            | WType::Q5K
-            | WType::Iq4Xs
-            | WType::Iq2Xxs
-            | WType::Iq2S => None,
+            WType::F32 | WType::F16 | WType::Bf16 | WType::Q5K | WType::Iq4Xs => None,
             WType::Q8_0 | WType::Ct4 => Some(ActQ::Q8_0),
-            // (IQ3_XXS only where the session takes its integer kernels:
+            // (The grid IQ types only where the session takes their integer kernels:
             // `CudaSessionOptions::grid_iq_mvq`.)
-            WType::Q4K | WType::Q6K | WType::Iq3Xxs => Some(ActQ::Q8K),
+            WType::Q4K | WType::Q6K | WType::Iq3Xxs | WType::Iq2Xxs | WType::Iq2S => {
+                Some(ActQ::Q8K)
+            }
         }
     }
     /// Quantised-activation kernels (for types with [`WType::act`]).
@@ -495,6 +499,13 @@ impl WType {
                 K::GateUpQIq3Xxs,
                 K::DownQIq3Xxs,
             )),
+            WType::Iq2Xxs => Some(k(
+                K::MvIq2Xxs,
+                K::MvSwigluIq2Xxs,
+                K::GateUpQIq2Xxs,
+                K::DownQIq2Xxs,
+            )),
+            WType::Iq2S => Some(k(K::MvIq2S, K::MvSwigluIq2S, K::GateUpQIq2S, K::DownQIq2S)),
             _ => None,
         }
     }

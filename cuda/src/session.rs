@@ -75,9 +75,9 @@ pub struct CudaSessionOptions {
     /// check them against llama.cpp's logits on the H200); `LAGOON_CUDA_GRID_IQ=0` turns it
     /// off, `=1` on.
     pub grid_iq: bool,
-    /// Decode steps run IQ3_XXS products on integer mat-vec kernels against Q8_K activations
-    /// (`mmvq.cuh`'s `lane_part_iq3xxs`, the CPU's vec_dot_iq3_xxs_q8k in dp4a form) instead
-    /// of the f32-activation kernels. Off by default until it has run on a device (written in
+    /// Decode steps run the grid IQ types' products (IQ3_XXS, IQ2_XXS, IQ2_S) on integer
+    /// mat-vec kernels against Q8_K activations (`mmvq.cuh`'s `lane_part_iq`, the CPU's
+    /// vec_dot_*_q8k in dp4a form) instead of the f32-activation kernels. Off by default until it has run on a device (written in
     /// session 14, when the f32 kernels decoded a UD-Q3_K_M-like S 2.1 at 13% of its floor;
     /// device tests `quantised_mat_vec_matches_the_cpu_kernels` and
     /// `quant_type_models_match_llama_cpp` cover it); `LAGOON_CUDA_GRID_IQ_MVQ=1` turns it

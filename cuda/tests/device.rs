@@ -817,12 +817,14 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
     let dev = device();
     let mut rng = Rng(0x3a7_0002);
     let k = Kernels::scalar();
-    // (IQ3_XXS: the integer kernels of CudaSessionOptions::grid_iq_mvq.)
+    // (The grid IQ types: the integer kernels of CudaSessionOptions::grid_iq_mvq.)
     for ty in [
         GgmlType::Q8_0,
         GgmlType::Q4K,
         GgmlType::Q6K,
         GgmlType::IQ3XXS,
+        GgmlType::IQ2XXS,
+        GgmlType::IQ2S,
     ] {
         for (rows, cols) in [(37usize, 256usize), (70, 1024), (9, 3072)] {
             let data = random_rows(&mut rng, ty, rows, cols);
@@ -1078,18 +1080,18 @@ fn quant_type_models_match_llama_cpp() {
             e_fast / d_llama,
             e_tc / d_llama
         );
-        if ty == "iq3_xxs" {
-            // Decode on the IQ3_XXS integer mat-vec kernels (Q8_K activations, as the CPU's
-            // fast path and llama.cpp pair them).
+        if grid_iq {
+            // Decode on the grid types' integer mat-vec kernels (Q8_K activations, as the
+            // CPU's fast path and llama.cpp pair them).
             let (mvq, _) = run_mvq(1, true, true, true);
             let e_mvq = rel_l2(&mvq, &deq);
             println!(
-                "{ty}: quantised decode on the integer IQ3_XXS kernels vs llama.cpp f32 {e_mvq:.3e} ({:.2} x llama.cpp's own)",
+                "{ty}: quantised decode on the integer grid-IQ kernels vs llama.cpp f32 {e_mvq:.3e} ({:.2} x llama.cpp's own)",
                 e_mvq / d_llama
             );
             assert!(
                 e_mvq <= 1.25 * d_llama,
-                "{ty}: integer IQ3_XXS decode {e_mvq:.3e}"
+                "{ty}: integer grid-IQ decode {e_mvq:.3e}"
             );
         }
         assert!(e_exact <= MAX_REL_L2, "{ty}: exact {e_exact:.3e}");

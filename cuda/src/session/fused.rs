@@ -601,10 +601,10 @@ impl CudaSession {
         let n = mats.len().min(MV_MATS);
         self.dev.mv(kernel, src, mats[0].0.cols, &mv[..n])
     }
-    /// [`WType::act`] as this session uses it: IQ3_XXS takes the quantised path only with
-    /// [`crate::CudaSessionOptions::grid_iq_mvq`].
+    /// [`WType::act`] as this session uses it: the grid IQ types take the quantised path
+    /// only with [`crate::CudaSessionOptions::grid_iq_mvq`].
     pub(super) fn act(&self, ty: WType) -> Option<ActQ> {
-        if ty == WType::Iq3Xxs && !self.grid_iq_mvq {
+        if matches!(ty, WType::Iq3Xxs | WType::Iq2Xxs | WType::Iq2S) && !self.grid_iq_mvq {
             return None;
         }
         ty.act()
