@@ -263,8 +263,9 @@ struct RfCt4 : RfPieces<10> {
     // unit there is 1; 64 for bf16, unit 1/2, so the code goes in doubled), m + 8 + z is
     // subtracted (exact: every integer involved is within the type's exact range), and the
     // product with the scale is the one rounding. A bf16 pair then becomes f16 through f32.
-    // (Was: each weight in f32, then rounded to the scale dtype by integer steps: about three
-    // times the instructions per weight.)
+    // (Was: each weight in f32, then rounded to the scale dtype by integer steps; the kernels
+    // had 1.37x (gate/up) and 1.49x (down) the SASS instructions for the same HMMAs, and
+    // S 2.1 W4A16 pp4096 went 6,898 -> 9,095 t/s with this form: BENCHMARKS.md, session 14.)
     static __device__ __forceinline__ void frags(const u8* st, const u8*, const RfRows& rw, int q, int, int u,
                                                  u32 a[2][2][4]) {
         #pragma unroll

@@ -695,9 +695,10 @@ impl CudaSession {
         s.memcpy_htod(&self.params_host[..2 + n], &mut pv)
             .during("uploading the step's tokens")?;
         self.dev.pdl.set(self.pdl && n == 1);
-        // Split-K attention sized for the keys this step reads, not for the whole context (a
-        // 32k context's 16 splits at depth 0 cost S 2.1 W4A16 decode 3%: BENCHMARKS.md,
-        // session 14).
+        // Split-K attention sized for the keys this step reads, not for the whole context.
+        // (The same binary decoded S 2.1 W4A16 3% slower at depth 0 in a 32k context than in
+        // a short one, BENCHMARKS.md session 14; the whole-context split count is the cause
+        // the code suggests, not yet confirmed by a measurement of this change.)
         let bucket = split_bucket(self.n_past + n, self.split_keys);
         for (s, &m) in self.splits.iter_mut().zip(&self.max_splits) {
             *s = bucket.min(m);
