@@ -110,6 +110,16 @@ pub const SPLIT_KEYS: usize = 256;
 /// Most splits of one head's keys.
 pub const MAX_SPLITS: usize = 16;
 
+/// A session switch from the environment: `VAR=1` on, `VAR=0` off, anything else (or unset)
+/// the option's value.
+fn env_flag(var: &str, default: bool) -> bool {
+    match std::env::var(var).as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => default,
+    }
+}
+
 /// The split count of split-K attention for a step that reads `keys` keys: about
 /// `split_keys` keys per split, rounded up to a power of two (so the decode steps of a session
 /// use at most log2(MAX_SPLITS) + 1 different counts, each captured as a graph once), at most
@@ -357,11 +367,7 @@ impl CudaSession {
             ));
         }
         let dev = Device::new(opts.device)?;
-        let grid_iq = match std::env::var("LAGOON_CUDA_GRID_IQ").as_deref() {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => opts.grid_iq,
-        };
+        let grid_iq = env_flag("LAGOON_CUDA_GRID_IQ", opts.grid_iq);
         let weights = DeviceWeights::upload(&dev, w, grid_iq)?;
         let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
         let prefill = laguna::build(cfg, &w.gates, opts.ubatch, opts.all_logits);
@@ -582,16 +588,8 @@ impl CudaSession {
             max_splits,
             split_keys,
             sm_count,
-            qk_attention: match std::env::var("LAGOON_CUDA_QK_ATTN").as_deref() {
-                Ok("0") => false,
-                Ok("1") => true,
-                _ => opts.qk_attention,
-            },
-            grid_iq_mvq: match std::env::var("LAGOON_CUDA_GRID_IQ_MVQ").as_deref() {
-                Ok("0") => false,
-                Ok("1") => true,
-                _ => opts.grid_iq_mvq,
-            },
+            qk_attention: env_flag("LAGOON_CUDA_QK_ATTN", opts.qk_attention),
+            grid_iq_mvq: env_flag("LAGOON_CUDA_GRID_IQ_MVQ", opts.grid_iq_mvq),
             _groups: groups_buf,
             sorted,
             tiles,
@@ -1324,6 +1322,8 @@ fn quant_scratch(cfg: &ModelConfig, decode: &Graph, w: &DeviceWeights) -> (usize
     for op in &decode.nodes {
         match *op {
             Op::MatMul { x, w: wid, .. } => {
+                // (`WType::act`, not the session's: the grid IQ types count even when their
+                // integer kernels are off, a few KB more scratch.)
                 if let Some(f) = w.mat(wid).ty.act() {
                     xq = xq.max(f.row_stride(decode.values[x].cols));
                 }

@@ -258,9 +258,8 @@ impl CudaSession {
                 }
                 Ok(len)
             }
-            // Attention with the output gate fused: into the decode kernel's write when
-            // there is one split, else into the merge of the splits.
-            // Attention with the output gate fused (QK-norm and RoPE ran before it).
+            // Attention with the output gate fused (QK-norm and RoPE ran before it): into the
+            // decode kernel's write when there is one split, else into the merge of the splits.
             Op::Attention { .. } => self.fused_attention(graph, i, None),
             Op::Experts {
                 layer,
