@@ -295,3 +295,218 @@ attention_prefill_f16(const float* __restrict__ q, const unsigned short* __restr
                       int gcols, unsigned short* __restrict__ oh) {
     attention_prefill_t<unsigned short>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
 }
+
+// Decode attention on the tensor cores, one block per (KV head, split) — the layout of
+// llama.cpp's GQA-packed flash-attention decode (ggml-cuda/fattn-mma-f16.cuh, which puts the
+// query heads sharing a KV head in the rows of one tile; restated here, not copied): the G =
+// hq / n_kv query heads of KV head kvh are the 16 rows of one m16 tile (rows G .. 15 zero, G <=
+// 16), so every key and value row is read once per KV head instead of once per query head,
+// and the block streams its split's keys through shared memory FA_BK at a time with
+// attention_prefill's fa_stage (two buffers and cp.async with an f16 cache). Warp w takes keys
+// 16 w .. 16 w + 16 of each tile: S = Q K^T (two n-tiles of 8 keys), its own online softmax
+// (running max and sum per row, base-2 exponentials), P rounded to f16, O += P V (16 n-tiles
+// over d) — the warps never wait for each other inside a tile; their four states are merged
+// through shared memory at the end. One token (the step's position); the split, visibility,
+// gate and outputs are attention_decode's (attention.cu): one split writes out (times the
+// softplus gate g when not null), more write the unnormalised state of every query head to
+// part (natural-log max M, sum L), merged by merge.cuh. Queries, keys, values and P are f16
+// (~1e-3 relative), as in attention_prefill. Grid (n_kv, 1, n_split), block 128, dynamic
+// shared memory as attention_prefill's (manifest.rs FLASH_SMEM).
+template <typename KV>
+__device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __restrict__ kc,
+                                       const KV* __restrict__ vc, float* __restrict__ out,
+                                       float* __restrict__ part, int cap, int hq, int n_kv,
+                                       int window, const u32* __restrict__ params,
+                                       const float* __restrict__ gt, int gcols) {
+    extern __shared__ __align__(16) unsigned short fa_smem[];
+    constexpr bool ASYNC = sizeof(KV) == 2;
+    PDL_ENTRY();
+    int kvh = blockIdx.x, split = blockIdx.z, n_split = gridDim.z;
+    int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gr = lane >> 2, qd = lane & 3;
+    int G = hq / n_kv, h0 = kvh * G;
+    int row = n_kv * FA_D;
+    int pos = (int)params[P_POS0];
+    int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    int last = pos;
+    if (n_split > 1) {
+        int per = (pos + 1 - first + n_split - 1) / n_split;
+        int lo = first + split * per;
+        last = min(pos, lo + per - 1);
+        first = lo;
+    }
+    // Q fragments (attention_prefill's layout) for rows gr and gr + 8: query heads h0 + gr
+    // and h0 + gr + 8, zeros past the group.
+    u32 qf[8][4];
+    {
+        bool va = gr < G, vb = gr + 8 < G;
+        const float* qa = q + (size_t)(h0 + gr) * FA_D;
+        const float* qb = q + (size_t)(h0 + gr + 8) * FA_D;
+        #pragma unroll
+        for (int s = 0; s < 8; s++) {
+            int d0 = 16 * s + 2 * qd;
+            float2 z = make_float2(0.0f, 0.0f);
+            float2 x0 = va ? *(const float2*)(qa + d0) : z, x1 = vb ? *(const float2*)(qb + d0) : z;
+            float2 x2 = va ? *(const float2*)(qa + d0 + 8) : z, x3 = vb ? *(const float2*)(qb + d0 + 8) : z;
+            qf[s][0] = fa_pack(x0.x, x0.y);
+            qf[s][1] = fa_pack(x1.x, x1.y);
+            qf[s][2] = fa_pack(x2.x, x2.y);
+            qf[s][3] = fa_pack(x3.x, x3.y);
+        }
+    }
+    float o[16][4];
+    #pragma unroll
+    for (int j = 0; j < 16; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+    float ma = -LG_INF, mb = -LG_INF, la = 0.0f, lb = 0.0f;
+    const float sl2 = 1.4426950408889634f / sqrtf((float)FA_D);
+    int mi = lane >> 3, mr = lane & 7;
+    if constexpr (ASYNC) {
+        if (first <= last) fa_stage<KV>(fa_smem, kc, vc, first, last, cap, row, kvh, tid);
+        cp_async_commit();
+    }
+    for (int kb = first, it = 0; kb <= last; kb += FA_BK, it++) {
+        const unsigned short* ks;
+        if constexpr (ASYNC) {
+            if (kb + FA_BK <= last)
+                fa_stage<KV>(fa_smem + ((it + 1) & 1) * FA_TILE_HALVES, kc, vc, kb + FA_BK, last, cap, row, kvh, tid);
+            cp_async_commit();
+            cp_async_wait<1>();
+            ks = fa_smem + (it & 1) * FA_TILE_HALVES;
+        } else {
+            fa_stage<KV>(fa_smem, kc, vc, kb, last, cap, row, kvh, tid);
+            ks = fa_smem;
+        }
+        __syncthreads();
+        const unsigned short* vs = ks + FA_BK * FA_KLD;
+        int kw = kb + 16 * w;  // the warp's first key
+        if (kw <= last) {
+            // S for the warp's 16 keys: n-tiles 2 w and 2 w + 1 of the tile.
+            float s[2][4];
+            #pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int nt = 2 * w + i;
+                #pragma unroll
+                for (int e = 0; e < 4; e++) s[i][e] = 0.0f;
+                #pragma unroll
+                for (int st = 0; st < 8; st += 2) {
+                    u32 b[4];
+                    ldmatrix_x4(b, ks + (8 * nt + mr) * FA_KLD + 16 * (st + (mi >> 1)) + 8 * (mi & 1));
+                    fa_mma(s[i], qf[st][0], qf[st][1], qf[st][2], qf[st][3], b[0], b[1]);
+                    fa_mma(s[i], qf[st + 1][0], qf[st + 1][1], qf[st + 1][2], qf[st + 1][3], b[2], b[3]);
+                }
+            }
+            float na = ma, nb = mb;
+            #pragma unroll
+            for (int i = 0; i < 2; i++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int j = kw + 8 * i + 2 * qd + (e & 1);
+                    float v = j <= last ? s[i][e] * sl2 : -LG_INF;
+                    s[i][e] = v;
+                    if (e < 2) na = fmaxf(na, v);
+                    else nb = fmaxf(nb, v);
+                }
+            na = fmaxf(na, __shfl_xor_sync(0xffffffffu, na, 1));
+            na = fmaxf(na, __shfl_xor_sync(0xffffffffu, na, 2));
+            nb = fmaxf(nb, __shfl_xor_sync(0xffffffffu, nb, 1));
+            nb = fmaxf(nb, __shfl_xor_sync(0xffffffffu, nb, 2));
+            // The warp's first key is visible, so na and nb are finite from here on.
+            float ca = exp2f(ma - na), cb = exp2f(mb - nb);
+            ma = na;
+            mb = nb;
+            la *= ca;
+            lb *= cb;
+            #pragma unroll
+            for (int j = 0; j < 16; j++) {
+                o[j][0] *= ca;
+                o[j][1] *= ca;
+                o[j][2] *= cb;
+                o[j][3] *= cb;
+            }
+            u32 pf[2][2];
+            #pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float p0 = exp2f(s[i][0] - na), p1 = exp2f(s[i][1] - na);
+                float p2 = exp2f(s[i][2] - nb), p3 = exp2f(s[i][3] - nb);
+                la += p0 + p1;
+                lb += p2 + p3;
+                pf[i][0] = fa_pack(p0, p1);
+                pf[i][1] = fa_pack(p2, p3);
+            }
+            // O += P V over the warp's 16 keys (one k16 step), two n-tiles of 8 dims per
+            // ldmatrix.x4.trans.
+            #pragma unroll
+            for (int dt = 0; dt < 16; dt += 2) {
+                u32 b[4];
+                fa_ldsm_t(b, vs + (16 * w + 8 * (mi & 1) + mr) * FA_KLD + 8 * (dt + (mi >> 1)));
+                fa_mma(o[dt], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b[0], b[1]);
+                fa_mma(o[dt + 1], pf[0][0], pf[0][1], pf[1][0], pf[1][1], b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    // The four warps' states through shared memory (the tile buffers, free after the loop's
+    // last barrier): wo[w][row][d], then each row's max and sum per warp.
+    float* wo = (float*)fa_smem;
+    float* wm = wo + 4 * 16 * FA_D;
+    float* wl = wm + 4 * 16;
+    #pragma unroll
+    for (int dt = 0; dt < 16; dt++) {
+        int d0 = 8 * dt + 2 * qd;
+        *(float2*)(wo + (w * 16 + gr) * FA_D + d0) = make_float2(o[dt][0], o[dt][1]);
+        *(float2*)(wo + (w * 16 + gr + 8) * FA_D + d0) = make_float2(o[dt][2], o[dt][3]);
+    }
+    if (qd == 0) {
+        wm[w * 16 + gr] = ma;
+        wm[w * 16 + gr + 8] = mb;
+        wl[w * 16 + gr] = la;
+        wl[w * 16 + gr + 8] = lb;
+    }
+    __syncthreads();
+    int per = gt ? hq * FA_D / gcols : 1;
+    int k = tid;  // FA_D == blockDim.x: one output dim per thread
+    for (int r = 0; r < G; r++) {
+        float M = -LG_INF;
+        #pragma unroll
+        for (int v = 0; v < 4; v++) M = fmaxf(M, wm[v * 16 + r]);
+        float L = 0.0f, acc = 0.0f;
+        #pragma unroll
+        for (int v = 0; v < 4; v++) {
+            float mv = wm[v * 16 + r];
+            if (mv != -LG_INF) {
+                float c = exp2f(mv - M);
+                L += wl[v * 16 + r] * c;
+                acc += wo[(v * 16 + r) * FA_D + k] * c;
+            }
+        }
+        int h = h0 + r;
+        if (n_split > 1) {
+            float* ph = part + ((size_t)h * n_split + split) * (FA_D + 2);
+            ph[k] = acc;
+            // The merge takes natural-log maxima: 2^(m2) = e^(m2 ln 2).
+            if (k == 0) {
+                ph[FA_D] = M == -LG_INF ? M : M * 0.6931471805599453f;
+                ph[FA_D + 1] = L;
+            }
+        } else {
+            float v = acc / L;
+            out[(size_t)h * FA_D + k] = gt ? v * softplus_f(gt[(h * FA_D + k) / per]) : v;
+        }
+    }
+}
+
+// Arguments as attention.cu's attention_decode (d must be FA_D; the host checks).
+#define GQA_KERNEL(sfx, KV)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128, 3) attention_decode_gqa##sfx(                   \
+        const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,           \
+        float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,         \
+        int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols) {         \
+        attention_decode_gqa_t<KV>(q, kc, vc, out, part, cap, hq, n_kv, window, params, g, gcols);   \
+    }
+GQA_KERNEL(, float)
+GQA_KERNEL(_f16, unsigned short)

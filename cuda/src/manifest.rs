@@ -117,6 +117,8 @@ manifest! {
     AttentionDecodeQkF16 => "attention.cu", "attention_decode_qk_f16";
     AttentionPrefill => "flash.cu", "attention_prefill";
     AttentionPrefillF16 => "flash.cu", "attention_prefill_f16";
+    AttentionDecodeGqa => "flash.cu", "attention_decode_gqa";
+    AttentionDecodeGqaF16 => "flash.cu", "attention_decode_gqa_f16";
     Spin => "elementwise.cu", "spin";
     ReadStream => "elementwise.cu", "read_stream";
     QuantizeQ8K => "act.cu", "quantize_q8_K";
@@ -332,8 +334,8 @@ impl K {
             K::GemmH16 => GEMM_H16_SMEM,
             // The lab's activation row in shared memory (LAB_MVX_MAX_COLS f32).
             K::LabMvxBf16 => 4 * 9216,
-            K::AttentionPrefill => FLASH_SMEM,
-            K::AttentionPrefillF16 => 2 * FLASH_SMEM,
+            K::AttentionPrefill | K::AttentionDecodeGqa => FLASH_SMEM,
+            K::AttentionPrefillF16 | K::AttentionDecodeGqaF16 => 2 * FLASH_SMEM,
             // The wgmma kernels align their layout to 1024 bytes inside the allocation.
             K::GemmWgQ4K | K::GemmGateUpWgQ4K | K::GemmDownWgQ4K => GEMM_RF_SMEM_Q4K + 1024,
             K::GemmWg128Q4K | K::GemmGateUpWg128Q4K | K::GemmDownWg128Q4K => {

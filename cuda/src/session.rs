@@ -40,13 +40,14 @@ pub struct CudaSessionOptions {
     /// CUDA device ordinal.
     pub device: usize,
     /// Replay decode steps as captured CUDA graphs (the node walk is captured on the first
-    /// decode step of each split-K attention count, [`split_bucket`]: at most five per
+    /// decode step of each split-K attention count, [`split_bucket`]: at most six per
     /// session; the position and token come from device memory, so a graph serves every
     /// later step of its count).
     pub cuda_graphs: bool,
     /// Keys per block of split-K (flash-decoding) attention in steps of at most
     /// [`SPLIT_MAX_TOKENS`] tokens, the split count following the keys a step reads
-    /// ([`split_bucket`]); 0 = [`SPLIT_KEYS`].
+    /// ([`split_bucket`]); 0 = [`SPLIT_KEYS_GQA`] where decode runs `attention_decode_gqa`,
+    /// else [`SPLIT_KEYS`].
     pub attn_split_keys: usize,
     /// The fast numerics. Decode steps quantise each matrix input once (Q8_K for K-quant
     /// weights, Q8_0 for Q8_0 weights, ggml's values, as the CPU's fast path) and run integer
@@ -77,11 +78,11 @@ pub struct CudaSessionOptions {
     pub grid_iq: bool,
     /// Decode steps run the grid IQ types' products (IQ3_XXS, IQ2_XXS, IQ2_S) on integer
     /// mat-vec kernels against Q8_K activations (`mmvq.cuh`'s `lane_part_iq`, the CPU's
-    /// vec_dot_*_q8k in dp4a form) instead of the f32-activation kernels. Off by default until it has run on a device (written in
-    /// session 14, when the f32 kernels decoded a UD-Q3_K_M-like S 2.1 at 13% of its floor;
-    /// device tests `quantised_mat_vec_matches_the_cpu_kernels` and
-    /// `quant_type_models_match_llama_cpp` cover it); `LAGOON_CUDA_GRID_IQ_MVQ=1` turns it
-    /// on, `=0` off.
+    /// vec_dot_*_q8k in dp4a form) instead of the f32-activation kernels. On by default: a
+    /// UD-Q3_K_M-like S 2.1 decoded at 202 t/s with them against 104 t/s without (H200,
+    /// BENCHMARKS.md session 15; device tests `quantised_mat_vec_matches_the_cpu_kernels` and
+    /// `quant_type_models_match_llama_cpp` cover them); `LAGOON_CUDA_GRID_IQ_MVQ=0` turns it
+    /// off, `=1` on.
     pub grid_iq_mvq: bool,
     /// Decode steps do the QK-norm, RoPE and KV store inside the attention kernel
     /// (`attention.cu`'s `attention_decode_qk`: one launch per layer fewer) instead of in
@@ -103,12 +104,19 @@ pub const GEMM_MIN_TOKENS: usize = 16;
 const FLASH_TILE: usize = 64;
 /// The one head_dim the tensor-core prefill attention takes (`FA_D`).
 const FLASH_HEAD_DIM: usize = 128;
+/// Most query heads per KV head `attention_decode_gqa` takes (the rows of one m16 tile).
+const GQA_MAX_GROUP: usize = 16;
 
-/// Default keys per split-K attention block (a decode step over a 4096-key full layer runs
-/// 16 blocks per head instead of one).
+/// Default keys per split-K attention block of the per-query-head kernels (a decode step over
+/// a 4096-key full layer runs 16 blocks per head instead of one); they stop at
+/// `MAX_SPLITS / 2` splits (hq blocks per split).
 pub const SPLIT_KEYS: usize = 256;
+/// Default keys per split of `flash.cu`'s `attention_decode_gqa` (one block per KV head and
+/// split, so 8 blocks per split on Laguna): one 64-key tile per block up to 2,048 keys, then
+/// [`MAX_SPLITS`] splits (256 blocks, about two per SM on the H200).
+pub const SPLIT_KEYS_GQA: usize = 64;
 /// Most splits of one head's keys.
-pub const MAX_SPLITS: usize = 16;
+pub const MAX_SPLITS: usize = 32;
 
 /// A session switch from the environment: `VAR=1` on, `VAR=0` off, anything else (or unset)
 /// the option's value.
@@ -148,7 +156,7 @@ impl Default for CudaSessionOptions {
             programmatic_launch: true,
             kv_f16: false,
             grid_iq: true,
-            grid_iq_mvq: false,
+            grid_iq_mvq: true,
             qk_attention: false,
         }
     }
@@ -270,6 +278,9 @@ pub struct CudaSession {
     qk_attention: bool,
     /// [`CudaSessionOptions::grid_iq_mvq`], after `LAGOON_CUDA_GRID_IQ_MVQ`.
     grid_iq_mvq: bool,
+    /// One-token attention on the quantised path runs `attention_decode_gqa` (one block per
+    /// KV head and split) instead of `attention_decode` (one per query head and split).
+    gqa_attention: bool,
     /// Prefill expert grouping: pair indices sorted by expert, then the tiles.
     _groups: CudaSlice<u32>,
     sorted: u64,
@@ -368,6 +379,11 @@ impl CudaSession {
         }
         let dev = Device::new(opts.device)?;
         let grid_iq = env_flag("LAGOON_CUDA_GRID_IQ", opts.grid_iq);
+        // `LAGOON_CUDA_GRAPHS=0` replays nothing: every decode step walks its kernels (A/B runs).
+        let opts = CudaSessionOptions {
+            cuda_graphs: env_flag("LAGOON_CUDA_GRAPHS", opts.cuda_graphs),
+            ..opts
+        };
         let weights = DeviceWeights::upload(&dev, w, grid_iq)?;
         let decode = laguna::build(cfg, &w.gates, 1, opts.all_logits);
         let prefill = laguna::build(cfg, &w.gates, opts.ubatch, opts.all_logits);
@@ -472,10 +488,25 @@ impl CudaSession {
                 SPLIT_MAX_TOKENS * cfg.max_heads() * MAX_SPLITS * (cfg.head_dim + 2),
             )
             .during("allocating the attention partials")?;
-        let split_keys = if opts.attn_split_keys == 0 {
-            SPLIT_KEYS
+        // Decode attention on the tensor cores, one block per KV head and split
+        // (`attention_decode_gqa`): head_dim 128 and at most 16 query heads per KV head.
+        // `LAGOON_CUDA_ATT_GQA=0` keeps the per-query-head kernel (A/B runs).
+        let gqa_attention = env_flag("LAGOON_CUDA_ATT_GQA", true)
+            && cfg.head_dim == FLASH_HEAD_DIM
+            && cfg.n_kv_heads > 0
+            && cfg
+                .n_heads
+                .iter()
+                .all(|&h| h.is_multiple_of(cfg.n_kv_heads) && h / cfg.n_kv_heads <= GQA_MAX_GROUP);
+        let split_keys = match (opts.attn_split_keys, gqa_attention) {
+            (0, true) => SPLIT_KEYS_GQA,
+            (0, false) => SPLIT_KEYS,
+            (k, _) => k,
+        };
+        let split_cap = if gqa_attention {
+            MAX_SPLITS
         } else {
-            opts.attn_split_keys
+            MAX_SPLITS / 2
         };
         let sm_count = dev.sm_count()? as usize;
         let max_splits: Vec<usize> = (0..cfg.n_layers)
@@ -485,7 +516,7 @@ impl CudaSession {
                 } else {
                     opts.n_ctx
                 };
-                keys.div_ceil(split_keys).clamp(1, MAX_SPLITS)
+                keys.div_ceil(split_keys).clamp(1, split_cap)
             })
             .collect();
         let max_pairs = opts.ubatch * cfg.n_experts_used;
@@ -590,6 +621,7 @@ impl CudaSession {
             sm_count,
             qk_attention: env_flag("LAGOON_CUDA_QK_ATTN", opts.qk_attention),
             grid_iq_mvq: env_flag("LAGOON_CUDA_GRID_IQ_MVQ", opts.grid_iq_mvq),
+            gqa_attention,
             _groups: groups_buf,
             sorted,
             tiles,
@@ -694,9 +726,9 @@ impl CudaSession {
             .during("uploading the step's tokens")?;
         self.dev.pdl.set(self.pdl && n == 1);
         // Split-K attention sized for the keys this step reads, not for the whole context.
-        // (The same binary decoded S 2.1 W4A16 3% slower at depth 0 in a 32k context than in
-        // a short one, BENCHMARKS.md session 14; the whole-context split count is the cause
-        // the code suggests, not yet confirmed by a measurement of this change.)
+        // (With the whole context's count, S 2.1 W4A16 decoded 3% slower at depth 0 in a 32k
+        // context than in a short one; sized per step, 220.7 t/s there against 219.2-221.5:
+        // BENCHMARKS.md sessions 14 and 15.)
         let bucket = split_bucket(self.n_past + n, self.split_keys);
         for (s, &m) in self.splits.iter_mut().zip(&self.max_splits) {
             *s = bucket.min(m);
@@ -881,6 +913,14 @@ impl CudaSession {
         // One token on the quantised path: the key-per-lane decode kernel (same outputs).
         let decode = self.decode_attention(n);
         let args = self.attention_args(layer, q, out, gate);
+        if decode && self.gqa_attention {
+            return self.dev.launch3(
+                self.kv_kernel(K::AttentionDecodeGqa, K::AttentionDecodeGqaF16),
+                (c.n_kv_heads as u32, 1, split as u32),
+                128,
+                &args,
+            );
+        }
         let (kernel, n_args) = if decode {
             (
                 self.kv_kernel(K::AttentionDecode, K::AttentionDecodeF16),
@@ -1347,7 +1387,7 @@ fn quant_scratch(cfg: &ModelConfig, decode: &Graph, w: &DeviceWeights) -> (usize
 
 #[cfg(test)]
 mod split_tests {
-    use super::{MAX_SPLITS, SPLIT_KEYS, split_bucket};
+    use super::{MAX_SPLITS, SPLIT_KEYS, SPLIT_KEYS_GQA, split_bucket};
 
     /// The split count follows the keys a step reads, in powers of two up to MAX_SPLITS:
     /// one split for a short context however large n_ctx is, the whole-context count only
@@ -1359,11 +1399,12 @@ mod split_tests {
         assert_eq!(split_bucket(SPLIT_KEYS + 1, SPLIT_KEYS), 2);
         assert_eq!(split_bucket(3 * SPLIT_KEYS, SPLIT_KEYS), 4);
         assert_eq!(split_bucket(4096, SPLIT_KEYS), 16);
+        assert_eq!(split_bucket(4096, SPLIT_KEYS_GQA), MAX_SPLITS);
         assert_eq!(split_bucket(1 << 20, SPLIT_KEYS), MAX_SPLITS);
         assert_eq!(split_bucket(0, SPLIT_KEYS), 1);
         assert_eq!(split_bucket(5, 0), 8);
         let mut seen: Vec<usize> = (1..100_000).map(|k| split_bucket(k, 8)).collect();
         seen.dedup();
-        assert_eq!(seen, [1, 2, 4, 8, 16]);
+        assert_eq!(seen, [1, 2, 4, 8, 16, 32]);
     }
 }

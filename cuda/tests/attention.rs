@@ -126,6 +126,121 @@ fn decode_attention_matches_the_f32_kernel_for_both_caches() {
     }
 }
 
+/// `flash.cu`'s `attention_decode_gqa` (tensor cores, one block per KV head and split, the
+/// group's query heads as the rows of one tile) against the f32 `attention` kernel on the
+/// same rings, for the f32 and the f16 cache: groups of 3, 6, 9 (S 2.1's full and sliding
+/// layers) and 16 query heads; full layers at the start, inside the first tile, across
+/// partial tiles and at depth; sliding windows narrower than a tile and S 2.1's 512 with a
+/// wrapped ring; one split (with and without the per-head softplus gate) and 3, 8 and 32
+/// (merged by `attention_merge`; 32 splits of a short context leave some empty). Queries,
+/// keys, values and P are f16 in the kernel, so the bound is the tensor-core prefill's.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gqa_decode_attention_matches_the_f32_kernel() {
+    let dev = device();
+    let mut rng = Rng(0x6e33_0a71);
+    let d = 128usize;
+    for (hq, n_kv, window, pos) in [
+        (6usize, 2usize, 0usize, 0usize),
+        (6, 2, 0, 37),
+        (48, 8, 0, 200),
+        (48, 8, 0, 3000),
+        (72, 8, 40, 10),
+        (72, 8, 40, 300),
+        (72, 8, 512, 2000),
+        (16, 1, 0, 129),
+    ] {
+        let row = n_kv * d;
+        let cap = if window == 0 { pos + 1 } else { window };
+        // f16-exact values, so both caches hold the same numbers as the reference's rings.
+        let r16 = |v: f32| half::f16::from_f32(v).to_f32();
+        let kc: Vec<f32> = (0..cap * row).map(|_| r16(rng.f())).collect();
+        let vc: Vec<f32> = (0..cap * row).map(|_| r16(rng.f())).collect();
+        let q: Vec<f32> = (0..hq * d).map(|_| 2.0 * rng.f()).collect();
+        let gate: Vec<f32> = (0..hq).map(|_| 3.0 * rng.f()).collect();
+        let params: Vec<u32> = vec![pos as u32, 1, 0];
+        let (_q, qp) = upload(&dev, &q);
+        let (_g, gp) = upload(&dev, &gate);
+        let (_p, pp) = upload(&dev, &params);
+        let (_k, kp) = upload(&dev, &kc);
+        let (_v, vp) = upload(&dev, &vc);
+        let bits = |x: &[f32]| -> Vec<u16> {
+            x.iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect()
+        };
+        let (_k16, k16p) = upload(&dev, &bits(&kc));
+        let (_v16, v16p) = upload(&dev, &bits(&vc));
+        let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, d, window, 1, pp);
+        let softplus = |x: f32| if x > 20.0 { x } else { x.exp().ln_1p() };
+        let want_gated: Vec<f32> = want
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v * softplus(gate[i / d]))
+            .collect();
+        for f16 in [false, true] {
+            let (kernel, kp, vp) = if f16 {
+                (K::AttentionDecodeGqaF16, k16p, v16p)
+            } else {
+                (K::AttentionDecodeGqa, kp, vp)
+            };
+            for (split, gated) in [
+                (1usize, false),
+                (1, true),
+                (3, false),
+                (8, false),
+                (32, false),
+            ] {
+                let part = dev.stream.alloc_zeros::<f32>(hq * split * (d + 2)).unwrap();
+                let partp = part.device_ptr(&dev.stream).0;
+                let ob = dev.stream.alloc_zeros::<f32>(hq * d).unwrap();
+                let op = ob.device_ptr(&dev.stream).0;
+                let args = [
+                    Arg::P(qp),
+                    Arg::P(kp),
+                    Arg::P(vp),
+                    Arg::P(op),
+                    Arg::P(partp),
+                    Arg::I(cap as i32),
+                    Arg::I(hq as i32),
+                    Arg::I(n_kv as i32),
+                    Arg::I(d as i32),
+                    Arg::I(window as i32),
+                    Arg::P(pp),
+                    Arg::P(if gated { gp } else { 0 }),
+                    Arg::I(if gated { hq as i32 } else { 0 }),
+                ];
+                dev.launch3(kernel, (n_kv as u32, 1, split as u32), 128, &args)
+                    .unwrap();
+                if split > 1 {
+                    dev.launch(
+                        K::AttentionMerge,
+                        (hq as u32, 1),
+                        128,
+                        &[
+                            Arg::P(partp),
+                            Arg::P(op),
+                            Arg::I(hq as i32),
+                            Arg::I(d as i32),
+                            Arg::I(split as i32),
+                        ],
+                    )
+                    .unwrap();
+                }
+                let got = download(&dev, &ob);
+                let e = max_rel(&got, if gated { &want_gated } else { &want });
+                println!(
+                    "{kernel:?} hq {hq} n_kv {n_kv} window {window} pos {pos} split {split} gate {gated}: max rel err {e:.2e}"
+                );
+                assert!(
+                    e < 4e-3,
+                    "{kernel:?} hq {hq} n_kv {n_kv} window {window} pos {pos} split {split} gate {gated}: {e:.2e}"
+                );
+            }
+        }
+    }
+}
+
 /// The split-K merge with the output gate and the O projection's quantiser fused
 /// (`attention_merge_gate_q8_K` / `_q8_0`): bitwise `attention_merge_gate` then
 /// `quantize_q8_K` / `quantize_q8_0`, the f32 output and every byte of the quantised row,
