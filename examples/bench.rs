@@ -146,7 +146,13 @@ fn main() -> anyhow::Result<()> {
     let c = &ckpt.config;
     let max_p = prompts.iter().copied().max().unwrap_or(0);
     let max_n = gens.iter().copied().max().unwrap_or(0);
-    let n_ctx = depths.iter().copied().max().unwrap_or(0) + max_p.max(max_n + 1) + 1;
+    // Room for the profiled steps (and their warm-up) after the last test, so `--profile`
+    // times them at that test's depth instead of after a reset.
+    let profile_room = match (profile_steps, profile_prefill) {
+        (0, 0) => 0,
+        (s, p) => s + 2 + 2 * p,
+    };
+    let n_ctx = depths.iter().copied().max().unwrap_or(0) + max_p.max(max_n + 1) + 1 + profile_room;
     let mut s = match device {
         None => Backend::Cpu(Session::new(
             c,

@@ -40,8 +40,8 @@ pub struct CudaSessionOptions {
     /// CUDA device ordinal.
     pub device: usize,
     /// Replay decode steps as captured CUDA graphs (the node walk is captured on the first
-    /// decode step of each split-K attention count, [`split_bucket`]: at most six per
-    /// session; the position and token come from device memory, so a graph serves every
+    /// decode step of each split-K attention count, [`split_bucket`]: six at most with the
+    /// default split cap; the position and token come from device memory, so a graph serves every
     /// later step of its count).
     pub cuda_graphs: bool,
     /// Keys per block of split-K (flash-decoding) attention in steps of at most
@@ -109,14 +109,19 @@ const GQA_MAX_GROUP: usize = 16;
 
 /// Default keys per split-K attention block of the per-query-head kernels (a decode step over
 /// a 4096-key full layer runs 16 blocks per head instead of one); they stop at
-/// `MAX_SPLITS / 2` splits (hq blocks per split).
+/// [`SPLIT_KEYS_CAP`] splits (hq blocks per split).
 pub const SPLIT_KEYS: usize = 256;
+/// Most splits the per-query-head kernels take.
+pub const SPLIT_KEYS_CAP: usize = 16;
 /// Default keys per split of `flash.cu`'s `attention_decode_gqa` (one block per KV head and
 /// split, so 8 blocks per split on Laguna): one 64-key tile per block up to 2,048 keys, then
-/// [`MAX_SPLITS`] splits (256 blocks, about two per SM on the H200).
+/// [`GQA_SPLITS`] splits (256 blocks, about two per SM on the H200).
 pub const SPLIT_KEYS_GQA: usize = 64;
-/// Most splits of one head's keys.
-pub const MAX_SPLITS: usize = 32;
+/// Most splits `attention_decode_gqa` takes by default (`LAGOON_CUDA_MAX_SPLITS=N`, a power
+/// of two up to [`MAX_SPLITS`], sets another for A/B runs).
+pub const GQA_SPLITS: usize = 32;
+/// Most splits of one head's keys (the partial-state buffer's size).
+pub const MAX_SPLITS: usize = 64;
 
 /// A session switch from the environment: `VAR=1` on, `VAR=0` off, anything else (or unset)
 /// the option's value.
@@ -503,10 +508,10 @@ impl CudaSession {
             (0, false) => SPLIT_KEYS,
             (k, _) => k,
         };
-        let split_cap = if gqa_attention {
-            MAX_SPLITS
-        } else {
-            MAX_SPLITS / 2
+        let split_cap = match std::env::var("LAGOON_CUDA_MAX_SPLITS").map(|v| v.parse::<usize>()) {
+            Ok(Ok(n)) if n.is_power_of_two() && n <= MAX_SPLITS => n,
+            _ if gqa_attention => GQA_SPLITS,
+            _ => SPLIT_KEYS_CAP,
         };
         let sm_count = dev.sm_count()? as usize;
         let max_splits: Vec<usize> = (0..cfg.n_layers)
@@ -1399,12 +1404,12 @@ mod split_tests {
         assert_eq!(split_bucket(SPLIT_KEYS + 1, SPLIT_KEYS), 2);
         assert_eq!(split_bucket(3 * SPLIT_KEYS, SPLIT_KEYS), 4);
         assert_eq!(split_bucket(4096, SPLIT_KEYS), 16);
-        assert_eq!(split_bucket(4096, SPLIT_KEYS_GQA), MAX_SPLITS);
+        assert_eq!(split_bucket(4096, SPLIT_KEYS_GQA), 64);
         assert_eq!(split_bucket(1 << 20, SPLIT_KEYS), MAX_SPLITS);
         assert_eq!(split_bucket(0, SPLIT_KEYS), 1);
         assert_eq!(split_bucket(5, 0), 8);
         let mut seen: Vec<usize> = (1..100_000).map(|k| split_bucket(k, 8)).collect();
         seen.dedup();
-        assert_eq!(seen, [1, 2, 4, 8, 16, 32]);
+        assert_eq!(seen, [1, 2, 4, 8, 16, 32, 64]);
     }
 }
