@@ -759,7 +759,96 @@ __device__ __forceinline__ float lane_part_iq(const u8* __restrict__ row, const 
     return __fmul_rn(acc, T == WT_IQ3_XXS ? 0.25f : 0.125f);
 }
 
-// Dispatch by weight type: Q4_K/Q6_K and the grid IQ types against Q8_K, Q8_0 and CT4 against Q8_0,
+// ---- Q5_K and IQ4_XS against Q8_K ----
+// Both take lane_part_iq's split: lane (b % 4, ib) takes sub-block ib (32 weights) of
+// super-blocks b = lane / 8, + 4, ..., and scales its own exact integer sum (lane_part_q6k's
+// reason: no shuffles in the loop; the rounding differs from the CPU's per-super-block terms
+// by a few ulp).
+//
+// Q5_K (176 B: d, dmin, Q4_K's 12 scale bytes, qh[32], qs[128]; vec_dot_q5k_q8k in
+// cpu-experts/src/kernels/scalar.rs): element l of sub-block ib has its low four bits in
+// nibble ib % 2 of qs[32 (ib / 2) + l] and its fifth bit in bit ib of qh[l]; with the
+// sub-block's 6-bit scale sc and min m, sumi = sc Σ q a and summ = m (bsum[2 ib] +
+// bsum[2 ib + 1]) (the Q8_K sums of its two 16-element halves), and the lane adds
+// (d_a d) sumi − (d_a dmin) summ, k_dot's terms for one sub-block.
+__device__ __forceinline__ float lane_part_q5k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    int ib = lane & 7;
+    int nb = cols / QK_K;
+    const float* ad = q8k_d(a, cols);
+    const short* bs = q8k_bsums(a, cols);
+    float acc = 0.0f;
+    #pragma unroll 2
+    for (int b = lane >> 3; b < nb; b += 4) {
+        const u8* blk = row + (size_t)b * 176;
+        uint4 hd = ldw4(blk), h0 = ldw4(blk + 16), h1 = ldw4(blk + 32);
+        uint4 q0 = ldw4(blk + 48 + 32 * (ib >> 1)), q1 = ldw4(blk + 64 + 32 * (ib >> 1));
+        const int4* qa = (const int4*)(a + (size_t)b * QK_K + 32 * ib);
+        int4 x0 = qa[0], x1 = qa[1];
+        u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        u32 h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        int ns = 4 * (ib & 1), s = 0;
+        #pragma unroll
+        for (int k = 0; k < 8; k++) {
+            u32 v = ((q[k] >> ns) & 0x0F0F0F0Fu) | (((h[k] >> ib) & 0x01010101u) << 4);
+            s = __dp4a((int)v, iq_x(x0, x1, k), s);
+        }
+        int sc, m;
+        q4k_scale_min(hd, ib, &sc, &m);
+        int summ = m * ((int)bs[16 * b + 2 * ib] + (int)bs[16 * b + 2 * ib + 1]);
+        float d = f16_to_f32((unsigned short)(hd.x & 0xFFFF));
+        float dmin = f16_to_f32((unsigned short)(hd.x >> 16));
+        float da = ad[b];
+        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(da, d), (float)(sc * s)));
+        acc = __fsub_rn(acc, __fmul_rn(__fmul_rn(da, dmin), (float)summ));
+    }
+    return acc;
+}
+
+// Four IQ4_NL codebook values (int8, packed) for the four indices 0..15 in the low nibbles of
+// v's bytes: byte permutes of the codebook's low and high eight bytes by the indices' low
+// three bits, then bit 3 picks between them.
+__device__ __forceinline__ int iq4nl_lut4(u32 v) {
+    u32 s = v & 0x07070707u;
+    u32 sel = (s & 0xFu) | ((s >> 4) & 0xF0u) | ((s >> 8) & 0xF00u) | ((s >> 12) & 0xF000u);
+    u32 lo = __byte_perm(IQ4NL_W0, IQ4NL_W1, sel), hi = __byte_perm(IQ4NL_W2, IQ4NL_W3, sel);
+    u32 m = ((v >> 3) & 0x01010101u) * 0xFFu;
+    return (int)((lo & ~m) | (hi & m));
+}
+
+// IQ4_XS (136 B, 8-byte aligned: d, scales_h:u16, scales_l[4], qs[128]; vec_dot_iq4_xs_q8k
+// in cpu-experts/src/kernels/scalar/iq.rs): sub-block ib's scale is ls − 32 (ls: nibble ib % 2
+// of scales_l[ib / 2], bits 2 ib of scales_h above it); its element j < 16 is the codebook
+// value of the low nibble of qs[16 ib + j], element j + 16 that of the high nibble. The lane
+// adds (d_w d_a) (ls − 32) Σ q a (the CPU's factor is 1).
+__device__ __forceinline__ float lane_part_iq4xs(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    int ib = lane & 7;
+    int nb = cols / QK_K;
+    const float* ad = q8k_d(a, cols);
+    float acc = 0.0f;
+    #pragma unroll 2
+    for (int b = lane >> 3; b < nb; b += 4) {
+        const u8* blk = row + (size_t)b * 136;
+        uint2 hd = __ldcs((const uint2*)blk);
+        uint2 q0 = __ldcs((const uint2*)(blk + 8 + 16 * ib)), q1 = __ldcs((const uint2*)(blk + 16 + 16 * ib));
+        const int4* qa = (const int4*)(a + (size_t)b * QK_K + 32 * ib);
+        int4 x0 = qa[0], x1 = qa[1];
+        u32 q[4] = {q0.x, q0.y, q1.x, q1.y};
+        int s = 0;
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s = __dp4a(iq4nl_lut4(q[k] & 0x0F0F0F0Fu), iq_x(x0, x1, k), s);
+            s = __dp4a(iq4nl_lut4((q[k] >> 4) & 0x0F0F0F0Fu), iq_x(x0, x1, 4 + k), s);
+        }
+        int ls = (int)((hd.y >> (8 * (ib >> 1) + 4 * (ib & 1))) & 0xFu) | (int)(((hd.x >> (16 + 2 * ib)) & 3u) << 4);
+        float d = f16_to_f32((unsigned short)(hd.x & 0xFFFF));
+        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(d, ad[b]), (float)((ls - 32) * s)));
+    }
+    return acc;
+}
+
+// Dispatch by weight type: the K-quants, IQ4_XS and the grid IQ types against Q8_K, Q8_0 and CT4 against Q8_0,
 // BF16/F16 against the f32 activation.
 template <int T>
 __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
@@ -772,6 +861,8 @@ __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8
     // measured faster for gate/up: 17.1 us against 19.6 with half warps of four-lane groups).
     else if constexpr (T == WT_Q4_K) return group_dot_q4k<8>(row, a, cols);
     else if constexpr (T == WT_IQ3_XXS || T == WT_IQ2_XXS || T == WT_IQ2_S) return warp_sum(lane_part_iq<T>(row, a, cols));
+    else if constexpr (T == WT_Q5_K) return warp_sum(lane_part_q5k(row, a, cols));
+    else if constexpr (T == WT_IQ4_XS) return warp_sum(lane_part_iq4xs(row, a, cols));
     else return warp_dot_q6k(row, a, cols);
 }
 
@@ -784,6 +875,8 @@ __device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u
     else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T>(row, a, cols);
     else if constexpr (T == WT_Q4_K) return group_part_q4k<8>(row, a, cols);
     else if constexpr (T == WT_IQ3_XXS || T == WT_IQ2_XXS || T == WT_IQ2_S) return lane_part_iq<T>(row, a, cols);
+    else if constexpr (T == WT_Q5_K) return lane_part_q5k(row, a, cols);
+    else if constexpr (T == WT_IQ4_XS) return lane_part_iq4xs(row, a, cols);
     else return lane_part_q6k(row, a, cols);
 }
 
@@ -821,8 +914,8 @@ __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u
         warp_dot_q4k_rows<2>(rows, a, cols, y);
         return make_float2(y[0], y[1]);
     }
-    else if constexpr (T == WT_IQ3_XXS || T == WT_IQ2_XXS || T == WT_IQ2_S) {
-        float p0 = lane_part_iq<T>(r0, a, cols), p1 = lane_part_iq<T>(r1, a, cols);
+    else if constexpr (T == WT_IQ3_XXS || T == WT_IQ2_XXS || T == WT_IQ2_S || T == WT_Q5_K || T == WT_IQ4_XS) {
+        float p0 = lane_part_q<T>(r0, a, cols), p1 = lane_part_q<T>(r1, a, cols);
         return make_float2(warp_sum(p0), warp_sum(p1));
     }
     else return warp_dot2_q6k(r0, r1, a, cols);

@@ -183,6 +183,14 @@ manifest! {
     MvSwigluIq2S => "mmvq.cu", "mv_swiglu_iq2_s";
     GateUpQIq2S => "mmvq.cu", "moe_gate_up_q_iq2_s";
     DownQIq2S => "mmvq.cu", "moe_down_q_iq2_s";
+    MvQ5K => "mmvq.cu", "mv_q5_K";
+    MvSwigluQ5K => "mmvq.cu", "mv_swiglu_q5_K";
+    GateUpQQ5K => "mmvq.cu", "moe_gate_up_q_q5_K";
+    DownQQ5K => "mmvq.cu", "moe_down_q_q5_K";
+    MvIq4Xs => "mmvq.cu", "mv_iq4_xs";
+    MvSwigluIq4Xs => "mmvq.cu", "mv_swiglu_iq4_xs";
+    GateUpQIq4Xs => "mmvq.cu", "moe_gate_up_q_iq4_xs";
+    DownQIq4Xs => "mmvq.cu", "moe_down_q_iq4_xs";
     GemmF32 => "gemm.cu", "gemm_f32";
     GemmF16 => "gemm.cu", "gemm_f16";
     GemmBf16 => "gemm.cu", "gemm_bf16";
@@ -471,13 +479,17 @@ impl WType {
     /// Q8_0 as on the CPU (`cpu-experts/src/kernels/ct.rs`).
     pub fn act(self) -> Option<ActQ> {
         match self {
-            WType::F32 | WType::F16 | WType::Bf16 | WType::Q5K | WType::Iq4Xs => None,
+            WType::F32 | WType::F16 | WType::Bf16 => None,
             WType::Q8_0 | WType::Ct4 => Some(ActQ::Q8_0),
-            // (The grid IQ types only where the session takes their integer kernels:
-            // `CudaSessionOptions::grid_iq_mvq`.)
-            WType::Q4K | WType::Q6K | WType::Iq3Xxs | WType::Iq2Xxs | WType::Iq2S => {
-                Some(ActQ::Q8K)
-            }
+            // (The grid IQ types, Q5_K and IQ4_XS only where the session takes their integer
+            // kernels: `CudaSessionOptions::grid_iq_mvq`, `::q5k_iq4xs_mvq`.)
+            WType::Q4K
+            | WType::Q6K
+            | WType::Q5K
+            | WType::Iq4Xs
+            | WType::Iq3Xxs
+            | WType::Iq2Xxs
+            | WType::Iq2S => Some(ActQ::Q8K),
         }
     }
     /// Quantised-activation kernels (for types with [`WType::act`]).
@@ -508,6 +520,13 @@ impl WType {
                 K::DownQIq2Xxs,
             )),
             WType::Iq2S => Some(k(K::MvIq2S, K::MvSwigluIq2S, K::GateUpQIq2S, K::DownQIq2S)),
+            WType::Q5K => Some(k(K::MvQ5K, K::MvSwigluQ5K, K::GateUpQQ5K, K::DownQQ5K)),
+            WType::Iq4Xs => Some(k(
+                K::MvIq4Xs,
+                K::MvSwigluIq4Xs,
+                K::GateUpQIq4Xs,
+                K::DownQIq4Xs,
+            )),
             _ => None,
         }
     }

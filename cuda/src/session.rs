@@ -84,6 +84,14 @@ pub struct CudaSessionOptions {
     /// `quant_type_models_match_llama_cpp` cover them); `LAGOON_CUDA_GRID_IQ_MVQ=0` turns it
     /// off, `=1` on.
     pub grid_iq_mvq: bool,
+    /// Decode steps run Q5_K and IQ4_XS products on integer mat-vec kernels against Q8_K
+    /// activations (`mmvq.cuh`'s `lane_part_q5k` / `lane_part_iq4xs`, the CPU's
+    /// vec_dot_q5k_q8k / vec_dot_iq4_xs_q8k in dp4a form) instead of the f32-activation
+    /// kernels. Off by default until they have run on a device (written in session 15; the
+    /// device tests `quantised_mat_vec_matches_the_cpu_kernels` and
+    /// `quant_type_models_match_llama_cpp` cover them); `LAGOON_CUDA_Q5K_IQ4XS_MVQ=1` turns
+    /// it on, `=0` off.
+    pub q5k_iq4xs_mvq: bool,
     /// Decode steps do the QK-norm, RoPE and KV store inside the attention kernel
     /// (`attention.cu`'s `attention_decode_qk`: one launch per layer fewer) instead of in
     /// `fused.cu`'s `qk_norm_rope_store`; the results are bitwise the same (device test
@@ -162,6 +170,7 @@ impl Default for CudaSessionOptions {
             kv_f16: false,
             grid_iq: true,
             grid_iq_mvq: true,
+            q5k_iq4xs_mvq: false,
             qk_attention: false,
         }
     }
@@ -283,6 +292,8 @@ pub struct CudaSession {
     qk_attention: bool,
     /// [`CudaSessionOptions::grid_iq_mvq`], after `LAGOON_CUDA_GRID_IQ_MVQ`.
     grid_iq_mvq: bool,
+    /// [`CudaSessionOptions::q5k_iq4xs_mvq`], after `LAGOON_CUDA_Q5K_IQ4XS_MVQ`.
+    q5k_iq4xs_mvq: bool,
     /// One-token attention on the quantised path runs `attention_decode_gqa` (one block per
     /// KV head and split) instead of `attention_decode` (one per query head and split).
     gqa_attention: bool,
@@ -626,6 +637,7 @@ impl CudaSession {
             sm_count,
             qk_attention: env_flag("LAGOON_CUDA_QK_ATTN", opts.qk_attention),
             grid_iq_mvq: env_flag("LAGOON_CUDA_GRID_IQ_MVQ", opts.grid_iq_mvq),
+            q5k_iq4xs_mvq: env_flag("LAGOON_CUDA_Q5K_IQ4XS_MVQ", opts.q5k_iq4xs_mvq),
             gqa_attention,
             _groups: groups_buf,
             sorted,
@@ -1367,8 +1379,8 @@ fn quant_scratch(cfg: &ModelConfig, decode: &Graph, w: &DeviceWeights) -> (usize
     for op in &decode.nodes {
         match *op {
             Op::MatMul { x, w: wid, .. } => {
-                // (`WType::act`, not the session's: the grid IQ types count even when their
-                // integer kernels are off, a few KB more scratch.)
+                // (`WType::act`, not the session's: the grid IQ types, Q5_K and IQ4_XS count
+                // even when their integer kernels are off, a few KB more scratch.)
                 if let Some(f) = w.mat(wid).ty.act() {
                     xq = xq.max(f.row_stride(decode.values[x].cols));
                 }

@@ -290,6 +290,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         kv_f16: false,
                         grid_iq: false,
                         grid_iq_mvq: false,
+                        q5k_iq4xs_mvq: false,
                         qk_attention: false,
                     },
                 )
@@ -817,7 +818,8 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
     let dev = device();
     let mut rng = Rng(0x3a7_0002);
     let k = Kernels::scalar();
-    // (The grid IQ types: the integer kernels of CudaSessionOptions::grid_iq_mvq.)
+    // (The grid IQ types: the integer kernels of CudaSessionOptions::grid_iq_mvq; Q5_K and
+    // IQ4_XS: those of CudaSessionOptions::q5k_iq4xs_mvq.)
     for ty in [
         GgmlType::Q8_0,
         GgmlType::Q4K,
@@ -825,6 +827,8 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
         GgmlType::IQ3XXS,
         GgmlType::IQ2XXS,
         GgmlType::IQ2S,
+        GgmlType::Q5K,
+        GgmlType::IQ4XS,
     ] {
         for (rows, cols) in [(37usize, 256usize), (70, 1024), (9, 3072)] {
             let data = random_rows(&mut rng, ty, rows, cols);
@@ -1039,7 +1043,11 @@ fn quant_type_models_match_llama_cpp() {
         let deq = read_f32(&dir.join(format!("logits.llamacpp.{ty}.deq.f32")));
         let llama = read_f32(&dir.join(format!("logits.llamacpp.{ty}.f32")));
         let d_llama = rel_l2(&llama, &deq);
-        let run_mvq = |ubatch: usize, quantized: bool, grid_iq: bool, grid_iq_mvq: bool| {
+        let run_mvq = |ubatch: usize,
+                       quantized: bool,
+                       grid_iq: bool,
+                       grid_iq_mvq: bool,
+                       q5k_iq4xs_mvq: bool| {
             let mut s = CudaSession::new(
                 &ckpt.config,
                 &w,
@@ -1050,6 +1058,7 @@ fn quant_type_models_match_llama_cpp() {
                     quantized_activations: quantized,
                     grid_iq,
                     grid_iq_mvq,
+                    q5k_iq4xs_mvq,
                     ..Default::default()
                 },
             )
@@ -1059,7 +1068,7 @@ fn quant_type_models_match_llama_cpp() {
             (out, s.weight_bytes().1)
         };
         let run_with = |ubatch: usize, quantized: bool, grid_iq: bool| {
-            run_mvq(ubatch, quantized, grid_iq, false)
+            run_mvq(ubatch, quantized, grid_iq, false, false)
         };
         let run = |ubatch: usize, quantized: bool| run_with(ubatch, quantized, grid_iq);
         let (exact, nd) = run(toks.len(), false);
@@ -1083,7 +1092,7 @@ fn quant_type_models_match_llama_cpp() {
         if grid_iq {
             // Decode on the grid types' integer mat-vec kernels (Q8_K activations, as the
             // CPU's fast path and llama.cpp pair them).
-            let (mvq, _) = run_mvq(1, true, true, true);
+            let (mvq, _) = run_mvq(1, true, true, true, false);
             let e_mvq = rel_l2(&mvq, &deq);
             println!(
                 "{ty}: quantised decode on the integer grid-IQ kernels vs llama.cpp f32 {e_mvq:.3e} ({:.2} x llama.cpp's own)",
@@ -1092,6 +1101,19 @@ fn quant_type_models_match_llama_cpp() {
             assert!(
                 e_mvq <= 1.25 * d_llama,
                 "{ty}: integer grid-IQ decode {e_mvq:.3e}"
+            );
+        }
+        if matches!(ty, "q5_k_m" | "iq4_xs") {
+            // Decode with Q5_K and IQ4_XS on their integer mat-vec kernels.
+            let (mvq, _) = run_mvq(1, true, grid_iq, false, true);
+            let e_mvq = rel_l2(&mvq, &deq);
+            println!(
+                "{ty}: quantised decode on the integer Q5_K / IQ4_XS kernels vs llama.cpp f32 {e_mvq:.3e} ({:.2} x llama.cpp's own)",
+                e_mvq / d_llama
+            );
+            assert!(
+                e_mvq <= 1.25 * d_llama,
+                "{ty}: integer Q5_K / IQ4_XS decode {e_mvq:.3e}"
             );
         }
         assert!(e_exact <= MAX_REL_L2, "{ty}: exact {e_exact:.3e}");

@@ -601,9 +601,13 @@ impl CudaSession {
         self.dev.mv(kernel, src, mats[0].0.cols, &mv[..n])
     }
     /// [`WType::act`] as this session uses it: the grid IQ types take the quantised path
-    /// only with [`crate::CudaSessionOptions::grid_iq_mvq`].
+    /// only with [`crate::CudaSessionOptions::grid_iq_mvq`], Q5_K and IQ4_XS only with
+    /// [`crate::CudaSessionOptions::q5k_iq4xs_mvq`].
     pub(super) fn act(&self, ty: WType) -> Option<ActQ> {
         if matches!(ty, WType::Iq3Xxs | WType::Iq2Xxs | WType::Iq2S) && !self.grid_iq_mvq {
+            return None;
+        }
+        if matches!(ty, WType::Q5K | WType::Iq4Xs) && !self.q5k_iq4xs_mvq {
             return None;
         }
         ty.act()
