@@ -2,7 +2,7 @@
 //! figure next to the machine's own memory-bandwidth floor.
 //!
 //! `bench --model PATH [-p N[,N..]] [-n N[,N..]] [-ub N] [-d N[,N..]] [-r N] [--threads N]
-//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--kv f32|f16] [--profile N]
+//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--kv f32|f16|bf16] [--profile N]
 //!  [--profile-prefill N]`
 //!
 //! Semantics follow llama-bench: `pp N` evaluates a prompt of N random tokens (in ubatches
@@ -16,7 +16,7 @@
 //! replayed as a CUDA graph); its floor is the device's streaming-read bandwidth, measured
 //! at start by a read kernel over a 4 GiB buffer; on CUDA the KV cache is f16 by default
 //! (llama-bench's default, `-ctk f16 -ctv f16`; f32 with `--reference`), `--kv f32` keeps it
-//! in f32. `--profile N` (CUDA) then times every
+//! in f32, `--kv bf16` in bf16. `--profile N` (CUDA) then times every
 //! kernel of N decode steps (after the last test, at its depth) and prints where a token's
 //! time goes; `--profile-prefill N` does the same for one prefill step of N tokens.
 //!
@@ -118,7 +118,8 @@ fn main() -> anyhow::Result<()> {
     let as_json = a.flag("json");
     let device = a.device()?;
     // f16 KV by default on CUDA, f32 on the reference path (whose numerics are exact).
-    let kv_f16 = a.kv_f16(device, !reference)?;
+    let kv = a.kv(device, !reference)?;
+    let kv_f16 = kv != lagoon::cuda_backend::KvCache::F32;
     let profile_steps: usize = a.num("profile", 0)?;
     let profile_prefill: usize = a.num("profile-prefill", 0)?;
 
@@ -175,7 +176,7 @@ fn main() -> anyhow::Result<()> {
                 device,
                 cuda_graphs: true,
                 quantized_activations: !reference,
-                kv_f16,
+                kv,
                 ..Default::default()
             },
         )?),
@@ -190,9 +191,9 @@ fn main() -> anyhow::Result<()> {
         );
     }
     let backend = match (device, reference) {
-        (Some(d), true) if kv_f16 => format!("cuda:{d} kv f16 (reference)"),
+        (Some(d), true) if kv_f16 => format!("cuda:{d} kv {} (reference)", kv.name()),
         (Some(d), true) => format!("cuda:{d} (reference)"),
-        (Some(d), false) if kv_f16 => format!("cuda:{d} kv f16"),
+        (Some(d), false) if kv_f16 => format!("cuda:{d} kv {}", kv.name()),
         (Some(d), false) => format!("cuda:{d}"),
         (None, true) => "cpu (reference)".to_string(),
         (None, false) => "cpu".to_string(),

@@ -5,7 +5,7 @@
 //!  [-n | --max-tokens N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //!  [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]
 //!  [--stop STR]... [--reasoning-budget N] [--ids]
-//!  [--ctx N] [--ubatch N] [--threads N] [--reference] [--device cpu|cuda[:N]] [--kv f32|f16]`
+//!  [--ctx N] [--ubatch N] [--threads N] [--reference] [--device cpu|cuda[:N]] [--kv f32|f16|bf16]`
 //!
 //! --prompt TEXT        raw completion: the tokenizer's BOS, then TEXT.
 //! --chat TEXT          one user turn rendered with the checkpoint's chat template
@@ -21,8 +21,8 @@
 //! --reasoning-budget N force `</think>` after N reasoning tokens.
 //! --ids                also print the generated ids on stdout at the end.
 //! --device D           `cpu` (default) or `cuda[:N]`: run on CUDA device N.
-//! --kv T               `f16` (the CUDA default but with --reference) or `f32` (the CPU's only
-//!                       type): the KV cache's element type.
+//! --kv T               `f16` (the CUDA default but with --reference), `bf16` or `f32` (the
+//!                       CPU's only type): the KV cache's element type.
 //! Sampling defaults: greedy (temp 0), every filter and penalty off, seed 0, 256 tokens.
 //!
 //! Reasoning is shown dimmed on a terminal, otherwise wrapped in literal `<think>…</think>`
@@ -268,7 +268,7 @@ fn main() -> anyhow::Result<()> {
     let n_ctx: usize = a.num("ctx", prompt.len() + max_tokens)?;
     let ubatch: usize = a.num("ubatch", 64)?;
     let device = a.device()?;
-    let kv_f16 = a.kv_f16(device, !a.flag("reference"))?;
+    let kv = a.kv(device, !a.flag("reference"))?;
     let mut s = match device {
         None => Backend::Cpu(Session::new(
             &ckpt.config,
@@ -291,7 +291,7 @@ fn main() -> anyhow::Result<()> {
                 device,
                 cuda_graphs: true,
                 quantized_activations: !a.flag("reference"),
-                kv_f16,
+                kv,
                 ..Default::default()
             },
         )?),

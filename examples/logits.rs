@@ -1,7 +1,7 @@
 //! Evaluates a token sequence and writes the logits of every position.
 //!
 //! `logits --model PATH --tokens 1,2,3 [--out FILE] [--ubatch N] [--decode] [--reference]
-//!  [--threads N] [--device cpu|cuda[:N]] [--kv f32|f16]`
+//!  [--threads N] [--device cpu|cuda[:N]] [--kv f32|f16|bf16]`
 //!
 //! PATH is a `.gguf` file or a HF / compressed-tensors directory. FILE receives raw
 //! little-endian f32, row-major `[n_tokens, vocab]`. The argmax of each position is printed.
@@ -9,8 +9,8 @@
 //! scalar reference path (weights decoded to f32, f32 math), the baseline for bisecting any
 //! numerical question about the fast kernels. `--device cuda[:N]` runs on CUDA device N
 //! (default 0) instead of the CPU (`--threads` then does not apply; `--reference` selects
-//! the CUDA kernels' f32-activation path, whose numerics are the reference's; `--kv f16`
-//! keeps its KV cache in f16).
+//! the CUDA kernels' f32-activation path, whose numerics are the reference's; `--kv f16` /
+//! `--kv bf16` keeps its KV cache in f16 / bf16).
 
 #[path = "common/args.rs"]
 mod args;
@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
     };
     let mut all = Vec::with_capacity(tokens.len() * vocab);
     let device = a.device()?;
-    let kv_f16 = a.kv_f16(device, false)?;
+    let kv = a.kv(device, false)?;
     match device {
         None => {
             let mut session = Session::new(&ckpt.config, &weights, opts);
@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
                 device,
                 cuda_graphs: true,
                 quantized_activations: !reference,
-                kv_f16,
+                kv,
                 ..Default::default()
             };
             let mut session = CudaSession::new(&ckpt.config, &weights, copts)?;

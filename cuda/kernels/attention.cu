@@ -318,7 +318,7 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
     }
 }
 
-// The f32-cache and f16-cache instantiations of the kernels above.
+// The f32-, f16- and bf16-cache instantiations of the kernels above.
 #define KV_KERNELS(sfx, KV)                                                                          \
     extern "C" __global__ void kv_store##sfx(const float* __restrict__ k, const float* __restrict__ v, \
                                              KV* __restrict__ kc, KV* __restrict__ vc, int cap, int row, \
@@ -349,3 +349,4 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
     }
 KV_KERNELS(, float)
 KV_KERNELS(_f16, unsigned short)
+KV_KERNELS(_bf16, kv_bf16)

@@ -51,11 +51,22 @@ __device__ __forceinline__ float f16_sat(float v) {
     return a > 65504.0f && a < LG_INF ? copysignf(65504.0f, v) : v;
 }
 
-// An element of the KV cache: f32 (`float`) or f16 bits (`unsigned short`; the session's
-// kv_f16 option). f16 stores round to nearest from f16_sat(v), as the tensor-core kernels
-// round their operands, so an f16 cache holds exactly the values flash.cu computed with.
+// An element of the KV cache: f32 (`float`), f16 bits (`unsigned short`) or bf16 bits
+// (`kv_bf16`; the session's `KvCache` option). f16 stores round to nearest from f16_sat(v), as
+// the tensor-core kernels round their operands, so an f16 cache holds exactly the values
+// flash.cu computed with; bf16 stores round to nearest even (NaN stays NaN). F16: the
+// elements are f16, which flash.cu's staging copies as they are (the others convert).
 template <typename KV> struct Kv;
+struct kv_bf16 {
+    unsigned short bits;
+};
+__device__ __forceinline__ unsigned short f32_to_bf16_rn(float v) {
+    u32 u = __float_as_uint(v);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 template <> struct Kv<float> {
+    static constexpr bool F16 = false;
     static __device__ __forceinline__ float ld(const float* p) { return *p; }
     static __device__ __forceinline__ void st(float* p, float v) { *p = v; }
     // What ld returns after st(v).
@@ -66,6 +77,7 @@ template <> struct Kv<float> {
     static __device__ __forceinline__ float2 ld2(const float* p) { return *(const float2*)p; }
 };
 template <> struct Kv<unsigned short> {
+    static constexpr bool F16 = true;
     static __device__ __forceinline__ float ld(const unsigned short* p) { return f16_to_f32(*p); }
     static __device__ __forceinline__ void st(unsigned short* p, float v) {
         *p = __half_as_ushort(__float2half_rn(f16_sat(v)));
@@ -83,6 +95,23 @@ template <> struct Kv<unsigned short> {
     static __device__ __forceinline__ float2 ld2(const unsigned short* p) {
         u32 u = *(const u32*)p;
         return make_float2(f16_to_f32((unsigned short)(u & 0xFFFF)), f16_to_f32((unsigned short)(u >> 16)));
+    }
+};
+template <> struct Kv<kv_bf16> {
+    static constexpr bool F16 = false;
+    static __device__ __forceinline__ float ld(const kv_bf16* p) { return bf16_to_f32(p->bits); }
+    static __device__ __forceinline__ void st(kv_bf16* p, float v) { p->bits = f32_to_bf16_rn(v); }
+    static __device__ __forceinline__ float round(float v) { return bf16_to_f32(f32_to_bf16_rn(v)); }
+    // Four consecutive values (p 8-byte aligned).
+    static __device__ __forceinline__ float4 ld4(const kv_bf16* p) {
+        uint2 u = *(const uint2*)p;
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xFFFF0000u));
+    }
+    // Two consecutive values (p 4-byte aligned).
+    static __device__ __forceinline__ float2 ld2(const kv_bf16* p) {
+        u32 u = *(const u32*)p;
+        return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
     }
 };
 

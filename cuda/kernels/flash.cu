@@ -64,7 +64,7 @@ __device__ __forceinline__ void fa_cp16(void* dst, const void* src, bool valid) 
 template <typename KV>
 __device__ __forceinline__ void fa_stage(unsigned short* buf, const KV* __restrict__ kc, const KV* __restrict__ vc,
                                          int kb, int p_last, int cap, int row, int kvh, int tid) {
-    if constexpr (sizeof(KV) == 2) {
+    if constexpr (Kv<KV>::F16) {
         // 64 keys x 16 chunks of 8 halves, K and V: thread t copies chunk t % 16 of keys
         // t / 16 + 8 m (m < 8). Ring rows from one modulo per tile.
         int ch = tid & 15, k0 = tid >> 4, r0 = kb % cap;
@@ -114,7 +114,7 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
                                     int n_kv, int window, int n, const u32* __restrict__ params,
                                     const float* __restrict__ gt, int gcols, unsigned short* __restrict__ oh) {
     extern __shared__ __align__(16) unsigned short fa_smem[];
-    constexpr bool ASYNC = sizeof(KV) == 2;
+    constexpr bool ASYNC = Kv<KV>::F16;
     int h = blockIdx.x, t0 = blockIdx.y * FA_BQ;
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     int kvh = h / (hq / n_kv);
@@ -296,6 +296,15 @@ attention_prefill_f16(const float* __restrict__ q, const unsigned short* __restr
     attention_prefill_t<unsigned short>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
 }
 
+// The bf16 cache: staged as the f32 cache is (converted to f16 on the way in, one buffer).
+extern "C" __global__ void __launch_bounds__(128, 3)
+attention_prefill_bf16(const float* __restrict__ q, const kv_bf16* __restrict__ kc, const kv_bf16* __restrict__ vc,
+                       float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
+                       const u32* __restrict__ params, const float* __restrict__ g, int gcols,
+                       unsigned short* __restrict__ oh) {
+    attention_prefill_t<kv_bf16>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
+}
+
 // Decode attention on the tensor cores, one block per (KV head, split) — the layout of
 // llama.cpp's GQA-packed flash-attention decode (ggml-cuda/fattn-mma-f16.cuh, which puts the
 // query heads sharing a KV head in the rows of one tile; restated here, not copied): the G =
@@ -319,7 +328,7 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
                                        int window, const u32* __restrict__ params,
                                        const float* __restrict__ gt, int gcols) {
     extern __shared__ __align__(16) unsigned short fa_smem[];
-    constexpr bool ASYNC = sizeof(KV) == 2;
+    constexpr bool ASYNC = Kv<KV>::F16;
     PDL_ENTRY();
     int kvh = blockIdx.x, split = blockIdx.z, n_split = gridDim.z;
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gr = lane >> 2, qd = lane & 3;
@@ -510,3 +519,4 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
     }
 GQA_KERNEL(, float)
 GQA_KERNEL(_f16, unsigned short)
+GQA_KERNEL(_bf16, kv_bf16)

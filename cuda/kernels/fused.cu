@@ -145,6 +145,7 @@ __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* _
     }
 QKR_KERNEL(, float)
 QKR_KERNEL(_f16, unsigned short)
+QKR_KERNEL(_bf16, kv_bf16)
 
 // attention_merge followed by the softplus output gate (GateMul): out = merged *
 // softplus(g[c / per]) for element c of the token's hq * d outputs, per = hq * d / gcols.

@@ -17,7 +17,7 @@ pub mod weights;
 /// The driver bindings the kernels are launched through (for tools such as the kernel lab).
 pub use cudarc;
 pub use error::CudaError;
-pub use session::{CudaSession, CudaSessionOptions};
+pub use session::{CudaSession, CudaSessionOptions, KvCache};
 
 /// Why no CUDA device can be used.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -119,6 +119,13 @@ manifest! {
     AttentionPrefillF16 => "flash.cu", "attention_prefill_f16";
     AttentionDecodeGqa => "flash.cu", "attention_decode_gqa";
     AttentionDecodeGqaF16 => "flash.cu", "attention_decode_gqa_f16";
+    KvStoreBf16 => "attention.cu", "kv_store_bf16";
+    AttentionBf16 => "attention.cu", "attention_bf16";
+    AttentionDecodeBf16 => "attention.cu", "attention_decode_bf16";
+    AttentionDecodeQkBf16 => "attention.cu", "attention_decode_qk_bf16";
+    QkNormRopeStoreBf16 => "fused.cu", "qk_norm_rope_store_bf16";
+    AttentionPrefillBf16 => "flash.cu", "attention_prefill_bf16";
+    AttentionDecodeGqaBf16 => "flash.cu", "attention_decode_gqa_bf16";
     Spin => "elementwise.cu", "spin";
     ReadStream => "elementwise.cu", "read_stream";
     QuantizeQ8K => "act.cu", "quantize_q8_K";
@@ -342,7 +349,10 @@ impl K {
             K::GemmH16 => GEMM_H16_SMEM,
             // The lab's activation row in shared memory (LAB_MVX_MAX_COLS f32).
             K::LabMvxBf16 => 4 * 9216,
-            K::AttentionPrefill | K::AttentionDecodeGqa => FLASH_SMEM,
+            K::AttentionPrefill
+            | K::AttentionDecodeGqa
+            | K::AttentionPrefillBf16
+            | K::AttentionDecodeGqaBf16 => FLASH_SMEM,
             K::AttentionPrefillF16 | K::AttentionDecodeGqaF16 => 2 * FLASH_SMEM,
             // The wgmma kernels align their layout to 1024 bytes inside the allocation.
             K::GemmWgQ4K | K::GemmGateUpWgQ4K | K::GemmDownWgQ4K => GEMM_RF_SMEM_Q4K + 1024,

@@ -64,11 +64,8 @@ pub struct CudaSessionOptions {
     /// BENCHMARKS.md) with logits bitwise equal to plain launches (device test).
     /// `LAGOON_CUDA_PDL=0` / `=1` overrides it.
     pub programmatic_launch: bool,
-    /// Keep the KV cache in f16 instead of f32 (llama.cpp's `-ctk f16 -ctv f16`): half the
-    /// cache memory and half the bytes attention reads per key. Values are rounded to
-    /// nearest, finite values beyond f16's range saturating; the tensor-core prefill
-    /// attention already rounds K and V so, and gives the same results with either cache.
-    pub kv_f16: bool,
+    /// The KV cache's element type ([`KvCache`]; llama.cpp's `-ctk` / `-ctv`).
+    pub kv: KvCache,
     /// Keep IQ3_XXS, IQ2_XXS and IQ2_S weights in their GGUF encoding on the device
     /// (`quant.cuh`'s codebook decoders, read by the f32 and tensor-core kernels) instead of
     /// decoding them to f32 at upload, which makes a real model of these types 8-10x larger
@@ -131,6 +128,49 @@ pub const GQA_SPLITS: usize = 32;
 /// Most splits of one head's keys (the partial-state buffer's size).
 pub const MAX_SPLITS: usize = 64;
 
+/// The element type of a CUDA session's KV cache (llama.cpp's `-ctk` / `-ctv` f32, f16, bf16).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCache {
+    /// f32: the reference numerics.
+    #[default]
+    F32,
+    /// f16 (llama.cpp's default): half the cache memory and half the bytes attention reads
+    /// per key. Values are rounded to nearest, finite values beyond f16's range saturating;
+    /// the tensor-core attention kernels round K and V so anyway, and give the same results
+    /// with this cache and the f32 one.
+    F16,
+    /// bf16: the memory of f16 with f32's range and 8 bits of mantissa (rounded to nearest
+    /// even). The tensor-core kernels convert it to f16 as they stage it, as for the f32
+    /// cache.
+    Bf16,
+}
+
+impl KvCache {
+    /// Bytes of one cached element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvCache::F32 => 4,
+            KvCache::F16 | KvCache::Bf16 => 2,
+        }
+    }
+
+    /// `f32`, `f16` or `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCache::F32 => "f32",
+            KvCache::F16 => "f16",
+            KvCache::Bf16 => "bf16",
+        }
+    }
+
+    /// The type [`KvCache::name`] names, or `None`.
+    pub fn parse(s: &str) -> Option<KvCache> {
+        [KvCache::F32, KvCache::F16, KvCache::Bf16]
+            .into_iter()
+            .find(|k| k.name() == s)
+    }
+}
+
 /// A session switch from the environment: `VAR=1` on, `VAR=0` off, anything else (or unset)
 /// the option's value.
 fn env_flag(var: &str, default: bool) -> bool {
@@ -167,7 +207,7 @@ impl Default for CudaSessionOptions {
             attn_split_keys: 0,
             quantized_activations: true,
             programmatic_launch: true,
-            kv_f16: false,
+            kv: KvCache::F32,
             grid_iq: true,
             grid_iq_mvq: true,
             q5k_iq4xs_mvq: false,
@@ -418,7 +458,7 @@ impl CudaSession {
             })
             .collect();
         // Bytes per cached element; the buffer is allocated as f32 words either way.
-        let kv_elem = if opts.kv_f16 { 2 } else { 4 };
+        let kv_elem = opts.kv.bytes();
         let kv_len: usize = caps.iter().map(|c| 2 * c * row).sum();
         // Checked before allocating: a context too long for what the weights left says so.
         let kv_bytes = (kv_len * kv_elem).div_ceil(4).max(1) * 4;
@@ -437,10 +477,10 @@ impl CudaSession {
                     "n_ctx {} takes {} KiB per token in each of the {full} full-attention layers{}",
                     opts.n_ctx,
                     2 * row * kv_elem / 1024,
-                    if opts.kv_f16 {
-                        "; use a smaller n_ctx"
+                    if opts.kv == KvCache::F32 {
+                        "; use a smaller n_ctx or a 16-bit cache (KvCache::F16, half the bytes)"
                     } else {
-                        "; use a smaller n_ctx or the f16 cache (kv_f16, half the bytes)"
+                        "; use a smaller n_ctx"
                     }
                 ),
             });
@@ -906,7 +946,11 @@ impl CudaSession {
         };
         if self.prefill_attention(n, split) {
             return self.dev.launch(
-                self.kv_kernel(K::AttentionPrefill, K::AttentionPrefillF16),
+                self.kv_kernel(
+                    K::AttentionPrefill,
+                    K::AttentionPrefillF16,
+                    K::AttentionPrefillBf16,
+                ),
                 (c.n_heads[layer] as u32, n.div_ceil(FLASH_TILE) as u32),
                 128,
                 &[
@@ -932,7 +976,11 @@ impl CudaSession {
         let args = self.attention_args(layer, q, out, gate);
         if decode && self.gqa_attention {
             return self.dev.launch3(
-                self.kv_kernel(K::AttentionDecodeGqa, K::AttentionDecodeGqaF16),
+                self.kv_kernel(
+                    K::AttentionDecodeGqa,
+                    K::AttentionDecodeGqaF16,
+                    K::AttentionDecodeGqaBf16,
+                ),
                 (c.n_kv_heads as u32, 1, split as u32),
                 128,
                 &args,
@@ -940,12 +988,16 @@ impl CudaSession {
         }
         let (kernel, n_args) = if decode {
             (
-                self.kv_kernel(K::AttentionDecode, K::AttentionDecodeF16),
+                self.kv_kernel(
+                    K::AttentionDecode,
+                    K::AttentionDecodeF16,
+                    K::AttentionDecodeBf16,
+                ),
                 args.len(),
             )
         } else {
             (
-                self.kv_kernel(K::Attention, K::AttentionF16),
+                self.kv_kernel(K::Attention, K::AttentionF16, K::AttentionBf16),
                 args.len() - 2,
             )
         };
@@ -1017,8 +1069,12 @@ impl CudaSession {
     }
 
     /// The kernel for the session's KV cache element type: `f32` or its `_f16` twin.
-    fn kv_kernel(&self, f32: K, f16: K) -> K {
-        if self.opts.kv_f16 { f16 } else { f32 }
+    fn kv_kernel(&self, f32: K, f16: K, bf16: K) -> K {
+        match self.opts.kv {
+            KvCache::F32 => f32,
+            KvCache::F16 => f16,
+            KvCache::Bf16 => bf16,
+        }
     }
 
     /// Rounds the `len` f32 values of value `v` (at `x`) to f16 into the activation scratch
@@ -1238,7 +1294,7 @@ impl CudaSession {
                     let kv = self.kv[layer];
                     let row = c.n_kv_heads * d;
                     dev.launch(
-                        self.kv_kernel(K::KvStore, K::KvStoreF16),
+                        self.kv_kernel(K::KvStore, K::KvStoreF16, K::KvStoreBf16),
                         (blocks(n * row, 256), 1),
                         256,
                         &[
@@ -1400,6 +1456,25 @@ fn quant_scratch(cfg: &ModelConfig, decode: &Graph, w: &DeviceWeights) -> (usize
         }
     }
     (xq, actq)
+}
+
+#[cfg(test)]
+mod kv_cache_tests {
+    use super::KvCache;
+
+    /// `--kv` names round-trip, and the element sizes are the cache's bytes per value.
+    #[test]
+    fn kv_cache_names_and_sizes() {
+        for k in [KvCache::F32, KvCache::F16, KvCache::Bf16] {
+            assert_eq!(KvCache::parse(k.name()), Some(k));
+        }
+        assert_eq!(KvCache::parse("q8_0"), None);
+        assert_eq!(KvCache::default(), KvCache::F32);
+        assert_eq!(
+            [KvCache::F32, KvCache::F16, KvCache::Bf16].map(KvCache::bytes),
+            [4, 2, 2]
+        );
+    }
 }
 
 #[cfg(test)]

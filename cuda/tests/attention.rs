@@ -1,9 +1,10 @@
 //! The decode attention kernels (`#[ignore = "needs a CUDA device"]`; run on the GPU machine
 //! with `.device/run-tests.sh`): `attention_decode` (one key per lane, the quantised decode
-//! path's kernel) and the generic `attention`, for the f32 and the f16 KV cache, with and
-//! without split-K (then `attention_merge`), against the f32 `attention` kernel on the same
-//! rings (itself checked against the CPU reference through whole models). An f16 ring is
-//! compared with the f32 kernel on the same values widened to f32, so only the summation
+//! path's kernel), the generic `attention` and `flash.cu`'s `attention_decode_gqa`, for the
+//! f32, f16 and bf16 KV caches, with and without split-K (then `attention_merge`), against
+//! the f32 `attention` kernel on the same rings (itself checked against the CPU reference
+//! through whole models). A 16-bit ring is compared with the f32 kernel on the same values
+//! widened to f32, so (but for the tensor-core kernel's f16 operands) only the summation
 //! order differs (~1e-6 of the output scale); a wrong row, head, window or split gives O(1).
 
 use cudarc::driver::DevicePtr;
@@ -19,7 +20,7 @@ const BOUND: f32 = 1e-5;
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn decode_attention_matches_the_f32_kernel_for_both_caches() {
+fn decode_attention_matches_the_f32_kernel_for_every_cache() {
     let dev = device();
     let mut rng = Rng(0x6e33_0011);
     let (hq, n_kv) = (6usize, 2usize);
@@ -44,32 +45,41 @@ fn decode_attention_matches_the_f32_kernel_for_both_caches() {
         let params: Vec<u32> = vec![pos as u32, 1, 0];
         let (_q, qp) = upload(&dev, &q);
         let (_p, pp) = upload(&dev, &params);
-        for f16 in [false, true] {
-            // The f16 cache holds the values rounded to nearest; the reference reads the
-            // same values as f32.
+        // 0: f32, 1: f16, 2: bf16.
+        for cache in 0..3 {
+            // A 16-bit cache holds the values rounded to nearest (even); the reference reads
+            // the same values as f32.
             let round = |x: &[f32]| -> Vec<f32> {
-                x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+                x.iter()
+                    .map(|&v| match cache {
+                        1 => half::f16::from_f32(v).to_f32(),
+                        2 => half::bf16::from_f32(v).to_f32(),
+                        _ => v,
+                    })
+                    .collect()
             };
-            let (kr, vr) = if f16 {
-                (round(&kc), round(&vc))
-            } else {
-                (kc.clone(), vc.clone())
-            };
+            let (kr, vr) = (round(&kc), round(&vc));
             let (_kr, krp) = upload(&dev, &kr);
             let (_vr, vrp) = upload(&dev, &vr);
             let want = attention_f32(&dev, qp, krp, vrp, cap, hq, n_kv, d, window, 1, pp);
             let bits = |x: &[f32]| -> Vec<u16> {
                 x.iter()
-                    .map(|&v| half::f16::from_f32(v).to_bits())
+                    .map(|&v| {
+                        if cache == 2 {
+                            half::bf16::from_f32(v).to_bits()
+                        } else {
+                            half::f16::from_f32(v).to_bits()
+                        }
+                    })
                     .collect()
             };
             let (_k16, k16p) = upload(&dev, &bits(&kc));
             let (_v16, v16p) = upload(&dev, &bits(&vc));
-            let (kp, vp) = if f16 { (k16p, v16p) } else { (krp, vrp) };
-            let (decode, generic) = if f16 {
-                (K::AttentionDecodeF16, K::AttentionF16)
-            } else {
-                (K::AttentionDecode, K::Attention)
+            let (kp, vp) = if cache > 0 { (k16p, v16p) } else { (krp, vrp) };
+            let (decode, generic) = match cache {
+                1 => (K::AttentionDecodeF16, K::AttentionF16),
+                2 => (K::AttentionDecodeBf16, K::AttentionBf16),
+                _ => (K::AttentionDecode, K::Attention),
             };
             for split in [1usize, 3, 8] {
                 let part = dev.stream.alloc_zeros::<f32>(hq * split * (d + 2)).unwrap();
@@ -128,7 +138,7 @@ fn decode_attention_matches_the_f32_kernel_for_both_caches() {
 
 /// `flash.cu`'s `attention_decode_gqa` (tensor cores, one block per KV head and split, the
 /// group's query heads as the rows of one tile) against the f32 `attention` kernel on the
-/// same rings, for the f32 and the f16 cache: groups of 3, 6, 9 (S 2.1's full and sliding
+/// same rings, for the f32, f16 and bf16 caches: groups of 3, 6, 9 (S 2.1's full and sliding
 /// layers) and 16 query heads; full layers at the start, inside the first tile, across
 /// partial tiles and at depth; sliding windows narrower than a tile and S 2.1's 512 with a
 /// wrapped ring; one split (with and without the per-head softplus gate) and 3, 8 and 32
@@ -152,8 +162,9 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
     ] {
         let row = n_kv * d;
         let cap = if window == 0 { pos + 1 } else { window };
-        // f16-exact values, so both caches hold the same numbers as the reference's rings.
-        let r16 = |v: f32| half::f16::from_f32(v).to_f32();
+        // bf16-exact values (so f16-exact too), so the three caches hold the same numbers as
+        // the reference's rings.
+        let r16 = |v: f32| half::bf16::from_f32(v).to_f32();
         let kc: Vec<f32> = (0..cap * row).map(|_| r16(rng.f())).collect();
         let vc: Vec<f32> = (0..cap * row).map(|_| r16(rng.f())).collect();
         let q: Vec<f32> = (0..hq * d).map(|_| 2.0 * rng.f()).collect();
@@ -171,6 +182,13 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
         };
         let (_k16, k16p) = upload(&dev, &bits(&kc));
         let (_v16, v16p) = upload(&dev, &bits(&vc));
+        let bbits = |x: &[f32]| -> Vec<u16> {
+            x.iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect()
+        };
+        let (_kb, kbp) = upload(&dev, &bbits(&kc));
+        let (_vb, vbp) = upload(&dev, &bbits(&vc));
         let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, d, window, 1, pp);
         let softplus = |x: f32| if x > 20.0 { x } else { x.exp().ln_1p() };
         let want_gated: Vec<f32> = want
@@ -178,12 +196,11 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
             .enumerate()
             .map(|(i, &v)| v * softplus(gate[i / d]))
             .collect();
-        for f16 in [false, true] {
-            let (kernel, kp, vp) = if f16 {
-                (K::AttentionDecodeGqaF16, k16p, v16p)
-            } else {
-                (K::AttentionDecodeGqa, kp, vp)
-            };
+        for (kernel, kp, vp) in [
+            (K::AttentionDecodeGqa, kp, vp),
+            (K::AttentionDecodeGqaF16, k16p, v16p),
+            (K::AttentionDecodeGqaBf16, kbp, vbp),
+        ] {
             for (split, gated) in [
                 (1usize, false),
                 (1, true),

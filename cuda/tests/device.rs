@@ -12,7 +12,7 @@ use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device, MvMat};
 use lagoon_cuda::manifest::{ActQ, K};
 use lagoon_cuda::weights::{wtype, wtype_grid};
-use lagoon_cuda::{CudaSession, CudaSessionOptions};
+use lagoon_cuda::{CudaSession, CudaSessionOptions, KvCache};
 use lagoon_gguf::Checkpoint;
 
 mod common;
@@ -287,7 +287,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         attn_split_keys: if ubatch == 1 { 8 } else { 0 },
                         quantized_activations: false,
                         programmatic_launch: false,
-                        kv_f16: false,
+                        kv: KvCache::F32,
                         grid_iq: false,
                         grid_iq_mvq: false,
                         q5k_iq4xs_mvq: false,
@@ -580,7 +580,7 @@ fn launches_by_prefix(s: &mut CudaSession, toks: &[u32], prefixes: &[&str]) -> V
 /// The decode step's QK-norm + RoPE + KV store done inside the attention kernel
 /// (`CudaSessionOptions::qk_attention`, `attention_decode_qk`) gives the bits of the separate
 /// `qk_norm_rope_store` + `attention_decode` launches: 40 one-token steps on the tiny models
-/// (sliding and full layers, per-head and per-element gates), f32 and f16 KV caches, one
+/// (sliding and full layers, per-head and per-element gates), f32, f16 and bf16 KV caches, one
 /// split and 8-key splits (the split holding the step's own position differs from the
 /// others), graph replay with programmatic launch. A profiled run checks that the fused
 /// kernel ran, and that every layer step ran either it or the separate QK kernel.
@@ -588,13 +588,13 @@ fn launches_by_prefix(s: &mut CudaSession, toks: &[u32], prefixes: &[&str]) -> V
 #[ignore = "needs a CUDA device"]
 fn qk_attention_fusion_gives_the_unfused_bits() {
     each_fusion_model(&FUSION_GGUFS, |model, ckpt, w, toks| {
-        for kv_f16 in [false, true] {
+        for kv in [KvCache::F32, KvCache::F16, KvCache::Bf16] {
             for split_keys in [0, 8] {
                 let opts = |qk_attention: bool| CudaSessionOptions {
                     n_ctx: toks.len(),
                     ubatch: 1,
                     attn_split_keys: split_keys,
-                    kv_f16,
+                    kv,
                     qk_attention,
                     ..Default::default()
                 };
@@ -604,14 +604,14 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                 );
                 let same = same_bits(&fused, &plain);
                 println!(
-                    "{model} kv_f16 {kv_f16} split keys {split_keys}: QK in attention vs apart over {} \
+                    "{model} kv {kv:?} split keys {split_keys}: QK in attention vs apart over {} \
                      steps: bitwise equal {same}, rel L2 {:.3e}",
                     toks.len(),
                     rel_l2(&fused, &plain)
                 );
                 assert!(
                     same,
-                    "{model} kv_f16 {kv_f16} split keys {split_keys}: the fusion changed the logits"
+                    "{model} kv {kv:?} split keys {split_keys}: the fusion changed the logits"
                 );
             }
             // Which kernels ran (profiled steps launch one at a time, no graph).
@@ -621,7 +621,7 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                 CudaSessionOptions {
                     n_ctx: toks.len(),
                     ubatch: 1,
-                    kv_f16,
+                    kv,
                     qk_attention: true,
                     ..Default::default()
                 },
@@ -634,7 +634,7 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
             );
             let (qk, apart) = (n[0], n[1]);
             println!(
-                "{model} kv_f16 {kv_f16}: {qk} attention_decode_qk launches, {apart} qk_norm_rope_store"
+                "{model} kv {kv:?}: {qk} attention_decode_qk launches, {apart} qk_norm_rope_store"
             );
             // (A layer whose output the planner placed over the raw k or v keeps the two
             // kernels: every layer is one or the other.)
@@ -650,21 +650,21 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
 
 /// The prefill fusions (`session/fused_prefill.rs`: QK-norm + RoPE + KV store, the norm
 /// writing the products' f16 input) give the unfused kernels' bits: whole tensor-core
-/// prefill steps with fusions on and off, both KV caches, one-shot and in 16-token chunks,
+/// prefill steps with fusions on and off, the three KV caches, one-shot and in 16-token chunks,
 /// on the tiny models with a per-head and a per-element gate. (The attention epilogue's
 /// fusion needs head_dim 128; tests/tensor_core.rs checks it against gate_mul + to_f16.)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn prefill_fusions_give_the_unfused_bits() {
     each_fusion_model(&FUSION_GGUFS, |model, ckpt, w, toks| {
-        for kv_f16 in [false, true] {
+        for kv in [KvCache::F32, KvCache::F16, KvCache::Bf16] {
             for ubatch in [toks.len(), 16] {
                 let run = |fuse: bool| {
                     let opts = CudaSessionOptions {
                         n_ctx: toks.len(),
                         ubatch,
                         all_logits: true,
-                        kv_f16,
+                        kv,
                         ..Default::default()
                     };
                     let mut s = CudaSession::new(&ckpt.config, w, opts).unwrap();
@@ -675,68 +675,76 @@ fn prefill_fusions_give_the_unfused_bits() {
                 };
                 let (fused, plain) = (run(true), run(false));
                 println!(
-                    "{model} kv_f16 {kv_f16} ubatch {ubatch}: fused vs unfused prefill rel L2 {:.3e}",
+                    "{model} kv {kv:?} ubatch {ubatch}: fused vs unfused prefill rel L2 {:.3e}",
                     rel_l2(&fused, &plain)
                 );
                 assert!(
                     same_bits(&fused, &plain),
-                    "{model} kv_f16 {kv_f16} ubatch {ubatch}: the prefill fusions changed the logits"
+                    "{model} kv {kv:?} ubatch {ubatch}: the prefill fusions changed the logits"
                 );
             }
         }
     });
 }
 
-/// The f16 KV cache (`kv_f16`) on a whole tiny model: every attention kernel and both cache
-/// writers, in prefill, chunked and decode steps (split-K at decode), against the f32
-/// cache. K and V rounded to f16 move the logits by about f16 rounding (~2e-4 here) on every
-/// path but the quantised decode step, whose Q8_K activations turn any small input change
-/// into different roundings (and, on this random tiny model, now and then a different expert):
-/// that path's logits move by 5.5e-2 between its own decode and chunked steps with the f32
-/// cache, so the f16 cache is held to that path's own spread there (the decode attention
-/// kernels themselves match the f32 kernel on both caches to 1e-6: tests/attention.rs).
-/// Decode with the f16 cache replays as a graph bitwise.
+/// The 16-bit KV caches (`KvCache::F16`, `KvCache::Bf16`) on a whole tiny model: every
+/// attention kernel and the cache writers, in prefill, chunked and decode steps (split-K at
+/// decode), against the f32 cache. K and V rounded to f16 move the logits by about f16
+/// rounding (~2e-4 here), to bf16 by about bf16's (8x coarser), on every path but the
+/// quantised decode step, whose Q8_K activations turn any small input change into different
+/// roundings (and, on this random tiny model, now and then a different expert): that path's
+/// logits move by 5.5e-2 between its own decode and chunked steps with the f32 cache, so the
+/// 16-bit caches are held to that path's own spread there (the decode attention kernels
+/// themselves match the f32 kernel on every cache: tests/attention.rs). Decode with a 16-bit
+/// cache replays as a graph bitwise.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn kv_f16_cache_matches_the_f32_cache() {
+fn kv_16bit_caches_match_the_f32_cache() {
     let ckpt = Checkpoint::open(XS2_Q8).unwrap();
     let w = weights(&ckpt);
     let toks = xs2_tokens(&ckpt);
-    let run = |ubatch: usize, quantized: bool, kv_f16: bool, graphs: bool| {
+    let run = |ubatch: usize, quantized: bool, kv: KvCache, graphs: bool| {
         let opts = CudaSessionOptions {
             ubatch,
             all_logits: true,
             cuda_graphs: graphs,
             attn_split_keys: if ubatch == 1 { 8 } else { 0 },
             quantized_activations: quantized,
-            kv_f16,
+            kv,
             ..Default::default()
         };
         session_logits(&ckpt, &w, &toks, opts)
     };
-    assert!(
-        same_bits(&run(1, true, true, true), &run(1, true, true, false)),
-        "kv f16: graph replay differs from eager steps"
-    );
     // The quantised decode path's own spread: its decode steps against its chunked steps,
     // f32 cache.
-    let spread = rel_l2(&run(1, true, false, true), &run(7, true, false, true));
+    let spread = rel_l2(
+        &run(1, true, KvCache::F32, true),
+        &run(7, true, KvCache::F32, true),
+    );
     println!("quantised decode vs chunked steps, f32 cache: rel L2 {spread:.3e}");
-    for quantized in [false, true] {
-        for ubatch in [toks.len(), 7, 1] {
-            let f32_cache = run(ubatch, quantized, false, true);
-            let f16_cache = run(ubatch, quantized, true, true);
-            let e = rel_l2(&f16_cache, &f32_cache);
-            println!("kv f16 vs f32, quantised {quantized}, ubatch {ubatch}: rel L2 {e:.3e}");
-            let bound = if quantized && ubatch == 1 {
-                2.0 * spread
-            } else {
-                1e-2
-            };
-            assert!(
-                e > 0.0 && e < bound,
-                "kv f16 (quantised {quantized}, ubatch {ubatch}): {e:.3e} (bound {bound:.1e})"
-            );
+    for kv in [KvCache::F16, KvCache::Bf16] {
+        assert!(
+            same_bits(&run(1, true, kv, true), &run(1, true, kv, false)),
+            "kv {kv:?}: graph replay differs from eager steps"
+        );
+        for quantized in [false, true] {
+            for ubatch in [toks.len(), 7, 1] {
+                let f32_cache = run(ubatch, quantized, KvCache::F32, true);
+                let cache16 = run(ubatch, quantized, kv, true);
+                let e = rel_l2(&cache16, &f32_cache);
+                println!(
+                    "kv {kv:?} vs f32, quantised {quantized}, ubatch {ubatch}: rel L2 {e:.3e}"
+                );
+                let bound = if quantized && ubatch == 1 {
+                    2.0 * spread
+                } else {
+                    1e-2
+                };
+                assert!(
+                    e > 0.0 && e < bound,
+                    "kv {kv:?} (quantised {quantized}, ubatch {ubatch}): {e:.3e} (bound {bound:.1e})"
+                );
+            }
         }
     }
 }

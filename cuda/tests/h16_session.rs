@@ -39,7 +39,7 @@ fn gemm_h16_products_in_a_session() {
             n_ctx: toks.len(),
             ubatch,
             all_logits: true,
-            kv_f16: true,
+            kv: lagoon_cuda::KvCache::F16,
             ..Default::default()
         };
         let mut s = CudaSession::new(&ckpt.config, &w, opts).unwrap();

@@ -584,7 +584,7 @@ fn prefill_attention_matches_the_f32_kernel() {
         println!("attention_prefill window {window} pos0 {pos0} n {n}: max rel err {e:.2e}");
         // f16 queries, keys, values and probabilities: ~1e-3 of the output scale.
         assert!(e < 4e-3, "window {window} pos0 {pos0} n {n}: {e:.2e}");
-        // The same rings stored as an f16 cache (the session's kv_f16; round to nearest,
+        // The same rings stored as an f16 cache (the session's KvCache::F16; round to nearest,
         // as the kernel rounds what it stages): bitwise the f32 cache's result.
         let h16 = |x: &[f32]| -> Vec<u16> {
             x.iter()

@@ -82,28 +82,32 @@ impl Args {
         }
     }
 
-    /// `--kv f32|f16`: whether a CUDA session keeps its KV cache in f16 (llama.cpp's
-    /// default, `-ctk f16 -ctv f16`). The default is f16 on CUDA where `cuda_f16` (bench,
-    /// generate: half the cache memory, prefill attention on cp.async-pipelined tiles) and
-    /// f32 otherwise (logits, the checking tool, and the CPU). `--kv f16` is an error on the
-    /// CPU (`device` `None`), whose cache is f32 only.
+    /// `--kv f32|f16|bf16`: a CUDA session's KV cache type (llama.cpp's `-ctk` / `-ctv`).
+    /// The default is f16 on CUDA where `cuda_f16` (bench, generate: llama.cpp's default, half
+    /// the cache memory, prefill attention on cp.async-pipelined tiles) and f32 otherwise
+    /// (logits, the checking tool, and the CPU). A 16-bit type is an error on the CPU
+    /// (`device` `None`), whose cache is f32 only.
     #[allow(dead_code)] // not every example that includes this file takes --kv
-    pub fn kv_f16(&self, device: Option<usize>, cuda_f16: bool) -> anyhow::Result<bool> {
+    pub fn kv(
+        &self,
+        device: Option<usize>,
+        cuda_f16: bool,
+    ) -> anyhow::Result<lagoon::cuda_backend::KvCache> {
+        use lagoon::cuda_backend::KvCache;
         let default = if device.is_some() && cuda_f16 {
             "f16"
         } else {
             "f32"
         };
-        let f16 = match self.get("kv").unwrap_or(default) {
-            "f32" => false,
-            "f16" => true,
-            other => anyhow::bail!("--kv `{other}`: the KV cache types are f32 and f16"),
-        };
+        let name = self.get("kv").unwrap_or(default);
+        let kv = KvCache::parse(name).ok_or_else(|| {
+            anyhow::anyhow!("--kv `{name}`: the KV cache types are f32, f16 and bf16")
+        })?;
         anyhow::ensure!(
-            !f16 || device.is_some(),
-            "--kv f16 is a CUDA option (the CPU backend keeps its KV cache in f32)"
+            kv == KvCache::F32 || device.is_some(),
+            "--kv {name} is a CUDA option (the CPU backend keeps its KV cache in f32)"
         );
-        Ok(f16)
+        Ok(kv)
     }
 
     /// `--device`: `cpu` (the default) → `None`, `cuda` / `cuda:N` → `Some(N)`.

@@ -148,7 +148,11 @@ impl CudaSession {
             F(c.rms_eps),
         ]);
         self.dev.launch3(
-            self.kv_kernel(K::AttentionDecodeQk, K::AttentionDecodeQkF16),
+            self.kv_kernel(
+                K::AttentionDecodeQk,
+                K::AttentionDecodeQkF16,
+                K::AttentionDecodeQkBf16,
+            ),
             (c.n_heads[layer] as u32, 1, split as u32),
             128,
             &args,
@@ -175,7 +179,11 @@ impl CudaSession {
         let hq = c.n_heads[f.layer];
         let (freq, scale, rd) = self.ropes[f.sliding as usize];
         self.dev.launch(
-            self.kv_kernel(K::QkNormRopeStore, K::QkNormRopeStoreF16),
+            self.kv_kernel(
+                K::QkNormRopeStore,
+                K::QkNormRopeStoreF16,
+                K::QkNormRopeStoreBf16,
+            ),
             (blocks(hq + c.n_kv_heads, 4), n as u32),
             128,
             &[
