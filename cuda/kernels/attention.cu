@@ -117,12 +117,13 @@ __device__ void attention_t(const float* __restrict__ q, const KV* __restrict__ 
 // out = sum_s o_s e^(M_s - M) / sum_s L_s e^(M_s - M). Empty splits (M_s = -inf) count zero.
 extern "C" __global__ void attention_merge(const float* __restrict__ part, float* __restrict__ out,
                                            int hq, int d, int n_split) { PDL_ENTRY();
+    __shared__ float sms[MERGE_SPLITS_MAX], sls[MERGE_SPLITS_MAX], sw[MERGE_SPLITS_MAX], sM[1], sL[1];
     int h = blockIdx.x, t = blockIdx.y;
     const float* ps = part + ((size_t)t * hq + h) * n_split * (d + 2);
-    float M, L;
-    merge_stats(ps, d, n_split, M, L);
+    merge_weights(part, t * hq + h, 1, d, n_split, sms, sls, sw, sM, sL);
+    float L = sL[0];
     float* oh = out + ((size_t)t * hq + h) * d;
-    for (int k = threadIdx.x; k < d; k += blockDim.x) oh[k] = merge_sum(ps, d, n_split, k, M) / L;
+    for (int k = threadIdx.x; k < d; k += blockDim.x) oh[k] = merge_sum_w(ps, d, n_split, k, sms, sw) / L;
 }
 
 // Decode attention for the quantised-activation path (one token; same grid, splits, outputs

@@ -152,14 +152,15 @@ QKR_KERNEL(_bf16, kv_bf16)
 // Grid (hq, 1), block 128.
 extern "C" __global__ void attention_merge_gate(const float* __restrict__ part, const float* __restrict__ g,
                                                 float* __restrict__ out, int hq, int d, int n_split, int gcols) { PDL_ENTRY();
+    __shared__ float sms[MERGE_SPLITS_MAX], sls[MERGE_SPLITS_MAX], sw[MERGE_SPLITS_MAX], sM[1], sL[1];
     int h = blockIdx.x;
     const float* ps = part + (size_t)h * n_split * (d + 2);
-    float M, L;
-    merge_stats(ps, d, n_split, M, L);
+    merge_weights(part, h, 1, d, n_split, sms, sls, sw, sM, sL);
+    float L = sL[0];
     int per = hq * d / gcols;
     float* oh = out + (size_t)h * d;
     for (int k = threadIdx.x; k < d; k += blockDim.x)
-        oh[k] = (merge_sum(ps, d, n_split, k, M) / L) * softplus_f(g[(h * d + k) / per]);
+        oh[k] = (merge_sum_w(ps, d, n_split, k, sms, sw) / L) * softplus_f(g[(h * d + k) / per]);
 }
 
 // attention_merge_gate followed by the output projection's activation quantiser (Q8_K or
@@ -174,22 +175,17 @@ template <bool Q8K>
 __device__ void merge_gate_quant(const float* __restrict__ part, const float* __restrict__ g, float* __restrict__ out,
                                  u8* __restrict__ xq, int hq, int d, int n_split, int gcols, int G) {
     __shared__ __align__(16) float y[MGQ_MAX];
-    __shared__ float hm[MGQ_MAX / 32], hl[MGQ_MAX / 32];
+    __shared__ float sms[MERGE_MAX], sls[MERGE_MAX], sw[MERGE_MAX], hm[MGQ_MAX / 32], hl[MGQ_MAX / 32];
     int tid = threadIdx.x, h0 = blockIdx.x * G;
-    // Each head's max and sum over its splits, in attention_merge_gate's order.
-    if (tid < G) {
-        float M, L;
-        merge_stats(part + (size_t)(h0 + tid) * n_split * (d + 2), d, n_split, M, L);
-        hm[tid] = M;
-        hl[tid] = L;
-    }
-    __syncthreads();
+    // Each head's max, sum and split weights, as attention_merge_gate has them.
+    merge_weights(part, h0, G, d, n_split, sms, sls, sw, hm, hl);
     int per = hq * d / gcols;
     for (int i = tid; i < G * d; i += MGQ_THREADS) {
         int hh = i / d, k = i - hh * d, h = h0 + hh;
         const float* ps = part + (size_t)h * n_split * (d + 2);
-        float M = hm[hh], L = hl[hh];
-        float v = (merge_sum(ps, d, n_split, k, M) / L) * softplus_f(g[(h * d + k) / per]);
+        float L = hl[hh];
+        float v = (merge_sum_w(ps, d, n_split, k, sms + hh * n_split, sw + hh * n_split) / L) *
+                  softplus_f(g[(h * d + k) / per]);
         out[(size_t)h * d + k] = v;
         y[i] = v;
     }

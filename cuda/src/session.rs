@@ -127,6 +127,9 @@ pub const SPLIT_KEYS_GQA: usize = 64;
 pub const GQA_SPLITS: usize = 32;
 /// Most splits of one head's keys (the partial-state buffer's size).
 pub const MAX_SPLITS: usize = 64;
+// The merge kernels' shared scratch holds this many splits (merge.cuh MERGE_SPLITS_MAX) of up
+// to MERGE_QUANT_HEADS heads (MERGE_MAX).
+const _: () = assert!(MAX_SPLITS <= 64 && MAX_SPLITS * crate::manifest::MERGE_QUANT_HEADS <= 2048);
 
 /// The element type of a CUDA session's KV cache (llama.cpp's `-ctk` / `-ctv` f32, f16, bf16).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
