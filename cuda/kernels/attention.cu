@@ -48,14 +48,8 @@ __device__ void attention_t(const float* __restrict__ q, const KV* __restrict__ 
     int kvh = h / (hq / n_kv);
     int row = n_kv * d;
     int pos = (int)params[P_POS0] + t;
-    int first = window > 0 ? max(0, pos + 1 - window) : 0;
-    int last = pos;
-    if (n_split > 1) {
-        int per = (pos + 1 - first + n_split - 1) / n_split;
-        int lo = first + split * per;
-        last = min(pos, lo + per - 1);
-        first = lo;
-    }
+    int first, last;
+    split_keys(pos, window, split, n_split, first, last);
     float scale = 1.0f / sqrtf((float)d);
     const float* qh = q + ((size_t)t * hq + h) * d;
     float qr[ATT_MAX_D / 32], acc[ATT_MAX_D / 32];
@@ -159,14 +153,8 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
     int kvh = h / (hq / n_kv);
     int row = n_kv * d;
     int pos = (int)params[P_POS0];
-    int first = window > 0 ? max(0, pos + 1 - window) : 0;
-    int last = pos;
-    if (n_split > 1) {
-        int per = (pos + 1 - first + n_split - 1) / n_split;
-        int lo = first + split * per;
-        last = min(pos, lo + per - 1);
-        first = lo;
-    }
+    int first, last;
+    split_keys(pos, window, split, n_split, first, last);
     __shared__ __align__(16) float qs[ATT_MAX_D];
     // The position's key and value (QKF), and the norm's scratch of warps 0 and 1.
     __shared__ __align__(16) float ks[QKF ? ATT_MAX_D : 1], vs[QKF ? ATT_MAX_D : 1];

@@ -19,6 +19,7 @@
 // FlashAttention-2, Dao 2023, section 3). Queries and keys/values are rounded to f16
 // (finite values beyond f16's range saturate), so results differ from the f32 kernel by
 // about f16 rounding (~1e-3 relative); the reference path keeps attention.cu.
+#include "merge.cuh"
 #include "tc.cuh"
 
 #define FA_D 128
@@ -99,6 +100,75 @@ __device__ __forceinline__ void fa_stage(unsigned short* buf, const KV* __restri
     }
 }
 
+// A walk over the key tiles kb = k0, k0 + FA_BK, .. <= last (keys past last staged as zeros):
+// fa_first_tile stages the first before the loop (an f16 cache only: its tiles go through two
+// buffers by cp.async), fa_tile returns tile `it` at kb, staged: with an f16 cache the next
+// tile's copies go out before this one is waited for; other caches convert the tile on the
+// way into the one buffer. The caller synchronises the block before reading the tile, and
+// again before the next call.
+template <typename KV>
+__device__ __forceinline__ void fa_first_tile(unsigned short* smem, const KV* kc, const KV* vc,
+                                              int k0, int last, int cap, int row, int kvh, int tid) {
+    if constexpr (Kv<KV>::F16) {
+        fa_stage<KV>(smem, kc, vc, k0, last, cap, row, kvh, tid);
+        cp_async_commit();
+    }
+}
+template <typename KV>
+__device__ __forceinline__ const unsigned short* fa_tile(unsigned short* smem, const KV* kc,
+                                                         const KV* vc, int kb, int it, int last, int cap,
+                                                         int row, int kvh, int tid) {
+    if constexpr (Kv<KV>::F16) {
+        if (kb + FA_BK <= last)
+            fa_stage<KV>(smem + ((it + 1) & 1) * FA_TILE_HALVES, kc, vc, kb + FA_BK, last, cap, row, kvh, tid);
+        cp_async_commit();
+        cp_async_wait<1>();
+        return smem + (it & 1) * FA_TILE_HALVES;
+    } else {
+        fa_stage<KV>(smem, kc, vc, kb, last, cap, row, kvh, tid);
+        return smem;
+    }
+}
+
+// One key tile's online-softmax step for a thread's two rows of an m16 tile (a: row g, b: row
+// g + 8): s holds NT n-tiles of masked, log2-scaled scores (−inf where not visible), na and nb
+// the rows' maxima over this thread's share of them and the running maxima ma and mb. Takes
+// the rows' new maxima over the lane quad, rescales the accumulator o and this thread's share
+// of the sums la and lb to them, adds the tile's p = 2^(s − max) to the sums and returns them
+// rounded to f16 as mma A-fragments in pf (the accumulator layout of S is the A-fragment
+// layout of P). Rows with nothing visible yet keep max −inf: their p and correction are 0 / 1.
+template <int NT>
+__device__ __forceinline__ void fa_softmax_step(float (&s)[NT][4], float na, float nb, float& ma, float& mb,
+                                                float& la, float& lb, float (&o)[16][4], u32 (&pf)[NT][2]) {
+    na = fmaxf(na, __shfl_xor_sync(0xffffffffu, na, 1));
+    na = fmaxf(na, __shfl_xor_sync(0xffffffffu, na, 2));
+    nb = fmaxf(nb, __shfl_xor_sync(0xffffffffu, nb, 1));
+    nb = fmaxf(nb, __shfl_xor_sync(0xffffffffu, nb, 2));
+    float ca = na == -LG_INF ? 1.0f : exp2f(ma - na);
+    float cb = nb == -LG_INF ? 1.0f : exp2f(mb - nb);
+    float ba = na == -LG_INF ? 0.0f : na, bb = nb == -LG_INF ? 0.0f : nb;
+    ma = na;
+    mb = nb;
+    la *= ca;
+    lb *= cb;
+    #pragma unroll
+    for (int j = 0; j < 16; j++) {
+        o[j][0] *= ca;
+        o[j][1] *= ca;
+        o[j][2] *= cb;
+        o[j][3] *= cb;
+    }
+    #pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        float p0 = exp2f(s[nt][0] - ba), p1 = exp2f(s[nt][1] - ba);
+        float p2 = exp2f(s[nt][2] - bb), p3 = exp2f(s[nt][3] - bb);
+        la += p0 + p1;
+        lb += p2 + p3;
+        pf[nt][0] = fa_pack(p0, p1);
+        pf[nt][1] = fa_pack(p2, p3);
+    }
+}
+
 // Grid (hq, ceil(n / FA_BQ)), block 128, dynamic shared memory FA_TILE_HALVES halves per
 // buffer (two with an f16 cache). Arguments as attention.cu's attention (no split), then the
 // fused epilogue: with `g` (gcols per token, else null) each output is multiplied by the
@@ -114,7 +184,6 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
                                     int n_kv, int window, int n, const u32* __restrict__ params,
                                     const float* __restrict__ gt, int gcols, unsigned short* __restrict__ oh) {
     extern __shared__ __align__(16) unsigned short fa_smem[];
-    constexpr bool ASYNC = Kv<KV>::F16;
     int h = blockIdx.x, t0 = blockIdx.y * FA_BQ;
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     int kvh = h / (hq / n_kv);
@@ -153,23 +222,9 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
     int k_begin = window > 0 ? max(0, p_first + 1 - window) : 0;
     // ldmatrix lane roles: matrix mi = lane / 8, its row lane % 8.
     int mi = lane >> 3, mr = lane & 7;
-    if constexpr (ASYNC) {
-        fa_stage<KV>(fa_smem, kc, vc, k_begin, p_last, cap, row, kvh, tid);
-        cp_async_commit();
-    }
+    fa_first_tile<KV>(fa_smem, kc, vc, k_begin, p_last, cap, row, kvh, tid);
     for (int kb = k_begin, it = 0; kb <= p_last; kb += FA_BK, it++) {
-        const unsigned short* ks;
-        if constexpr (ASYNC) {
-            // The next tile's copies go out before this one is waited for.
-            if (kb + FA_BK <= p_last)
-                fa_stage<KV>(fa_smem + ((it + 1) & 1) * FA_TILE_HALVES, kc, vc, kb + FA_BK, p_last, cap, row, kvh, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-            ks = fa_smem + (it & 1) * FA_TILE_HALVES;
-        } else {
-            fa_stage<KV>(fa_smem, kc, vc, kb, p_last, cap, row, kvh, tid);
-            ks = fa_smem;
-        }
+        const unsigned short* ks = fa_tile<KV>(fa_smem, kc, vc, kb, it, p_last, cap, row, kvh, tid);
         __syncthreads();
         const unsigned short* vs = ks + FA_BK * FA_KLD;
 
@@ -202,35 +257,8 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
                 if (e < 2) na = fmaxf(na, v);
                 else nb = fmaxf(nb, v);
             }
-        na = fmaxf(na, __shfl_xor_sync(0xffffffffu, na, 1));
-        na = fmaxf(na, __shfl_xor_sync(0xffffffffu, na, 2));
-        nb = fmaxf(nb, __shfl_xor_sync(0xffffffffu, nb, 1));
-        nb = fmaxf(nb, __shfl_xor_sync(0xffffffffu, nb, 2));
-        // Rows with nothing visible yet keep max -inf: their p and correction are 0 / 1.
-        float ca = na == -LG_INF ? 1.0f : exp2f(ma - na);
-        float cb = nb == -LG_INF ? 1.0f : exp2f(mb - nb);
-        float ba = na == -LG_INF ? 0.0f : na, bb = nb == -LG_INF ? 0.0f : nb;
-        ma = na;
-        mb = nb;
-        la *= ca;
-        lb *= cb;
-        #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            o[j][0] *= ca;
-            o[j][1] *= ca;
-            o[j][2] *= cb;
-            o[j][3] *= cb;
-        }
         u32 pf[8][2];
-        #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            float p0 = exp2f(s[nt][0] - ba), p1 = exp2f(s[nt][1] - ba);
-            float p2 = exp2f(s[nt][2] - bb), p3 = exp2f(s[nt][3] - bb);
-            la += p0 + p1;
-            lb += p2 + p3;
-            pf[nt][0] = fa_pack(p0, p1);
-            pf[nt][1] = fa_pack(p2, p3);
-        }
+        fa_softmax_step<8>(s, na, nb, ma, mb, la, lb, o, pf);
         // O += P V: k16 step st covers keys 16 st .. + 16 (S tiles 2 st and 2 st + 1); 16
         // n-tiles of 8 dims, two per ldmatrix.x4.trans.
         #pragma unroll
@@ -328,21 +356,14 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
                                        int window, const u32* __restrict__ params,
                                        const float* __restrict__ gt, int gcols) {
     extern __shared__ __align__(16) unsigned short fa_smem[];
-    constexpr bool ASYNC = Kv<KV>::F16;
     PDL_ENTRY();
     int kvh = blockIdx.x, split = blockIdx.z, n_split = gridDim.z;
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gr = lane >> 2, qd = lane & 3;
     int G = hq / n_kv, h0 = kvh * G;
     int row = n_kv * FA_D;
     int pos = (int)params[P_POS0];
-    int first = window > 0 ? max(0, pos + 1 - window) : 0;
-    int last = pos;
-    if (n_split > 1) {
-        int per = (pos + 1 - first + n_split - 1) / n_split;
-        int lo = first + split * per;
-        last = min(pos, lo + per - 1);
-        first = lo;
-    }
+    int first, last;
+    split_keys(pos, window, split, n_split, first, last);
     // Q fragments (attention_prefill's layout) for rows gr and gr + 8: query heads h0 + gr
     // and h0 + gr + 8, zeros past the group.
     u32 qf[8][4];
@@ -370,22 +391,9 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
     float ma = -LG_INF, mb = -LG_INF, la = 0.0f, lb = 0.0f;
     const float sl2 = 1.4426950408889634f / sqrtf((float)FA_D);
     int mi = lane >> 3, mr = lane & 7;
-    if constexpr (ASYNC) {
-        if (first <= last) fa_stage<KV>(fa_smem, kc, vc, first, last, cap, row, kvh, tid);
-        cp_async_commit();
-    }
+    if (first <= last) fa_first_tile<KV>(fa_smem, kc, vc, first, last, cap, row, kvh, tid);
     for (int kb = first, it = 0; kb <= last; kb += FA_BK, it++) {
-        const unsigned short* ks;
-        if constexpr (ASYNC) {
-            if (kb + FA_BK <= last)
-                fa_stage<KV>(fa_smem + ((it + 1) & 1) * FA_TILE_HALVES, kc, vc, kb + FA_BK, last, cap, row, kvh, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-            ks = fa_smem + (it & 1) * FA_TILE_HALVES;
-        } else {
-            fa_stage<KV>(fa_smem, kc, vc, kb, last, cap, row, kvh, tid);
-            ks = fa_smem;
-        }
+        const unsigned short* ks = fa_tile<KV>(fa_smem, kc, vc, kb, it, last, cap, row, kvh, tid);
         __syncthreads();
         const unsigned short* vs = ks + FA_BK * FA_KLD;
         int kw = kb + 16 * w;  // the warp's first key
@@ -416,33 +424,8 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
                     if (e < 2) na = fmaxf(na, v);
                     else nb = fmaxf(nb, v);
                 }
-            na = fmaxf(na, __shfl_xor_sync(0xffffffffu, na, 1));
-            na = fmaxf(na, __shfl_xor_sync(0xffffffffu, na, 2));
-            nb = fmaxf(nb, __shfl_xor_sync(0xffffffffu, nb, 1));
-            nb = fmaxf(nb, __shfl_xor_sync(0xffffffffu, nb, 2));
-            // The warp's first key is visible, so na and nb are finite from here on.
-            float ca = exp2f(ma - na), cb = exp2f(mb - nb);
-            ma = na;
-            mb = nb;
-            la *= ca;
-            lb *= cb;
-            #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                o[j][0] *= ca;
-                o[j][1] *= ca;
-                o[j][2] *= cb;
-                o[j][3] *= cb;
-            }
             u32 pf[2][2];
-            #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float p0 = exp2f(s[i][0] - na), p1 = exp2f(s[i][1] - na);
-                float p2 = exp2f(s[i][2] - nb), p3 = exp2f(s[i][3] - nb);
-                la += p0 + p1;
-                lb += p2 + p3;
-                pf[i][0] = fa_pack(p0, p1);
-                pf[i][1] = fa_pack(p2, p3);
-            }
+            fa_softmax_step<2>(s, na, nb, ma, mb, la, lb, o, pf);
             // O += P V over the warp's 16 keys (one k16 step), two n-tiles of 8 dims per
             // ldmatrix.x4.trans.
             #pragma unroll

@@ -1,7 +1,8 @@
 // Merging the split-K states of one head's attention (attention.cu's layout: per split s,
 // the d unnormalised sums o_s, then the split's max M_s and sum L_s): with M = max_s M_s,
 // out = sum_s o_s e^(M_s - M) / sum_s L_s e^(M_s - M); empty splits (M_s = -inf) count zero.
-// Shared by attention.cu's merge and fused.cu's merges with the gate (and quantiser).
+// Shared by attention.cu's merge and fused.cu's merges with the gate (and quantiser); the
+// split-K kernels (attention.cu, flash.cu) take each split's keys from split_keys.
 //
 // A block merges nh heads (the heads h0 .. h0 + nh − 1 of part, each with n_split states).
 // merge_weights loads every split's max and sum by its own thread (in flight together), takes
@@ -14,6 +15,20 @@
 // same operands added in the same order as that form's, so the outputs kept its bits.
 #pragma once
 #include "common.cuh"
+
+// The keys split `split` of n_split reads for a query at position pos: the visible keys
+// first .. pos (first = max(0, pos + 1 − window) on sliding layers, window > 0) in n_split
+// equal runs (the last ones may be short or empty: first > last).
+__device__ __forceinline__ void split_keys(int pos, int window, int split, int n_split, int& first, int& last) {
+    first = window > 0 ? max(0, pos + 1 - window) : 0;
+    last = pos;
+    if (n_split > 1) {
+        int per = (pos + 1 - first + n_split - 1) / n_split;
+        int lo = first + split * per;
+        last = min(pos, lo + per - 1);
+        first = lo;
+    }
+}
 
 // Bounds of the shared scratch (session.rs checks them at compile time): MERGE_SPLITS_MAX
 // splits (session.rs MAX_SPLITS), MERGE_MAX = 32 heads (the fused quantiser's most,
