@@ -108,6 +108,10 @@ fn every_gguf_mix_opens_or_names_its_first_undecodable_tensor() {
     let t = gguf_types(&d.join("iq2_m.gguf"));
     assert_eq!(t["blk.2.ffn_up_exps.weight"], GgmlType::IQ2XXS);
     assert_eq!(t["blk.2.ffn_down_exps.weight"], GgmlType::IQ2S);
+    let t = gguf_types(&d.join("iq4_xs.gguf"));
+    assert_eq!(t["blk.1.ffn_down_exps.weight"], GgmlType::IQ4XS);
+    assert_eq!(t["blk.1.attn_v.weight"], GgmlType::Q5K);
+    assert_eq!(t["output.weight"], GgmlType::Q6K);
     let t = gguf_types(&d.join("q4_k_m.gguf"));
     assert_eq!(t["output.weight"], GgmlType::Q6K);
     assert_eq!(t["blk.1.ffn_gate_exps.weight"], GgmlType::Q4K);

@@ -25,7 +25,7 @@ pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q8_0 | Q4K | Q5K | Q6K | IQ2XXS | IQ2S | IQ3XXS
+        F32 | F16 | BF16 | Q8_0 | Q4K | Q5K | Q6K | IQ2XXS | IQ2S | IQ3XXS | IQ4XS
     )
 }
 
@@ -56,6 +56,7 @@ pub fn fill_blocks(ty: GgmlType, std: f32, rng: &mut WyRand, out: &mut [u8]) {
         IQ2XXS => iq2xxs(std, rng, out),
         IQ2S => iq2s(std, rng, out),
         IQ3XXS => iq3xxs(std, rng, out),
+        IQ4XS => iq4xs(std, rng, out),
         _ => unreachable!("plan refuses types without a generator"),
     }
 }
@@ -202,6 +203,19 @@ fn iq3xxs(std: f32, rng: &mut WyRand, out: &mut [u8]) {
     }
 }
 
+/// IQ4_XS (136 B): `d | scales_h:u16 | scales_l[4] | qs[128]` (6-bit sub-scales `ls`, the
+/// 16-entry IQ4_NL codebook), `y = d·(ls − 32)·kvalues[q]`; random bytes make `ls` uniform in
+/// 0..63 and every index valid.
+fn iq4xs(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let kv = &lagoon_core::quant::tables::KVALUES_IQ4NL;
+    let kv_rms = (kv.iter().map(|&v| f32::from(v).powi(2)).sum::<f32>() / 16.0).sqrt();
+    let d = std / (rms_range(-32, 31, 0.0) * kv_rms);
+    for b in out.chunks_exact_mut(136) {
+        put_f16(b, d);
+        rng.fill(&mut b[2..136]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,7 +238,7 @@ mod tests {
     fn decoded_blocks_have_the_requested_std() {
         use GgmlType::*;
         let std = 0.03f32;
-        for ty in [F32, F16, BF16, Q8_0, Q4K, Q5K, Q6K] {
+        for ty in [F32, F16, BF16, Q8_0, Q4K, Q5K, Q6K, IQ4XS] {
             let n = 256 * 64;
             let mut bytes = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
             fill_blocks(ty, std, &mut WyRand::new(3), &mut bytes);

@@ -69,6 +69,10 @@ pub enum TypeMix {
     /// UD-IQ2_M-like: expert gate/up IQ2_XXS, down IQ2_S (one step up), attention,
     /// dense and shared expert Q4_K, embeddings Q4_K, output Q5_K.
     Iq2M,
+    /// llama.cpp IQ4_XS: IQ4_XS, with Q6_K for `output` and Q5_K for `attn_v` (llama.cpp's
+    /// `llama_tensor_get_type` gives the value projection Q5_K under IQ4_XS when the GQA
+    /// group is 4 or more, as Laguna's 6 and 9 are).
+    Iq4Xs,
     /// BF16 matrices (an unquantised conversion).
     Bf16,
     /// compressed-tensors W4A16 group 32 directory (poolside's INT4 release layout).
@@ -76,12 +80,13 @@ pub enum TypeMix {
 }
 
 impl TypeMix {
-    pub const ALL: [TypeMix; 7] = [
+    pub const ALL: [TypeMix; 8] = [
         TypeMix::Q4KM,
         TypeMix::Q5KM,
         TypeMix::Q8_0,
         TypeMix::UdQ3KM,
         TypeMix::Iq2M,
+        TypeMix::Iq4Xs,
         TypeMix::Bf16,
         TypeMix::Int4G32,
     ];
@@ -94,6 +99,7 @@ impl TypeMix {
             TypeMix::Q8_0 => "q8_0",
             TypeMix::UdQ3KM => "ud-q3_k_m",
             TypeMix::Iq2M => "iq2_m",
+            TypeMix::Iq4Xs => "iq4_xs",
             TypeMix::Bf16 => "bf16",
             TypeMix::Int4G32 => "int4-g32",
         }
@@ -113,6 +119,7 @@ impl TypeMix {
             TypeMix::Q8_0 => Some(7),
             TypeMix::UdQ3KM => Some(12),
             TypeMix::Iq2M => Some(29),
+            TypeMix::Iq4Xs => Some(30),
             TypeMix::Bf16 => Some(32),
             TypeMix::Int4G32 => None,
         }
@@ -153,6 +160,11 @@ impl TypeMix {
                 ExpGate | ExpUp => IQ2XXS,
                 ExpDown => IQ2S,
                 _ => Q4K,
+            },
+            TypeMix::Iq4Xs => match role {
+                Output => Q6K,
+                V => Q5K,
+                _ => IQ4XS,
             },
         }
     }
