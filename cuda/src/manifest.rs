@@ -926,12 +926,21 @@ mod tests {
         for def in [
             format!("#define MGQ_THREADS {MERGE_QUANT_THREADS}\n"),
             format!("#define MGQ_MAX {MERGE_QUANT_MAX}\n"),
-            format!(
-                "__shared__ float hm[MGQ_MAX / {}]",
-                MERGE_QUANT_MAX / MERGE_QUANT_HEADS
-            ),
+            format!("hm[MGQ_MAX / {}]", MERGE_QUANT_MAX / MERGE_QUANT_HEADS),
         ] {
             assert!(src.contains(&def), "fused.cu lost `{}`", def.trim());
+        }
+        // The merges' shared scratch: MAX_SPLITS splits of MERGE_QUANT_HEADS heads.
+        let merge = compile::HEADERS
+            .iter()
+            .find(|(f, _)| *f == "merge.cuh")
+            .unwrap()
+            .1;
+        for def in [
+            format!("#define MERGE_SPLITS_MAX {}\n", crate::session::MAX_SPLITS),
+            format!("#define MERGE_MAX ({MERGE_QUANT_HEADS} * MERGE_SPLITS_MAX)\n"),
+        ] {
+            assert!(merge.contains(&def), "merge.cuh lost `{}`", def.trim());
         }
     }
 
