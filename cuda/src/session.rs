@@ -548,9 +548,11 @@ impl CudaSession {
             )
             .during("allocating the attention partials")?;
         // Decode attention on the tensor cores, one block per KV head and split
-        // (`attention_decode_gqa`): head_dim 128 and at most 16 query heads per KV head.
-        // `LAGOON_CUDA_ATT_GQA=0` keeps the per-query-head kernel (A/B runs).
+        // (`attention_decode_gqa`): the quantised path's one-token steps, head_dim 128 and at
+        // most 16 query heads per KV head. `LAGOON_CUDA_ATT_GQA=0` keeps the per-query-head
+        // kernel (A/B runs); the reference path keeps it and its split counts.
         let gqa_attention = env_flag("LAGOON_CUDA_ATT_GQA", true)
+            && opts.quantized_activations
             && cfg.head_dim == FLASH_HEAD_DIM
             && cfg.n_kv_heads > 0
             && cfg
