@@ -130,6 +130,22 @@ __device__ __forceinline__ const unsigned short* fa_tile(unsigned short* smem, c
     }
 }
 
+// S for n-tile nt (keys 8 nt .. 8 nt + 8) of the staged key tile ks against the warp's Q
+// fragments qf: the 8 k16 steps over d, one ldmatrix.x4 giving the B fragments of two
+// (mi, mr: the lane's ldmatrix matrix and row).
+__device__ __forceinline__ void fa_qk_ntile(float (&s)[4], const u32 (&qf)[8][4], const unsigned short* ks, int nt,
+                                            int mi, int mr) {
+    #pragma unroll
+    for (int e = 0; e < 4; e++) s[e] = 0.0f;
+    #pragma unroll
+    for (int st = 0; st < 8; st += 2) {
+        u32 b[4];
+        ldmatrix_x4(b, ks + (8 * nt + mr) * FA_KLD + 16 * (st + (mi >> 1)) + 8 * (mi & 1));
+        fa_mma(s, qf[st][0], qf[st][1], qf[st][2], qf[st][3], b[0], b[1]);
+        fa_mma(s, qf[st + 1][0], qf[st + 1][1], qf[st + 1][2], qf[st + 1][3], b[2], b[3]);
+    }
+}
+
 // One key tile's online-softmax step for a thread's two rows of an m16 tile (a: row g, b: row
 // g + 8): s holds NT n-tiles of masked, log2-scaled scores (−inf where not visible), na and nb
 // the rows' maxima over this thread's share of them and the running maxima ma and mb. Takes
@@ -232,17 +248,7 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
         // gives an n-tile's B fragments for two k16 steps.
         float s[8][4];
         #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            #pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
-            #pragma unroll
-            for (int st = 0; st < 8; st += 2) {
-                u32 b[4];
-                ldmatrix_x4(b, ks + (8 * nt + mr) * FA_KLD + 16 * (st + (mi >> 1)) + 8 * (mi & 1));
-                fa_mma(s[nt], qf[st][0], qf[st][1], qf[st][2], qf[st][3], b[0], b[1]);
-                fa_mma(s[nt], qf[st + 1][0], qf[st + 1][1], qf[st + 1][2], qf[st + 1][3], b[2], b[3]);
-            }
-        }
+        for (int nt = 0; nt < 8; nt++) fa_qk_ntile(s[nt], qf, ks, nt, mi, mr);
         // Mask, scale to log2 units, new row maxima.
         float na = ma, nb = mb;
         #pragma unroll
@@ -401,18 +407,7 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
             // S for the warp's 16 keys: n-tiles 2 w and 2 w + 1 of the tile.
             float s[2][4];
             #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int nt = 2 * w + i;
-                #pragma unroll
-                for (int e = 0; e < 4; e++) s[i][e] = 0.0f;
-                #pragma unroll
-                for (int st = 0; st < 8; st += 2) {
-                    u32 b[4];
-                    ldmatrix_x4(b, ks + (8 * nt + mr) * FA_KLD + 16 * (st + (mi >> 1)) + 8 * (mi & 1));
-                    fa_mma(s[i], qf[st][0], qf[st][1], qf[st][2], qf[st][3], b[0], b[1]);
-                    fa_mma(s[i], qf[st + 1][0], qf[st + 1][1], qf[st + 1][2], qf[st + 1][3], b[2], b[3]);
-                }
-            }
+            for (int i = 0; i < 2; i++) fa_qk_ntile(s[i], qf, ks, 2 * w + i, mi, mr);
             float na = ma, nb = mb;
             #pragma unroll
             for (int i = 0; i < 2; i++)

@@ -8,7 +8,7 @@
 //! order differs (~1e-6 of the output scale); a wrong row, head, window or split gives O(1).
 
 use cudarc::driver::DevicePtr;
-use lagoon_cuda::device::Arg;
+use lagoon_cuda::device::{Arg, Device};
 use lagoon_cuda::manifest::K;
 
 mod common;
@@ -17,6 +17,26 @@ use common::{Rng, attention_f32, device, download, max_rel, same_bits, upload};
 
 /// Relative to the largest output: f32 sums over ≤ a few thousand keys.
 const BOUND: f32 = 1e-5;
+
+/// `attention_merge` of `split` > 1 partial states at `part` into `out` (one token, `hq`
+/// heads of `d`); nothing for one split, whose kernel wrote `out` itself.
+fn merge_splits(dev: &Device, part: u64, out: u64, hq: usize, d: usize, split: usize) {
+    if split > 1 {
+        dev.launch(
+            K::AttentionMerge,
+            (hq as u32, 1),
+            128,
+            &[
+                Arg::P(part),
+                Arg::P(out),
+                Arg::I(hq as i32),
+                Arg::I(d as i32),
+                Arg::I(split as i32),
+            ],
+        )
+        .unwrap();
+    }
+}
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -106,21 +126,7 @@ fn decode_attention_matches_the_f32_kernel_for_every_cache() {
                     }
                     dev.launch3(kernel, (hq as u32, 1, split as u32), 128, &args)
                         .unwrap();
-                    if split > 1 {
-                        dev.launch(
-                            K::AttentionMerge,
-                            (hq as u32, 1),
-                            128,
-                            &[
-                                Arg::P(partp),
-                                Arg::P(op),
-                                Arg::I(hq as i32),
-                                Arg::I(d as i32),
-                                Arg::I(split as i32),
-                            ],
-                        )
-                        .unwrap();
-                    }
+                    merge_splits(&dev, partp, op, hq, d, split);
                     let got = download(&dev, &ob);
                     let e = max_rel(&got, &want);
                     println!(
@@ -229,21 +235,7 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
                 ];
                 dev.launch3(kernel, (n_kv as u32, 1, split as u32), 128, &args)
                     .unwrap();
-                if split > 1 {
-                    dev.launch(
-                        K::AttentionMerge,
-                        (hq as u32, 1),
-                        128,
-                        &[
-                            Arg::P(partp),
-                            Arg::P(op),
-                            Arg::I(hq as i32),
-                            Arg::I(d as i32),
-                            Arg::I(split as i32),
-                        ],
-                    )
-                    .unwrap();
-                }
+                merge_splits(&dev, partp, op, hq, d, split);
                 let got = download(&dev, &ob);
                 let e = max_rel(&got, if gated { &want_gated } else { &want });
                 println!(
