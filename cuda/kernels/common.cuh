@@ -65,8 +65,11 @@ __device__ __forceinline__ unsigned short f32_to_bf16_rn(float v) {
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (unsigned short)((u >> 16) | 0x40u);
     return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
+// F16: the cache holds f16 values (flash.cu stages them as they are); BF16: it holds bf16
+// values (flash.cu copies them as they are and converts them in shared memory).
 template <> struct Kv<float> {
     static constexpr bool F16 = false;
+    static constexpr bool BF16 = false;
     static __device__ __forceinline__ float ld(const float* p) { return *p; }
     static __device__ __forceinline__ void st(float* p, float v) { *p = v; }
     // What ld returns after st(v).
@@ -78,6 +81,7 @@ template <> struct Kv<float> {
 };
 template <> struct Kv<unsigned short> {
     static constexpr bool F16 = true;
+    static constexpr bool BF16 = false;
     static __device__ __forceinline__ float ld(const unsigned short* p) { return f16_to_f32(*p); }
     static __device__ __forceinline__ void st(unsigned short* p, float v) {
         *p = __half_as_ushort(__float2half_rn(f16_sat(v)));
@@ -99,6 +103,7 @@ template <> struct Kv<unsigned short> {
 };
 template <> struct Kv<kv_bf16> {
     static constexpr bool F16 = false;
+    static constexpr bool BF16 = true;
     static __device__ __forceinline__ float ld(const kv_bf16* p) { return bf16_to_f32(p->bits); }
     static __device__ __forceinline__ void st(kv_bf16* p, float v) { p->bits = f32_to_bf16_rn(v); }
     static __device__ __forceinline__ float round(float v) { return bf16_to_f32(f32_to_bf16_rn(v)); }

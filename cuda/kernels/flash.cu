@@ -9,10 +9,10 @@
 // 16 w .. 16 w + 16, held in registers as f16 mma A-fragments. Keys and values stream
 // through shared memory 64 at a time as f16 [key][d] rows (padded to 272 bytes, so the eight
 // rows of an ldmatrix phase fall on distinct banks); the warps read their B fragments with
-// ldmatrix (K) and ldmatrix.trans (V). With an f16 cache the tiles are copied by cp.async
-// into two buffers, the next tile's copies in flight while the current one computes (keys
-// past the step's last position zero-filled); with the f32 cache each tile is converted on
-// the way in. Per key tile the warp computes
+// ldmatrix (K) and ldmatrix.trans (V). With a 16-bit cache (f16 or bf16) the tiles are
+// copied by cp.async into two buffers, the next tile's copies in flight while the current one
+// computes (keys past the step's last position zero-filled; a bf16 tile converted to f16 in
+// place when it lands); with the f32 cache each tile is converted on the way in. Per key tile the warp computes
 // S = Q K^T (f32 accumulation), masks it, updates the running row max and sum in f32 (base-2
 // exponentials of log2(e)-scaled scores), rounds P to f16 and accumulates P V in f32 — the
 // accumulator layout of S is the A-fragment layout of P, so P never leaves registers (after
@@ -27,7 +27,7 @@
 #define FA_BK 64
 #define FA_KLD (FA_D + 8)
 // One buffer: K and V tiles of FA_BK rows of FA_KLD halves (manifest.rs FLASH_SMEM: two
-// buffers for the f16 cache, one for the f32 cache).
+// buffers for a 16-bit cache, one for the f32 cache).
 #define FA_TILE_HALVES (2 * FA_BK * FA_KLD)
 
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) {
@@ -59,13 +59,17 @@ __device__ __forceinline__ void fa_cp16(void* dst, const void* src, bool valid) 
                  : "memory");
 }
 
+// A 16-bit cache (f16 or bf16) is staged by cp.async, as it is; a bf16 tile is then
+// converted to f16 in place (fa_bf16_to_f16) once its copies have landed.
+template <typename KV> __device__ constexpr bool fa_async() { return Kv<KV>::F16 || Kv<KV>::BF16; }
+
 // Stages keys kb .. kb + FA_BK (ring rows j % cap; keys past p_last as zeros) into buf: K
-// then V, [key][d] f16 rows. An f16 cache is copied by cp.async (the caller commits and
-// waits); an f32 cache is loaded, rounded and stored.
+// then V, [key][d] rows of the cache's 16-bit values. A 16-bit cache is copied by cp.async
+// (the caller commits and waits); an f32 cache is loaded, rounded to f16 and stored.
 template <typename KV>
 __device__ __forceinline__ void fa_stage(unsigned short* buf, const KV* __restrict__ kc, const KV* __restrict__ vc,
                                          int kb, int p_last, int cap, int row, int kvh, int tid) {
-    if constexpr (Kv<KV>::F16) {
+    if constexpr (fa_async<KV>()) {
         // 64 keys x 16 chunks of 8 halves, K and V: thread t copies chunk t % 16 of keys
         // t / 16 + 8 m (m < 8). Ring rows from one modulo per tile.
         int ch = tid & 15, k0 = tid >> 4, r0 = kb % cap;
@@ -100,16 +104,35 @@ __device__ __forceinline__ void fa_stage(unsigned short* buf, const KV* __restri
     }
 }
 
+// The chunks thread tid copied in fa_stage (chunk tid % 16 of keys tid / 16 + 8 m, K and V),
+// bf16 bits turned into f16 in place (rounded to nearest, saturated as every f16 staging is;
+// bf16 -> f16 is exact in f16's normal range). Only the thread's own copies, so it needs
+// its own cp.async wait and no barrier: the caller's barrier before the tile is read follows.
+__device__ __forceinline__ void fa_bf16_to_f16(unsigned short* buf, int tid) {
+    int ch = tid & 15, k0 = tid >> 4;
+    #pragma unroll
+    for (int m = 0; m < 2 * (FA_BK / 8); m++) {
+        int key = k0 + 8 * (m % (FA_BK / 8));
+        uint4* p = (uint4*)(buf + (m >= FA_BK / 8) * FA_BK * FA_KLD + key * FA_KLD + 8 * ch);
+        uint4 w = *p;
+        w.x = fa_pack(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xFFFF0000u));
+        w.y = fa_pack(__uint_as_float(w.y << 16), __uint_as_float(w.y & 0xFFFF0000u));
+        w.z = fa_pack(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xFFFF0000u));
+        w.w = fa_pack(__uint_as_float(w.w << 16), __uint_as_float(w.w & 0xFFFF0000u));
+        *p = w;
+    }
+}
+
 // A walk over the key tiles kb = k0, k0 + FA_BK, .. <= last (keys past last staged as zeros):
-// fa_first_tile stages the first before the loop (an f16 cache only: its tiles go through two
-// buffers by cp.async), fa_tile returns tile `it` at kb, staged: with an f16 cache the next
-// tile's copies go out before this one is waited for; other caches convert the tile on the
-// way into the one buffer. The caller synchronises the block before reading the tile, and
-// again before the next call.
+// fa_first_tile stages the first before the loop (a 16-bit cache only: its tiles go through
+// two buffers by cp.async), fa_tile returns tile `it` at kb, staged: with a 16-bit cache the
+// next tile's copies go out before this one is waited for (and a bf16 tile is converted);
+// an f32 cache converts the tile on the way into the one buffer. The caller synchronises the
+// block before reading the tile, and again before the next call.
 template <typename KV>
 __device__ __forceinline__ void fa_first_tile(unsigned short* smem, const KV* kc, const KV* vc,
                                               int k0, int last, int cap, int row, int kvh, int tid) {
-    if constexpr (Kv<KV>::F16) {
+    if constexpr (fa_async<KV>()) {
         fa_stage<KV>(smem, kc, vc, k0, last, cap, row, kvh, tid);
         cp_async_commit();
     }
@@ -118,12 +141,14 @@ template <typename KV>
 __device__ __forceinline__ const unsigned short* fa_tile(unsigned short* smem, const KV* kc,
                                                          const KV* vc, int kb, int it, int last, int cap,
                                                          int row, int kvh, int tid) {
-    if constexpr (Kv<KV>::F16) {
+    if constexpr (fa_async<KV>()) {
         if (kb + FA_BK <= last)
             fa_stage<KV>(smem + ((it + 1) & 1) * FA_TILE_HALVES, kc, vc, kb + FA_BK, last, cap, row, kvh, tid);
         cp_async_commit();
         cp_async_wait<1>();
-        return smem + (it & 1) * FA_TILE_HALVES;
+        unsigned short* cur = smem + (it & 1) * FA_TILE_HALVES;
+        if constexpr (Kv<KV>::BF16) fa_bf16_to_f16(cur, tid);
+        return cur;
     } else {
         fa_stage<KV>(smem, kc, vc, kb, last, cap, row, kvh, tid);
         return smem;
@@ -186,7 +211,7 @@ __device__ __forceinline__ void fa_softmax_step(float (&s)[NT][4], float na, flo
 }
 
 // Grid (hq, ceil(n / FA_BQ)), block 128, dynamic shared memory FA_TILE_HALVES halves per
-// buffer (two with an f16 cache). Arguments as attention.cu's attention (no split), then the
+// buffer (two with a 16-bit cache). Arguments as attention.cu's attention (no split), then the
 // fused epilogue: with `g` (gcols per token, else null) each output is multiplied by the
 // softplus output gate as gate_mul does (g per head or per element); with `oh` (else null)
 // the result is written rounded to f16 as to_f16 rounds it, into oh instead of out (the
@@ -330,7 +355,8 @@ attention_prefill_f16(const float* __restrict__ q, const unsigned short* __restr
     attention_prefill_t<unsigned short>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
 }
 
-// The bf16 cache: staged as the f32 cache is (converted to f16 on the way in, one buffer).
+// The bf16 cache: copied as the f16 cache is (two buffers, cp.async), each tile converted to
+// f16 in shared memory (fa_bf16_to_f16) when it lands.
 extern "C" __global__ void __launch_bounds__(128, 3)
 attention_prefill_bf16(const float* __restrict__ q, const kv_bf16* __restrict__ kc, const kv_bf16* __restrict__ vc,
                        float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
@@ -345,7 +371,7 @@ attention_prefill_bf16(const float* __restrict__ q, const kv_bf16* __restrict__ 
 // hq / n_kv query heads of KV head kvh are the 16 rows of one m16 tile (rows G .. 15 zero, G <=
 // 16), so every key and value row is read once per KV head instead of once per query head,
 // and the block streams its split's keys through shared memory FA_BK at a time with
-// attention_prefill's fa_stage (two buffers and cp.async with an f16 cache). Warp w takes keys
+// attention_prefill's fa_stage (two buffers and cp.async with a 16-bit cache). Warp w takes keys
 // 16 w .. 16 w + 16 of each tile: S = Q K^T (two n-tiles of 8 keys), its own online softmax
 // (running max and sum per row, base-2 exponentials), P rounded to f16, O += P V (16 n-tiles
 // over d) — the warps never wait for each other inside a tile; their four states are merged

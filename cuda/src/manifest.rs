@@ -349,11 +349,11 @@ impl K {
             K::GemmH16 => GEMM_H16_SMEM,
             // The lab's activation row in shared memory (LAB_MVX_MAX_COLS f32).
             K::LabMvxBf16 => 4 * 9216,
-            K::AttentionPrefill
-            | K::AttentionDecodeGqa
+            K::AttentionPrefill | K::AttentionDecodeGqa => FLASH_SMEM,
+            K::AttentionPrefillF16
+            | K::AttentionDecodeGqaF16
             | K::AttentionPrefillBf16
-            | K::AttentionDecodeGqaBf16 => FLASH_SMEM,
-            K::AttentionPrefillF16 | K::AttentionDecodeGqaF16 => 2 * FLASH_SMEM,
+            | K::AttentionDecodeGqaBf16 => 2 * FLASH_SMEM,
             // The wgmma kernels align their layout to 1024 bytes inside the allocation.
             K::GemmWgQ4K | K::GemmGateUpWgQ4K | K::GemmDownWgQ4K => GEMM_RF_SMEM_Q4K + 1024,
             K::GemmWg128Q4K | K::GemmGateUpWg128Q4K | K::GemmDownWg128Q4K => {
@@ -647,7 +647,7 @@ pub const GEMM_H16_SMEM: u32 = 65_536;
 /// Rows and tokens per `gemm_h16` block.
 pub const GEMM_H16_TILE: usize = 128;
 /// Dynamic shared memory of one `flash.cu` tile buffer (`FA_TILE_HALVES` f16: 64 keys' K and
-/// V rows of 136 halves); the f16-cache kernel double-buffers.
+/// V rows of 136 halves); the 16-bit-cache (f16, bf16) kernels double-buffer.
 pub const FLASH_SMEM: u32 = 2 * 64 * 136 * 2;
 /// Dynamic shared memory of a Q4_K `gemm_rf.cu` block (`RF_SMEM_Q4_K`): a three-stage ring
 /// of 256 rows' super-blocks and 64 tokens' activations, the rows' decoded sub-block scales,

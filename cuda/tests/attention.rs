@@ -202,18 +202,27 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
             .enumerate()
             .map(|(i, &v)| v * softplus(gate[i / d]))
             .collect();
-        for (kernel, kp, vp) in [
+        // The three caches hold the same (bf16-exact) values and every kernel stages them
+        // as the same f16, so their outputs must agree bitwise: the f32 cache's per split.
+        let mut first: Vec<Vec<f32>> = Vec::new();
+        for (ki, (kernel, kp, vp)) in [
             (K::AttentionDecodeGqa, kp, vp),
             (K::AttentionDecodeGqaF16, k16p, v16p),
             (K::AttentionDecodeGqaBf16, kbp, vbp),
-        ] {
-            for (split, gated) in [
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for (si, (split, gated)) in [
                 (1usize, false),
                 (1, true),
                 (3, false),
                 (8, false),
                 (32, false),
-            ] {
+            ]
+            .into_iter()
+            .enumerate()
+            {
                 let part = dev.stream.alloc_zeros::<f32>(hq * split * (d + 2)).unwrap();
                 let partp = part.device_ptr(&dev.stream).0;
                 let ob = dev.stream.alloc_zeros::<f32>(hq * d).unwrap();
@@ -245,6 +254,14 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
                     e < 4e-3,
                     "{kernel:?} hq {hq} n_kv {n_kv} window {window} pos {pos} split {split} gate {gated}: {e:.2e}"
                 );
+                if ki == 0 {
+                    first.push(got);
+                } else {
+                    assert!(
+                        same_bits(&got, &first[si]),
+                        "{kernel:?} hq {hq} n_kv {n_kv} window {window} pos {pos} split {split}: not the f32 cache's bits"
+                    );
+                }
             }
         }
     }

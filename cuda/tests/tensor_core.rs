@@ -598,6 +598,30 @@ fn prefill_attention_matches_the_f32_kernel() {
             same_bits(&got16, &got),
             "attention_prefill_f16 differs from the f32 cache's result (window {window} pos0 {pos0} n {n})"
         );
+        // The rings as a bf16 cache (KvCache::Bf16; copied by cp.async, converted to f16 in
+        // shared memory): bitwise the f32 kernel on the same rings rounded to bf16, which
+        // converts the same values to f16 on the way in.
+        let b16 = |x: &[f32]| -> Vec<u16> {
+            x.iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect()
+        };
+        let rb = |x: &[f32]| -> Vec<f32> {
+            x.iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect()
+        };
+        let (_kb, kpb) = upload(&dev, &b16(&kc));
+        let (_vb, vpb) = upload(&dev, &b16(&vc));
+        let (_kr, kpr) = upload(&dev, &rb(&kc));
+        let (_vr, vpr) = upload(&dev, &rb(&vc));
+        assert!(
+            same_bits(
+                &run(K::AttentionPrefillBf16, kpb, vpb),
+                &run(K::AttentionPrefill, kpr, vpr)
+            ),
+            "attention_prefill_bf16 differs from the f32 kernel on bf16-rounded rings (window {window} pos0 {pos0} n {n})"
+        );
         // The fused epilogue (softplus gate per head and per element, f16 output): bitwise
         // gate_mul then to_f16 on the unfused output.
         for gcols in [hq, hq * d] {
