@@ -2,7 +2,7 @@
 //! figure next to the machine's own memory-bandwidth floor.
 //!
 //! `bench --model PATH [-p N[,N..]] [-n N[,N..]] [-ub N] [-d N[,N..]] [-r N] [--threads N]
-//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--kv f32|f16|bf16] [--profile N]
+//!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--kv f32|f16|bf16|q8_0] [--profile N]
 //!  [--profile-prefill N]`
 //!
 //! Semantics follow llama-bench: `pp N` evaluates a prompt of N random tokens (in ubatches
@@ -16,7 +16,8 @@
 //! replayed as a CUDA graph); its floor is the device's streaming-read bandwidth, measured
 //! at start by a read kernel over a 4 GiB buffer; on CUDA the KV cache is f16 by default
 //! (llama-bench's default, `-ctk f16 -ctv f16`; f32 with `--reference`), `--kv f32` keeps it
-//! in f32, `--kv bf16` in bf16. `--profile N` (CUDA) then times every
+//! in f32, `--kv bf16` in bf16, `--kv q8_0` in ggml's Q8_0 blocks (llama.cpp's `-ctk q8_0
+//! -ctv q8_0`; not with `--reference`). `--profile N` (CUDA) then times every
 //! kernel of N decode steps (after the last test, at its depth) and prints where a token's
 //! time goes; `--profile-prefill N` does the same for one prefill step of N tokens.
 //!

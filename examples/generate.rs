@@ -5,7 +5,7 @@
 //!  [-n | --max-tokens N] [--temp T] [--top-k K] [--top-p P] [--min-p P]
 //!  [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]
 //!  [--stop STR]... [--reasoning-budget N] [--ids]
-//!  [--ctx N] [--ubatch N] [--threads N] [--reference] [--device cpu|cuda[:N]] [--kv f32|f16|bf16]`
+//!  [--ctx N] [--ubatch N] [--threads N] [--reference] [--device cpu|cuda[:N]] [--kv f32|f16|bf16|q8_0]`
 //!
 //! --prompt TEXT        raw completion: the tokenizer's BOS, then TEXT.
 //! --chat TEXT          one user turn rendered with the checkpoint's chat template

@@ -1,7 +1,7 @@
 //! Evaluates a token sequence and writes the logits of every position.
 //!
 //! `logits --model PATH --tokens 1,2,3 [--out FILE] [--ubatch N] [--decode] [--reference]
-//!  [--threads N] [--device cpu|cuda[:N]] [--kv f32|f16|bf16]`
+//!  [--threads N] [--device cpu|cuda[:N]] [--kv f32|f16|bf16|q8_0]`
 //!
 //! PATH is a `.gguf` file or a HF / compressed-tensors directory. FILE receives raw
 //! little-endian f32, row-major `[n_tokens, vocab]`. The argmax of each position is printed.
@@ -10,7 +10,8 @@
 //! numerical question about the fast kernels. `--device cuda[:N]` runs on CUDA device N
 //! (default 0) instead of the CPU (`--threads` then does not apply; `--reference` selects
 //! the CUDA kernels' f32-activation path, whose numerics are the reference's; `--kv f16` /
-//! `--kv bf16` keeps its KV cache in f16 / bf16).
+//! `--kv bf16` / `--kv q8_0` keeps its KV cache in f16 / bf16 / Q8_0 blocks, the last only
+//! without `--reference` on head_dim-128 models).
 
 #[path = "common/args.rs"]
 mod args;

@@ -1,7 +1,8 @@
 // The KV cache store and causal (optionally sliding-window) GQA attention over it.
 //
-// Layer caches are rings of `cap` rows of `row = n_kv * d` elements, f32 or f16 (KV, see
-// common.cuh's Kv; every kernel here has an `_f16` twin): position p lives in row p % cap
+// Layer caches are rings of `cap` rows of `row = n_kv * d` elements, f32, f16 or bf16 (KV,
+// see common.cuh's Kv; every kernel here has `_f16` and `_bf16` twins; the q8_0 cache only a
+// store, kv_store_q8_0): position p lives in row p % cap
 // (full layers: cap = n_ctx; sliding: window - 1 + ubatch, see cpu-experts/kv.rs).
 #include "merge.cuh"
 #include "qk_rope.cuh"
@@ -339,3 +340,19 @@ __device__ void attention_decode_t(const float* __restrict__ q, const KV* __rest
 KV_KERNELS(, float)
 KV_KERNELS(_f16, unsigned short)
 KV_KERNELS(_bf16, kv_bf16)
+
+// kv_store into the q8_0 cache (common.cuh kv_q8): one thread per element as kv_store, each
+// warp's 32 consecutive elements one q8_0 block (row a multiple of 32, blockDim of 32; the
+// host checks), quantised together. Only the store: the q8_0 cache is read by flash.cu's
+// kernels alone.
+extern "C" __global__ void kv_store_q8_0(const float* __restrict__ k, const float* __restrict__ v,
+                                         kv_q8* __restrict__ kc, kv_q8* __restrict__ vc, int cap, int row,
+                                         int n, const u32* __restrict__ params) {
+    PDL_ENTRY();
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)n * row) return;  // whole warps: n row is a multiple of 32
+    int t = (int)(idx / row), e = (int)(idx % row);
+    size_t b0 = (size_t)((params[P_POS0] + t) % cap) * row + (e & ~31);
+    kvq8_store_warp(kc, cap, row, b0, k[idx]);
+    kvq8_store_warp(vc, cap, row, b0, v[idx]);
+}

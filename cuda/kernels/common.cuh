@@ -66,10 +66,12 @@ __device__ __forceinline__ unsigned short f32_to_bf16_rn(float v) {
     return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 // F16: the cache holds f16 values (flash.cu stages them as they are); BF16: it holds bf16
-// values (flash.cu copies them as they are and converts them in shared memory).
+// values (flash.cu copies them as they are and converts them in shared memory); Q8: q8_0
+// blocks (kv_q8 below; only the store kernels and flash.cu take it).
 template <> struct Kv<float> {
     static constexpr bool F16 = false;
     static constexpr bool BF16 = false;
+    static constexpr bool Q8 = false;
     static __device__ __forceinline__ float ld(const float* p) { return *p; }
     static __device__ __forceinline__ void st(float* p, float v) { *p = v; }
     // What ld returns after st(v).
@@ -82,6 +84,7 @@ template <> struct Kv<float> {
 template <> struct Kv<unsigned short> {
     static constexpr bool F16 = true;
     static constexpr bool BF16 = false;
+    static constexpr bool Q8 = false;
     static __device__ __forceinline__ float ld(const unsigned short* p) { return f16_to_f32(*p); }
     static __device__ __forceinline__ void st(unsigned short* p, float v) {
         *p = __half_as_ushort(__float2half_rn(f16_sat(v)));
@@ -104,6 +107,7 @@ template <> struct Kv<unsigned short> {
 template <> struct Kv<kv_bf16> {
     static constexpr bool F16 = false;
     static constexpr bool BF16 = true;
+    static constexpr bool Q8 = false;
     static __device__ __forceinline__ float ld(const kv_bf16* p) { return bf16_to_f32(p->bits); }
     static __device__ __forceinline__ void st(kv_bf16* p, float v) { p->bits = f32_to_bf16_rn(v); }
     static __device__ __forceinline__ float round(float v) { return bf16_to_f32(f32_to_bf16_rn(v)); }
@@ -119,6 +123,41 @@ template <> struct Kv<kv_bf16> {
         return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
     }
 };
+
+// The q8_0 KV cache (session.rs KvCache::Q8_0): a layer's K (or V) ring is a plane of cap
+// rows of `row` int8 quants, followed by the plane's f16 scales, one per 32 consecutive
+// elements of a row (element e of the plane: quant plane[e], scale scales[e / 32]; the scales
+// start at byte cap * row, row a multiple of 32). Each block of 32 is quantised as ggml's
+// quantize_row_q8_0_ref quantises (ggml-quants.c; restated): d = amax / 127, q = roundf(x / d)
+// through id = 1 / d (0 when d is 0), d stored rounded to f16 — the Q8_0 activation
+// quantiser's arithmetic (act.cuh thread_quantize_q8_0). A value reads back as f16(d) * q.
+struct kv_q8 {
+    signed char q;
+};
+template <> struct Kv<kv_q8> {
+    static constexpr bool F16 = false;
+    static constexpr bool BF16 = false;
+    static constexpr bool Q8 = true;
+};
+__device__ __forceinline__ unsigned short* kvq8_scales(kv_q8* plane, int cap, int row) {
+    return (unsigned short*)((unsigned char*)plane + (size_t)cap * row);
+}
+__device__ __forceinline__ const unsigned short* kvq8_scales(const kv_q8* plane, int cap, int row) {
+    return (const unsigned short*)((const unsigned char*)plane + (size_t)cap * row);
+}
+// Warp-wide: lane l's value x is element e0 + l of the plane (e0 a multiple of 32; all 32
+// lanes take part). A NaN in the block stores a NaN scale (every value reads back NaN).
+__device__ __forceinline__ void kvq8_store_warp(kv_q8* plane, int cap, int row, size_t e0, float x) {
+    int lane = threadIdx.x & 31;
+    bool nan = __any_sync(0xffffffffu, isnan(x));
+    float amax = warp_max(fabsf(x));
+    float d = __fdiv_rn(amax, 127.0f);
+    float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    float t = __fmul_rn(x, id);
+    int q = isnan(t) ? 0 : (int)roundf(t);
+    plane[e0 + lane].q = (signed char)max(-128, min(127, q));
+    if (lane == 0) kvq8_scales(plane, cap, row)[e0 / 32] = nan ? (unsigned short)0x7E00 : __half_as_ushort(__float2half_rn(d));
+}
 
 // Programmatic dependent launch (sm_90; see device.rs): a kernel launched with the
 // programmatic-serialization attribute may start while the kernel before it in the stream

@@ -29,6 +29,12 @@
 // One buffer: K and V tiles of FA_BK rows of FA_KLD halves (manifest.rs FLASH_SMEM: two
 // buffers for a 16-bit cache, one for the f32 cache).
 #define FA_TILE_HALVES (2 * FA_BK * FA_KLD)
+// The q8_0 cache's raw tiles, after the one f16 tile buffer (manifest.rs FLASH_SMEM_Q8): two
+// stages of K then V quants (FA_BK rows of FA_Q8_LD bytes: 128 and 16 of padding, so a
+// thread's 16-byte reads of its half-row spread over the banks), then K and V scales
+// (FA_BK rows of 4 f16).
+#define FA_Q8_LD (FA_D + 16)
+#define FA_Q8_STAGE (2 * FA_BK * FA_Q8_LD + 2 * FA_BK * (FA_D / 32) * 2)
 
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) {
     __half2 h = __floats2half2_rn(f16_sat(lo), f16_sat(hi));
@@ -123,6 +129,89 @@ __device__ __forceinline__ void fa_bf16_to_f16(unsigned short* buf, int tid) {
     }
 }
 
+// A 4-byte cp.async (.ca: 4 is below .cg's 16) that writes zeros instead when !valid.
+__device__ __forceinline__ void fa_cp4(void* dst, const void* src, bool valid) {
+    u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(src), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
+// The q8_0 cache's stage of keys kb .. kb + FA_BK into raw (an FA_Q8_STAGE area): thread tid
+// copies half hf = tid % 2 of key tid / 2's K and V rows of this KV head (64 quants, two
+// blocks, by four 16-byte cp.async each) and the two blocks' scales (one 4-byte cp.async
+// each); keys past p_last as zeros (zero quants and scales read back as 0). The thread then
+// converts exactly what it copied (fa_q8_to_f16), so no barrier sits between the two.
+__device__ __forceinline__ void fa_stage_q8(unsigned char* raw, const kv_q8* __restrict__ kc,
+                                            const kv_q8* __restrict__ vc, int kb, int p_last, int cap,
+                                            int row, int kvh, int tid) {
+    int key = tid >> 1, hf = tid & 1, j = kb + key;
+    bool ok = j <= p_last;
+    int r = (kb % cap) + key;
+    r = r < cap ? r : cap >= FA_BK ? r - cap : r % cap;
+    size_t e = (size_t)r * row + (size_t)kvh * FA_D + 64 * hf;
+    const unsigned char* kq = (const unsigned char*)kc + e;
+    const unsigned char* vq = (const unsigned char*)vc + e;
+    unsigned char* dk = raw + key * FA_Q8_LD + 64 * hf;
+    unsigned char* dv = dk + FA_BK * FA_Q8_LD;
+    #pragma unroll
+    for (int c = 0; c < 4; c++) {
+        fa_cp16(dk + 16 * c, kq + 16 * c, ok);
+        fa_cp16(dv + 16 * c, vq + 16 * c, ok);
+    }
+    unsigned short* sk = (unsigned short*)(raw + 2 * FA_BK * FA_Q8_LD) + key * (FA_D / 32) + 2 * hf;
+    fa_cp4(sk, kvq8_scales(kc, cap, row) + e / 32, ok);
+    fa_cp4(sk + FA_BK * (FA_D / 32), kvq8_scales(vc, cap, row) + e / 32, ok);
+}
+
+// Four q8_0 quants (one word, little-endian bytes) times the block's f16 scale d2, as two
+// f16 pairs. A quant q becomes an exact f16 through the bias trick (byte q + 128 under the
+// exponent 0x64 reads as 1024 + q + 128; subtract 1152), then __hmul2 rounds d * q to f16
+// once: the exact product is at most 19 significant bits, so this is the rounding fa_pack
+// gives the f32 product. Products beyond f16's range saturate to 65504 as f16_sat has them
+// (a NaN scale stays NaN); only an infinite scale (a block whose |x| reached 127 * 65504)
+// differs, reading back as 65504 instead of inf.
+__device__ __forceinline__ void fa_q8x4(u32 w, __half2 d2, u32& lo, u32& hi) {
+    u32 x = w ^ 0x80808080u;
+    u32 a = __byte_perm(x, 0x64646464u, 0x4140), b = __byte_perm(x, 0x64646464u, 0x4342);
+    const __half2 bias = __half2half2(__ushort_as_half((unsigned short)0x6480));
+    const __half2 top = __half2half2(__ushort_as_half((unsigned short)0x7BFF));
+    const __half2 bot = __half2half2(__ushort_as_half((unsigned short)0xFBFF));
+    __half2 ha = __hmul2(__hsub2(*(__half2*)&a, bias), d2);
+    __half2 hb = __hmul2(__hsub2(*(__half2*)&b, bias), d2);
+    ha = __hmax2_nan(__hmin2_nan(ha, top), bot);
+    hb = __hmax2_nan(__hmin2_nan(hb, top), bot);
+    lo = *(u32*)&ha;
+    hi = *(u32*)&hb;
+}
+
+// The quants and scales thread tid staged (fa_stage_q8) into the f16 tile buf, as f16(d) * q
+// rounded to f16 (fa_q8x4: the f32 cache's rounding of the same values).
+__device__ __forceinline__ void fa_q8_to_f16(unsigned short* buf, const unsigned char* raw, int tid) {
+    int key = tid >> 1, hf = tid & 1;
+    // Rolled: the callers hold a tile's accumulators in registers (unrolled, the prefill
+    // kernel spills).
+    #pragma unroll 1
+    for (int kv = 0; kv < 2; kv++) {
+        const unsigned char* src = raw + kv * FA_BK * FA_Q8_LD + key * FA_Q8_LD + 64 * hf;
+        const unsigned short* sc =
+            (const unsigned short*)(raw + 2 * FA_BK * FA_Q8_LD) + kv * FA_BK * (FA_D / 32) + key * (FA_D / 32) + 2 * hf;
+        unsigned short* dst = buf + kv * FA_BK * FA_KLD + key * FA_KLD + 64 * hf;
+        #pragma unroll
+        for (int c = 0; c < 4; c++) {
+            __half2 d2 = __half2half2(__ushort_as_half(sc[c >> 1]));
+            uint4 w = *(const uint4*)(src + 16 * c);
+            uint4 o0, o1;
+            fa_q8x4(w.x, d2, o0.x, o0.y);
+            fa_q8x4(w.y, d2, o0.z, o0.w);
+            fa_q8x4(w.z, d2, o1.x, o1.y);
+            fa_q8x4(w.w, d2, o1.z, o1.w);
+            uint4* d4 = (uint4*)(dst + 16 * c);
+            d4[0] = o0;
+            d4[1] = o1;
+        }
+    }
+}
+
 // A walk over the key tiles kb = k0, k0 + FA_BK, .. <= last (keys past last staged as zeros):
 // fa_first_tile stages the first before the loop (a 16-bit cache only: its tiles go through
 // two buffers by cp.async), fa_tile returns tile `it` at kb, staged: with a 16-bit cache the
@@ -132,7 +221,10 @@ __device__ __forceinline__ void fa_bf16_to_f16(unsigned short* buf, int tid) {
 template <typename KV>
 __device__ __forceinline__ void fa_first_tile(unsigned short* smem, const KV* kc, const KV* vc,
                                               int k0, int last, int cap, int row, int kvh, int tid) {
-    if constexpr (fa_async<KV>()) {
+    if constexpr (Kv<KV>::Q8) {
+        fa_stage_q8((unsigned char*)(smem + FA_TILE_HALVES), kc, vc, k0, last, cap, row, kvh, tid);
+        cp_async_commit();
+    } else if constexpr (fa_async<KV>()) {
         fa_stage<KV>(smem, kc, vc, k0, last, cap, row, kvh, tid);
         cp_async_commit();
     }
@@ -141,7 +233,17 @@ template <typename KV>
 __device__ __forceinline__ const unsigned short* fa_tile(unsigned short* smem, const KV* kc,
                                                          const KV* vc, int kb, int it, int last, int cap,
                                                          int row, int kvh, int tid) {
-    if constexpr (fa_async<KV>()) {
+    if constexpr (Kv<KV>::Q8) {
+        // Raw stages after the one f16 buffer; the f16 buffer is free (the caller's barrier
+        // after the previous tile), each thread converts its own landed copies into it.
+        unsigned char* raw = (unsigned char*)(smem + FA_TILE_HALVES);
+        if (kb + FA_BK <= last)
+            fa_stage_q8(raw + ((it + 1) & 1) * FA_Q8_STAGE, kc, vc, kb + FA_BK, last, cap, row, kvh, tid);
+        cp_async_commit();
+        cp_async_wait<1>();
+        fa_q8_to_f16(smem, raw + (it & 1) * FA_Q8_STAGE, tid);
+        return smem;
+    } else if constexpr (fa_async<KV>()) {
         if (kb + FA_BK <= last)
             fa_stage<KV>(smem + ((it + 1) & 1) * FA_TILE_HALVES, kc, vc, kb + FA_BK, last, cap, row, kvh, tid);
         cp_async_commit();
@@ -365,6 +467,17 @@ attention_prefill_bf16(const float* __restrict__ q, const kv_bf16* __restrict__ 
     attention_prefill_t<kv_bf16>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
 }
 
+// The q8_0 cache (common.cuh kv_q8): each tile's quants and scales copied by cp.async into
+// two raw stages (fa_stage_q8) and dequantised into the one f16 buffer when they land
+// (fa_q8_to_f16): the values are those the f32 kernel stages from f16(d) * q.
+extern "C" __global__ void __launch_bounds__(128, 3)
+attention_prefill_q8_0(const float* __restrict__ q, const kv_q8* __restrict__ kc, const kv_q8* __restrict__ vc,
+                       float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
+                       const u32* __restrict__ params, const float* __restrict__ g, int gcols,
+                       unsigned short* __restrict__ oh) {
+    attention_prefill_t<kv_q8>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
+}
+
 // Decode attention on the tensor cores, one block per (KV head, split) — the layout of
 // llama.cpp's GQA-packed flash-attention decode (ggml-cuda/fattn-mma-f16.cuh, which puts the
 // query heads sharing a KV head in the rows of one tile; restated here, not copied): the G =
@@ -524,3 +637,4 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
 GQA_KERNEL(, float)
 GQA_KERNEL(_f16, unsigned short)
 GQA_KERNEL(_bf16, kv_bf16)
+GQA_KERNEL(_q8_0, kv_q8)

@@ -97,7 +97,8 @@ rms_norm_row(const float* x, const float* w, float* out, u8* xq, int glen, float
 // next to it. The arithmetic is rms_norm's and rope's, in their order: the results are
 // bitwise those of the five unfused kernels. Grid (ceil((hq + n_kv) / QKR_WARPS), n), block
 // 32 * QKR_WARPS; d <= QKR_MAX_D; rows of q, k, v and q_out are hq d, n_kv d, n_kv d, hq d.
-// The cache is f32 (qk_norm_rope_store) or f16 (qk_norm_rope_store_f16, common.cuh's Kv).
+// The cache is f32 (qk_norm_rope_store), f16, bf16 or q8_0 (the _f16, _bf16 and _q8_0 twins,
+// common.cuh's Kv).
 template <typename KV>
 __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* __restrict__ k,
                                      const float* __restrict__ v, const float* __restrict__ qw,
@@ -123,14 +124,21 @@ __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* _
     KV* kd = kc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
     float* qd = q_out + (size_t)h * d;
     if constexpr (sizeof(KV) == 4) qd = is_q ? qd : (float*)kd;
+    // q8_0 (d a multiple of 32, the host checks): elements i = lane + 32 j of a head arrive
+    // together from the warp, one block per j.
+    size_t slot = (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
     norm_rope_head(x, w, ys[warp], d, rd, pos, inv_freq, scale, eps, [&](int i, float o) {
         if constexpr (sizeof(KV) == 4) qd[i] = o;
         else if (is_q) qd[i] = o;
+        else if constexpr (Kv<KV>::Q8) kvq8_store_warp(kc, cap, n_kv * d, slot + (i & ~31), o);
         else Kv<KV>::st(kd + i, o);
     });
     if (!is_q) {
-        KV* vd = vc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
-        for (int i = lane; i < d; i += 32) Kv<KV>::st(vd + i, v[(size_t)hk * d + i]);
+        KV* vd = vc + slot;
+        for (int i = lane; i < d; i += 32) {
+            if constexpr (Kv<KV>::Q8) kvq8_store_warp(vc, cap, n_kv * d, slot + (i & ~31), v[(size_t)hk * d + i]);
+            else Kv<KV>::st(vd + i, v[(size_t)hk * d + i]);
+        }
     }
 }
 
@@ -146,6 +154,7 @@ __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* _
 QKR_KERNEL(, float)
 QKR_KERNEL(_f16, unsigned short)
 QKR_KERNEL(_bf16, kv_bf16)
+QKR_KERNEL(_q8_0, kv_q8)
 
 // attention_merge followed by the softplus output gate (GateMul): out = merged *
 // softplus(g[c / per]) for element c of the token's hq * d outputs, per = hq * d / gcols.

@@ -126,6 +126,10 @@ manifest! {
     QkNormRopeStoreBf16 => "fused.cu", "qk_norm_rope_store_bf16";
     AttentionPrefillBf16 => "flash.cu", "attention_prefill_bf16";
     AttentionDecodeGqaBf16 => "flash.cu", "attention_decode_gqa_bf16";
+    KvStoreQ8_0 => "attention.cu", "kv_store_q8_0";
+    QkNormRopeStoreQ8_0 => "fused.cu", "qk_norm_rope_store_q8_0";
+    AttentionPrefillQ8_0 => "flash.cu", "attention_prefill_q8_0";
+    AttentionDecodeGqaQ8_0 => "flash.cu", "attention_decode_gqa_q8_0";
     Spin => "elementwise.cu", "spin";
     ReadStream => "elementwise.cu", "read_stream";
     QuantizeQ8K => "act.cu", "quantize_q8_K";
@@ -354,6 +358,7 @@ impl K {
             | K::AttentionDecodeGqaF16
             | K::AttentionPrefillBf16
             | K::AttentionDecodeGqaBf16 => 2 * FLASH_SMEM,
+            K::AttentionPrefillQ8_0 | K::AttentionDecodeGqaQ8_0 => FLASH_SMEM_Q8,
             // The wgmma kernels align their layout to 1024 bytes inside the allocation.
             K::GemmWgQ4K | K::GemmGateUpWgQ4K | K::GemmDownWgQ4K => GEMM_RF_SMEM_Q4K + 1024,
             K::GemmWg128Q4K | K::GemmGateUpWg128Q4K | K::GemmDownWg128Q4K => {
@@ -649,6 +654,9 @@ pub const GEMM_H16_TILE: usize = 128;
 /// Dynamic shared memory of one `flash.cu` tile buffer (`FA_TILE_HALVES` f16: 64 keys' K and
 /// V rows of 136 halves); the 16-bit-cache (f16, bf16) kernels double-buffer.
 pub const FLASH_SMEM: u32 = 2 * 64 * 136 * 2;
+/// Dynamic shared memory of the q8_0-cache `flash.cu` kernels: one f16 tile buffer, then two
+/// raw stages (`FA_Q8_STAGE`: 64 keys' K and V quants in rows of 144 bytes, their f16 scales).
+pub const FLASH_SMEM_Q8: u32 = FLASH_SMEM + 2 * (2 * 64 * 144 + 2 * 64 * 4 * 2);
 /// Dynamic shared memory of a Q4_K `gemm_rf.cu` block (`RF_SMEM_Q4_K`): a three-stage ring
 /// of 256 rows' super-blocks and 64 tokens' activations, the rows' decoded sub-block scales,
 /// and the pointer tables.
@@ -910,10 +918,19 @@ mod tests {
             "#define FA_BK 64\n",
             "#define FA_KLD (FA_D + 8)\n",
             "#define FA_TILE_HALVES (2 * FA_BK * FA_KLD)\n",
+            "#define FA_Q8_LD (FA_D + 16)\n",
+            "#define FA_Q8_STAGE (2 * FA_BK * FA_Q8_LD + 2 * FA_BK * (FA_D / 32) * 2)\n",
         ] {
             assert!(src.contains(def), "flash.cu lost `{}`", def.trim());
         }
         assert_eq!(FLASH_SMEM, 2 * 64 * (128 + 8) * 2);
+        // The q8_0 kernels: the f16 buffer, then two FA_Q8_STAGE bytes; three blocks per SM
+        // must still fit the H200's 227 KiB (plus 1 KiB reserved per block).
+        assert_eq!(
+            FLASH_SMEM_Q8,
+            FLASH_SMEM + 2 * (2 * 64 * (128 + 16) + 2 * 64 * (128 / 32) * 2)
+        );
+        const { assert!(3 * (FLASH_SMEM_Q8 + 1024) <= 228 * 1024) };
     }
 
     #[test]

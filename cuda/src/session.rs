@@ -143,35 +143,73 @@ pub enum KvCache {
     /// with this cache and the f32 one.
     F16,
     /// bf16: the memory of f16 with f32's range and 8 bits of mantissa (rounded to nearest
-    /// even). The tensor-core kernels convert it to f16 as they stage it, as for the f32
-    /// cache.
+    /// even). The tensor-core kernels copy it as they copy the f16 cache and convert it to
+    /// f16 in shared memory.
     Bf16,
+    /// q8_0 (llama.cpp's `-ctk q8_0 -ctv q8_0`): blocks of 32 consecutive elements of a row
+    /// as 32 int8 and an f16 scale, 8.5 bits per element (53% of f16), quantised as ggml
+    /// quantises Q8_0. Each layer's K and V ring is a plane of int8 quants followed by its
+    /// scales (`common.cuh`'s `kv_q8`). Read by the tensor-core attention kernels only
+    /// (`flash.cu`, dequantised into f16 tiles in shared memory), so it needs the quantised
+    /// path, head_dim 128 and at most 16 query heads per KV head (every Laguna model); the
+    /// session says so otherwise.
+    Q8_0,
 }
 
 impl KvCache {
-    /// Bytes of one cached element.
-    pub fn bytes(self) -> usize {
+    /// Every type, in the order [`KvCache::name`] lists them.
+    pub const ALL: [KvCache; 4] = [KvCache::F32, KvCache::F16, KvCache::Bf16, KvCache::Q8_0];
+
+    /// Bytes of one K (or V) ring of `cap` rows of `row` elements (`row` a multiple of 32
+    /// for q8_0): the elements, and q8_0's scales (2 bytes per 32), rounded up to 256 bytes
+    /// so that every ring starts aligned for the kernels' 16-byte copies.
+    pub fn plane_bytes(self, cap: usize, row: usize) -> usize {
+        let n = cap * row;
+        let bytes = match self {
+            KvCache::F32 => 4 * n,
+            KvCache::F16 | KvCache::Bf16 => 2 * n,
+            KvCache::Q8_0 => n + 2 * n.div_ceil(32),
+        };
+        bytes.div_ceil(256) * 256
+    }
+
+    /// Bits per cached element (q8_0: 34 bytes per 32).
+    pub fn bits_per_element(self) -> f64 {
         match self {
-            KvCache::F32 => 4,
-            KvCache::F16 | KvCache::Bf16 => 2,
+            KvCache::F32 => 32.0,
+            KvCache::F16 | KvCache::Bf16 => 16.0,
+            KvCache::Q8_0 => 8.5,
         }
     }
 
-    /// `f32`, `f16` or `bf16`.
+    /// `f32`, `f16`, `bf16` or `q8_0`.
     pub fn name(self) -> &'static str {
         match self {
             KvCache::F32 => "f32",
             KvCache::F16 => "f16",
             KvCache::Bf16 => "bf16",
+            KvCache::Q8_0 => "q8_0",
         }
     }
 
     /// The type [`KvCache::name`] names, or `None`.
     pub fn parse(s: &str) -> Option<KvCache> {
-        [KvCache::F32, KvCache::F16, KvCache::Bf16]
-            .into_iter()
-            .find(|k| k.name() == s)
+        KvCache::ALL.into_iter().find(|k| k.name() == s)
     }
+}
+
+/// Whether `flash.cu`'s tensor-core attention takes every step of this model on this path:
+/// the quantised path, head_dim [`FLASH_HEAD_DIM`], and every layer's query heads a multiple
+/// of the KV heads with at most [`GQA_MAX_GROUP`] per KV head (`attention_decode_gqa`'s m16
+/// tile). What the q8_0 cache needs, and what `attention_decode_gqa` needs.
+fn q8_kv_ok(cfg: &ModelConfig, quantized: bool) -> bool {
+    quantized
+        && cfg.head_dim == FLASH_HEAD_DIM
+        && cfg.n_kv_heads > 0
+        && cfg
+            .n_heads
+            .iter()
+            .all(|&h| h.is_multiple_of(cfg.n_kv_heads) && h / cfg.n_kv_heads <= GQA_MAX_GROUP)
 }
 
 /// A session switch from the environment: `VAR=1` on, `VAR=0` off, anything else (or unset)
@@ -436,6 +474,19 @@ impl CudaSession {
                 opts.ubatch, cfg.n_experts_used
             ));
         }
+        if opts.kv == KvCache::Q8_0 && !q8_kv_ok(cfg, opts.quantized_activations) {
+            return unsupported(format!(
+                "a q8_0 KV cache for head_dim {} and up to {} query heads over {} KV heads{}: only the tensor-core attention kernels read it, which need the quantised path (not the reference path), head_dim {FLASH_HEAD_DIM} and at most {GQA_MAX_GROUP} query heads per KV head; use an f16 or bf16 cache (--kv f16)",
+                cfg.head_dim,
+                cfg.n_heads.iter().max().copied().unwrap_or(0),
+                cfg.n_kv_heads,
+                if opts.quantized_activations {
+                    ""
+                } else {
+                    " on the reference path"
+                }
+            ));
+        }
         let dev = Device::new(opts.device)?;
         let grid_iq = env_flag("LAGOON_CUDA_GRID_IQ", opts.grid_iq);
         // `LAGOON_CUDA_GRAPHS=0` replays nothing: every decode step walks its kernels (A/B runs).
@@ -460,11 +511,14 @@ impl CudaSession {
                 }
             })
             .collect();
-        // Bytes per cached element; the buffer is allocated as f32 words either way.
-        let kv_elem = opts.kv.bytes();
-        let kv_len: usize = caps.iter().map(|c| 2 * c * row).sum();
+        // Every layer's K and V planes (each 256-byte aligned); the buffer is allocated as f32
+        // words whatever the element type.
+        let kv_bytes: usize = caps
+            .iter()
+            .map(|&c| 2 * opts.kv.plane_bytes(c, row))
+            .sum::<usize>()
+            .max(4);
         // Checked before allocating: a context too long for what the weights left says so.
-        let kv_bytes = (kv_len * kv_elem).div_ceil(4).max(1) * 4;
         let (free, total) = dev
             .ctx
             .mem_get_info()
@@ -479,17 +533,21 @@ impl CudaSession {
                 hint: format!(
                     "n_ctx {} takes {} KiB per token in each of the {full} full-attention layers{}",
                     opts.n_ctx,
-                    2 * row * kv_elem / 1024,
-                    if opts.kv == KvCache::F32 {
-                        "; use a smaller n_ctx or a 16-bit cache (KvCache::F16, half the bytes)"
-                    } else {
-                        "; use a smaller n_ctx"
+                    (2.0 * row as f64 * opts.kv.bits_per_element() / 8.0 / 1024.0).ceil(),
+                    match opts.kv {
+                        KvCache::F32 => {
+                            "; use a smaller n_ctx or a 16-bit cache (KvCache::F16, half the bytes)"
+                        }
+                        KvCache::F16 | KvCache::Bf16 => {
+                            "; use a smaller n_ctx or a q8_0 cache (KvCache::Q8_0, 53% of the bytes)"
+                        }
+                        KvCache::Q8_0 => "; use a smaller n_ctx",
                     }
                 ),
             });
         }
         let kv_buf = s
-            .alloc_zeros::<f32>((kv_len * kv_elem).div_ceil(4).max(1))
+            .alloc_zeros::<f32>(kv_bytes / 4)
             .during("allocating the KV cache")?;
         let act_buf = s
             .alloc_zeros::<f32>((opts.ubatch.max(2) * cfg.n_experts_used * cfg.expert_ffn).max(1))
@@ -551,14 +609,9 @@ impl CudaSession {
         // (`attention_decode_gqa`): the quantised path's one-token steps, head_dim 128 and at
         // most 16 query heads per KV head. `LAGOON_CUDA_ATT_GQA=0` keeps the per-query-head
         // kernel (A/B runs); the reference path keeps it and its split counts.
-        let gqa_attention = env_flag("LAGOON_CUDA_ATT_GQA", true)
-            && opts.quantized_activations
-            && cfg.head_dim == FLASH_HEAD_DIM
-            && cfg.n_kv_heads > 0
-            && cfg
-                .n_heads
-                .iter()
-                .all(|&h| h.is_multiple_of(cfg.n_kv_heads) && h / cfg.n_kv_heads <= GQA_MAX_GROUP);
+        // The q8_0 cache has no other decode kernel, so `LAGOON_CUDA_ATT_GQA=0` leaves it on.
+        let gqa_attention = (opts.kv == KvCache::Q8_0 || env_flag("LAGOON_CUDA_ATT_GQA", true))
+            && q8_kv_ok(cfg, opts.quantized_activations);
         let split_keys = match (opts.attn_split_keys, gqa_attention) {
             (0, true) => SPLIT_KEYS_GQA,
             (0, false) => SPLIT_KEYS,
@@ -617,7 +670,7 @@ impl CudaSession {
         let mut kv = Vec::with_capacity(cfg.n_layers);
         let mut off = 0u64;
         for &cap in &caps {
-            let bytes = (cap * row * kv_elem) as u64;
+            let bytes = opts.kv.plane_bytes(cap, row) as u64;
             kv.push(LayerKv {
                 k: kv_base + off,
                 v: kv_base + off + bytes,
@@ -955,7 +1008,8 @@ impl CudaSession {
                     K::AttentionPrefill,
                     K::AttentionPrefillF16,
                     K::AttentionPrefillBf16,
-                ),
+                    Some(K::AttentionPrefillQ8_0),
+                )?,
                 (c.n_heads[layer] as u32, n.div_ceil(FLASH_TILE) as u32),
                 128,
                 &[
@@ -985,7 +1039,8 @@ impl CudaSession {
                     K::AttentionDecodeGqa,
                     K::AttentionDecodeGqaF16,
                     K::AttentionDecodeGqaBf16,
-                ),
+                    Some(K::AttentionDecodeGqaQ8_0),
+                )?,
                 (c.n_kv_heads as u32, 1, split as u32),
                 128,
                 &args,
@@ -997,12 +1052,13 @@ impl CudaSession {
                     K::AttentionDecode,
                     K::AttentionDecodeF16,
                     K::AttentionDecodeBf16,
-                ),
+                    None,
+                )?,
                 args.len(),
             )
         } else {
             (
-                self.kv_kernel(K::Attention, K::AttentionF16, K::AttentionBf16),
+                self.kv_kernel(K::Attention, K::AttentionF16, K::AttentionBf16, None)?,
                 args.len() - 2,
             )
         };
@@ -1073,13 +1129,21 @@ impl CudaSession {
         }
     }
 
-    /// The kernel for the session's KV cache element type: `f32` or its `_f16` twin.
-    fn kv_kernel(&self, f32: K, f16: K, bf16: K) -> K {
-        match self.opts.kv {
+    /// The kernel for the session's KV cache element type: `f32` or its `_f16`, `_bf16` or
+    /// `_q8_0` twin (`q8`: None where there is none; the session's options keep the q8_0
+    /// cache off those paths, and say so if one is reached).
+    fn kv_kernel(&self, f32: K, f16: K, bf16: K, q8: Option<K>) -> Result<K, CudaError> {
+        Ok(match self.opts.kv {
             KvCache::F32 => f32,
             KvCache::F16 => f16,
             KvCache::Bf16 => bf16,
-        }
+            KvCache::Q8_0 => q8.ok_or_else(|| CudaError::Unsupported {
+                what: format!(
+                    "{}'s q8_0 KV cache twin (no kernel but flash.cu's attention reads that cache)",
+                    f32.name()
+                ),
+            })?,
+        })
     }
 
     /// Rounds the `len` f32 values of value `v` (at `x`) to f16 into the activation scratch
@@ -1150,9 +1214,10 @@ impl CudaSession {
     }
 
     /// Prefill steps on the fast path take the tensor-core attention (`flash.cu`, head_dim
-    /// 128 only; f16 operands, f32 softmax and accumulation).
+    /// 128 only; f16 operands, f32 softmax and accumulation); with the q8_0 cache, which no
+    /// other kernel reads, every step of more than one token.
     fn prefill_attention(&self, n: usize, split: usize) -> bool {
-        n >= GEMM_MIN_TOKENS
+        (n >= GEMM_MIN_TOKENS || (n > 1 && self.opts.kv == KvCache::Q8_0))
             && split == 1
             && self.opts.quantized_activations
             && self.cfg.head_dim == FLASH_HEAD_DIM
@@ -1299,7 +1364,12 @@ impl CudaSession {
                     let kv = self.kv[layer];
                     let row = c.n_kv_heads * d;
                     dev.launch(
-                        self.kv_kernel(K::KvStore, K::KvStoreF16, K::KvStoreBf16),
+                        self.kv_kernel(
+                            K::KvStore,
+                            K::KvStoreF16,
+                            K::KvStoreBf16,
+                            Some(K::KvStoreQ8_0),
+                        )?,
                         (blocks(n * row, 256), 1),
                         256,
                         &[
@@ -1315,11 +1385,14 @@ impl CudaSession {
                     )?;
                 }
                 Op::Attention { layer, q, out } => {
-                    let split = if n <= SPLIT_MAX_TOKENS {
-                        self.splits[layer]
-                    } else {
-                        1
-                    };
+                    // The q8_0 cache's steps of several tokens take the tensor-core prefill
+                    // kernel, which does not split.
+                    let split =
+                        if n == 1 || (n <= SPLIT_MAX_TOKENS && self.opts.kv != KvCache::Q8_0) {
+                            self.splits[layer]
+                        } else {
+                            1
+                        };
                     self.attention(layer, at(q), at(out), n, split, None, 0)?;
                     if split > 1 {
                         dev.launch(
@@ -1467,18 +1540,28 @@ fn quant_scratch(cfg: &ModelConfig, decode: &Graph, w: &DeviceWeights) -> (usize
 mod kv_cache_tests {
     use super::KvCache;
 
-    /// `--kv` names round-trip, and the element sizes are the cache's bytes per value.
+    /// `--kv` names round-trip, and the plane sizes are the cache's bytes: elements, q8_0's
+    /// f16 scale per 32, each plane rounded up to 256 bytes.
     #[test]
     fn kv_cache_names_and_sizes() {
-        for k in [KvCache::F32, KvCache::F16, KvCache::Bf16] {
+        for k in KvCache::ALL {
             assert_eq!(KvCache::parse(k.name()), Some(k));
         }
-        assert_eq!(KvCache::parse("q8_0"), None);
+        assert_eq!(KvCache::parse("q4_0"), None);
         assert_eq!(KvCache::default(), KvCache::F32);
+        // S 2.1: 8 KV heads of 128, a 4,096-key ring.
+        let (cap, row) = (4096, 1024);
         assert_eq!(
-            [KvCache::F32, KvCache::F16, KvCache::Bf16].map(KvCache::bytes),
-            [4, 2, 2]
+            KvCache::ALL.map(|k| k.plane_bytes(cap, row)),
+            [16 << 20, 8 << 20, 8 << 20, (4 << 20) + (256 << 10)]
         );
+        // Odd sizes round up: 3 rows of 32 are 96 quants and 3 scales (102 bytes).
+        assert_eq!(KvCache::Q8_0.plane_bytes(3, 32), 256);
+        assert_eq!(KvCache::F32.plane_bytes(3, 32), 512);
+        for k in KvCache::ALL {
+            let bits = k.plane_bytes(1 << 16, 1024) as f64 * 8.0 / (1u64 << 26) as f64;
+            assert_eq!(bits, k.bits_per_element(), "{k:?}");
+        }
     }
 }
 

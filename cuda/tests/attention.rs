@@ -13,7 +13,7 @@ use lagoon_cuda::manifest::K;
 
 mod common;
 
-use common::{Rng, attention_f32, device, download, max_rel, same_bits, upload};
+use common::{Rng, attention_f32, device, download, max_rel, q8_plane, same_bits, upload};
 
 /// Relative to the largest output: f32 sums over ≤ a few thousand keys.
 const BOUND: f32 = 1e-5;
@@ -144,7 +144,7 @@ fn decode_attention_matches_the_f32_kernel_for_every_cache() {
 
 /// `flash.cu`'s `attention_decode_gqa` (tensor cores, one block per KV head and split, the
 /// group's query heads as the rows of one tile) against the f32 `attention` kernel on the
-/// same rings, for the f32, f16 and bf16 caches: groups of 3, 6, 9 (S 2.1's full and sliding
+/// same rings, for the f32, f16, bf16 and q8_0 caches: groups of 3, 6, 9 (S 2.1's full and sliding
 /// layers) and 16 query heads; full layers at the start, inside the first tile, across
 /// partial tiles and at depth; sliding windows narrower than a tile and S 2.1's 512 with a
 /// wrapped ring; one split (with and without the per-head softplus gate) and 3, 8 and 32
@@ -195,24 +195,45 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
         };
         let (_kb, kbp) = upload(&dev, &bbits(&kc));
         let (_vb, vbp) = upload(&dev, &bbits(&vc));
-        let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, d, window, 1, pp);
+        // The q8_0 cache of the same rings, and the values it reads back as (f32 rings).
+        let (kq8, kback) = q8_plane(&kc);
+        let (vq8, vback) = q8_plane(&vc);
+        let (_kq, kq8p) = upload(&dev, &kq8);
+        let (_vq, vq8p) = upload(&dev, &vq8);
+        let (_kbk, kbackp) = upload(&dev, &kback);
+        let (_vbk, vbackp) = upload(&dev, &vback);
         let softplus = |x: f32| if x > 20.0 { x } else { x.exp().ln_1p() };
-        let want_gated: Vec<f32> = want
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| v * softplus(gate[i / d]))
-            .collect();
-        // The three caches hold the same (bf16-exact) values and every kernel stages them
-        // as the same f16, so their outputs must agree bitwise: the f32 cache's per split.
+        let gated = |w: &[f32]| -> Vec<f32> {
+            w.iter()
+                .enumerate()
+                .map(|(i, &v)| v * softplus(gate[i / d]))
+                .collect()
+        };
+        let want = attention_f32(&dev, qp, kp, vp, cap, hq, n_kv, d, window, 1, pp);
+        let want_gated = gated(&want);
+        let want_q8 = attention_f32(&dev, qp, kbackp, vbackp, cap, hq, n_kv, d, window, 1, pp);
+        let want_q8_gated = gated(&want_q8);
+        // The three 16/32-bit caches hold the same (bf16-exact) values and every kernel stages
+        // them as the same f16, so their outputs must agree bitwise: the f32 cache's per
+        // split. The q8_0 cache's must be the f32 kernel's on the rings it reads back as.
         let mut first: Vec<Vec<f32>> = Vec::new();
+        let mut first_q8: Vec<Vec<f32>> = Vec::new();
         for (ki, (kernel, kp, vp)) in [
             (K::AttentionDecodeGqa, kp, vp),
             (K::AttentionDecodeGqaF16, k16p, v16p),
             (K::AttentionDecodeGqaBf16, kbp, vbp),
+            (K::AttentionDecodeGqa, kbackp, vbackp),
+            (K::AttentionDecodeGqaQ8_0, kq8p, vq8p),
         ]
         .into_iter()
         .enumerate()
         {
+            let q8 = ki >= 3;
+            let (want, want_gated) = if q8 {
+                (&want_q8, &want_q8_gated)
+            } else {
+                (&want, &want_gated)
+            };
             for (si, (split, gated)) in [
                 (1usize, false),
                 (1, true),
@@ -246,7 +267,7 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
                     .unwrap();
                 merge_splits(&dev, partp, op, hq, d, split);
                 let got = download(&dev, &ob);
-                let e = max_rel(&got, if gated { &want_gated } else { &want });
+                let e = max_rel(&got, if gated { want_gated } else { want });
                 println!(
                     "{kernel:?} hq {hq} n_kv {n_kv} window {window} pos {pos} split {split} gate {gated}: max rel err {e:.2e}"
                 );
@@ -254,13 +275,13 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
                     e < 4e-3,
                     "{kernel:?} hq {hq} n_kv {n_kv} window {window} pos {pos} split {split} gate {gated}: {e:.2e}"
                 );
-                if ki == 0 {
-                    first.push(got);
-                } else {
-                    assert!(
-                        same_bits(&got, &first[si]),
-                        "{kernel:?} hq {hq} n_kv {n_kv} window {window} pos {pos} split {split}: not the f32 cache's bits"
-                    );
+                match ki {
+                    0 => first.push(got),
+                    3 => first_q8.push(got),
+                    _ => assert!(
+                        same_bits(&got, if q8 { &first_q8[si] } else { &first[si] }),
+                        "{kernel:?} hq {hq} n_kv {n_kv} window {window} pos {pos} split {split}: not the f32 kernel's bits on the same values"
+                    ),
                 }
             }
         }
@@ -366,4 +387,157 @@ fn merge_gate_quantise_equals_the_unfused_kernels() {
             assert!(qa == qb, "{fmt:?} d {d}: quantised row differs");
         }
     }
+}
+
+/// The q8_0 cache's writers (`kv_store_q8_0`; `qk_norm_rope_store_q8_0`, the decode and
+/// prefill steps' fused QK-norm, RoPE and store) write exactly the planes ggml's Q8_0
+/// quantiser makes of what the f32 writers write: every quant and scale byte, rows wrapped
+/// around the ring, rows not written left alone; the fused kernel's rotated queries are the
+/// f32 kernel's bits.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn q8_0_cache_writers_store_ggml_blocks() {
+    let dev = device();
+    let mut rng = Rng(0x6e33_0c08);
+    let (hq, n_kv, d, cap, pos0, n) = (6usize, 2usize, 128usize, 7usize, 4usize, 5usize);
+    let row = n_kv * d;
+    let plane_len = cap * row + cap * row / 32 * 2;
+    let params: Vec<u32> = [pos0 as u32, n as u32]
+        .into_iter()
+        .chain((0..n).map(|_| 0))
+        .collect();
+    let (_p, pp) = upload(&dev, &params);
+    // Planes start as random bytes; the rows a step does not write must keep them.
+    let junk: Vec<u8> = (0..plane_len).map(|_| rng.byte()).collect();
+    let fresh = |v: &[u8]| {
+        let b = dev.stream.clone_htod(v).unwrap();
+        let p = b.device_ptr(&dev.stream).0;
+        (b, p)
+    };
+    let read = |b: &cudarc::driver::CudaSlice<u8>| {
+        let v = dev.stream.clone_dtoh(b).unwrap();
+        dev.stream.synchronize().unwrap();
+        v
+    };
+    // The planes a q8_0 writer must leave: `ring` (cap x row f32, rows `written` set)
+    // quantised, other rows' bytes (quants and scales) as they were.
+    let expect = |ring: &[f32], written: &[usize]| -> Vec<u8> {
+        let (q, _) = q8_plane(ring);
+        let mut want = junk.clone();
+        for &r in written {
+            want[r * row..(r + 1) * row].copy_from_slice(&q[r * row..(r + 1) * row]);
+            let (s0, s1) = (cap * row + r * row / 16, cap * row + (r + 1) * row / 16);
+            want[s0..s1].copy_from_slice(&q[s0..s1]);
+        }
+        want
+    };
+    let written: Vec<usize> = (0..n).map(|t| (pos0 + t) % cap).collect();
+
+    // kv_store_q8_0: the step's K and V rows, one block per 32 values. Values spread over
+    // magnitudes, one block all zeros, one of ties.
+    let mut k: Vec<f32> = (0..n * row).map(|_| 4.0 * rng.f()).collect();
+    let v: Vec<f32> = (0..n * row).map(|_| rng.f() * rng.f()).collect();
+    k[32..64].fill(0.0);
+    // amax 127: d = 1, and every other value of the block is a tie (j - 15.5).
+    for (j, x) in k[64..96].iter_mut().enumerate() {
+        *x = j as f32 - 15.5;
+    }
+    k[64] = 127.0;
+    let (_k, kp) = upload(&dev, &k);
+    let (_v, vp) = upload(&dev, &v);
+    let (kcb, kcp) = fresh(&junk);
+    let (vcb, vcp) = fresh(&junk);
+    dev.launch(
+        K::KvStoreQ8_0,
+        ((n * row).div_ceil(256) as u32, 1),
+        256,
+        &[
+            Arg::P(kp),
+            Arg::P(vp),
+            Arg::P(kcp),
+            Arg::P(vcp),
+            Arg::I(cap as i32),
+            Arg::I(row as i32),
+            Arg::I(n as i32),
+            Arg::P(pp),
+        ],
+    )
+    .unwrap();
+    let ring_of = |x: &[f32]| {
+        let mut ring = vec![0.0f32; cap * row];
+        for t in 0..n {
+            let r = (pos0 + t) % cap;
+            ring[r * row..(r + 1) * row].copy_from_slice(&x[t * row..(t + 1) * row]);
+        }
+        ring
+    };
+    assert!(
+        read(&kcb) == expect(&ring_of(&k), &written),
+        "kv_store_q8_0: K plane"
+    );
+    assert!(
+        read(&vcb) == expect(&ring_of(&v), &written),
+        "kv_store_q8_0: V plane"
+    );
+
+    // qk_norm_rope_store_q8_0 against qk_norm_rope_store (f32 rings): partial RoPE (rd 64).
+    let q: Vec<f32> = (0..n * hq * d).map(|_| rng.f()).collect();
+    let qw: Vec<f32> = (0..d).map(|_| 1.0 + 0.5 * rng.f()).collect();
+    let kw: Vec<f32> = (0..d).map(|_| 1.0 + 0.5 * rng.f()).collect();
+    let rd = 64usize;
+    let freq: Vec<f32> = (0..rd / 2)
+        .map(|i| 10000f32.powf(-2.0 * i as f32 / rd as f32))
+        .collect();
+    let (_q, qp) = upload(&dev, &q);
+    let (_qw, qwp) = upload(&dev, &qw);
+    let (_kw, kwp) = upload(&dev, &kw);
+    let (_f, fp) = upload(&dev, &freq);
+    let run = |kernel: K, kc: u64, vc: u64| {
+        let qo = dev.stream.alloc_zeros::<f32>(n * hq * d).unwrap();
+        dev.launch(
+            kernel,
+            ((hq + n_kv).div_ceil(4) as u32, n as u32),
+            128,
+            &[
+                Arg::P(qp),
+                Arg::P(kp),
+                Arg::P(vp),
+                Arg::P(qwp),
+                Arg::P(kwp),
+                Arg::P(qo.device_ptr(&dev.stream).0),
+                Arg::P(kc),
+                Arg::P(vc),
+                Arg::I(cap as i32),
+                Arg::P(fp),
+                Arg::F(1.0),
+                Arg::I(rd as i32),
+                Arg::I(d as i32),
+                Arg::I(hq as i32),
+                Arg::I(n_kv as i32),
+                Arg::F(1e-6),
+                Arg::P(pp),
+            ],
+        )
+        .unwrap();
+        download(&dev, &qo)
+    };
+    let kf = dev.stream.alloc_zeros::<f32>(cap * row).unwrap();
+    let vf = dev.stream.alloc_zeros::<f32>(cap * row).unwrap();
+    let q_f32 = run(
+        K::QkNormRopeStore,
+        kf.device_ptr(&dev.stream).0,
+        vf.device_ptr(&dev.stream).0,
+    );
+    let (kcb, kcp) = fresh(&junk);
+    let (vcb, vcp) = fresh(&junk);
+    let q_q8 = run(K::QkNormRopeStoreQ8_0, kcp, vcp);
+    assert!(same_bits(&q_q8, &q_f32), "rotated queries differ");
+    assert!(
+        read(&kcb) == expect(&download(&dev, &kf), &written),
+        "qk_norm_rope_store_q8_0: K plane"
+    );
+    assert!(
+        read(&vcb) == expect(&download(&dev, &vf), &written),
+        "qk_norm_rope_store_q8_0: V plane"
+    );
 }

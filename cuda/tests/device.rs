@@ -406,6 +406,35 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
     assert!(n_checked >= 9);
 }
 
+/// A q8_0 KV cache where the tensor-core attention cannot take every step (this tiny
+/// model's head_dim is not 128; the reference path) is refused with a typed error that
+/// names the cache and what to use, before any device is touched (so this runs in CI).
+#[test]
+fn q8_0_kv_cache_outside_the_tensor_core_attention_is_refused() {
+    let ckpt = Checkpoint::open(XS2_Q8).unwrap();
+    assert_ne!(ckpt.config.head_dim, 128);
+    let w = weights(&ckpt);
+    for quantized_activations in [true, false] {
+        let err = CudaSession::new(
+            &ckpt.config,
+            &w,
+            CudaSessionOptions {
+                kv: KvCache::Q8_0,
+                quantized_activations,
+                ..Default::default()
+            },
+        )
+        .expect_err("a q8_0 cache on this model must be refused");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, lagoon_cuda::CudaError::Unsupported { .. })
+                && msg.contains("q8_0")
+                && msg.contains("--kv f16"),
+            "{msg}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bad_steps_are_typed_errors() {

@@ -22,7 +22,9 @@ use lagoon_cuda::weights::wtype;
 
 mod common;
 
-use common::{Rng, attention_f32, device, download, max_rel, random_rows, same_bits, upload};
+use common::{
+    Rng, attention_f32, device, download, max_rel, q8_plane, random_rows, same_bits, upload,
+};
 
 /// Relative to the largest output: f32 accumulation over ≤ 3072 terms.
 const BOUND: f32 = 2e-5;
@@ -621,6 +623,23 @@ fn prefill_attention_matches_the_f32_kernel() {
                 &run(K::AttentionPrefill, kpr, vpr)
             ),
             "attention_prefill_bf16 differs from the f32 kernel on bf16-rounded rings (window {window} pos0 {pos0} n {n})"
+        );
+        // The rings as a q8_0 cache (KvCache::Q8_0; quants and scales by cp.async, dequantised
+        // into the f16 tile): bitwise the f32 kernel on the values the planes read back as.
+        let (kq8, kback) = q8_plane(&kc);
+        let (vq8, vback) = q8_plane(&vc);
+        let (_kq, kq8p) = upload(&dev, &kq8);
+        let (_vq, vq8p) = upload(&dev, &vq8);
+        let (_kbk, kbackp) = upload(&dev, &kback);
+        let (_vbk, vbackp) = upload(&dev, &vback);
+        let q8_got = run(K::AttentionPrefillQ8_0, kq8p, vq8p);
+        assert!(
+            same_bits(&q8_got, &run(K::AttentionPrefill, kbackp, vbackp)),
+            "attention_prefill_q8_0 differs from the f32 kernel on the rings it reads back as (window {window} pos0 {pos0} n {n})"
+        );
+        println!(
+            "attention_prefill_q8_0 window {window} pos0 {pos0} n {n}: max rel err vs the unquantised rings {:.2e}",
+            max_rel(&q8_got, &want)
         );
         // The fused epilogue (softplus gate per head and per element, f16 output): bitwise
         // gate_mul then to_f16 on the unfused output.

@@ -82,7 +82,7 @@ impl Args {
         }
     }
 
-    /// `--kv f32|f16|bf16`: a CUDA session's KV cache type (llama.cpp's `-ctk` / `-ctv`).
+    /// `--kv f32|f16|bf16|q8_0`: a CUDA session's KV cache type (llama.cpp's `-ctk` / `-ctv`).
     /// The default is f16 on CUDA where `cuda_f16` (bench, generate: llama.cpp's default, half
     /// the cache memory, prefill attention on cp.async-pipelined tiles) and f32 otherwise
     /// (logits, the checking tool, and the CPU). A 16-bit type is an error on the CPU
@@ -101,7 +101,7 @@ impl Args {
         };
         let name = self.get("kv").unwrap_or(default);
         let kv = KvCache::parse(name).ok_or_else(|| {
-            anyhow::anyhow!("--kv `{name}`: the KV cache types are f32, f16 and bf16")
+            anyhow::anyhow!("--kv `{name}`: the KV cache types are f32, f16, bf16 and q8_0")
         })?;
         anyhow::ensure!(
             kv == KvCache::F32 || device.is_some(),

@@ -100,7 +100,12 @@ impl CudaSession {
     /// number of nodes covered (7), or 0 with nothing launched.
     pub(super) fn fused_qk_attention(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
         let d = self.cfg.head_dim;
-        if !self.qk_attention || d > QK_ATTN_MAX_D || !d.is_multiple_of(8) {
+        // (attention.cu's fused kernel has no q8_0 cache twin.)
+        if !self.qk_attention
+            || d > QK_ATTN_MAX_D
+            || !d.is_multiple_of(8)
+            || self.opts.kv == crate::KvCache::Q8_0
+        {
             return Ok(0);
         }
         let Some(f) = match_qk(graph, i, 1, &self.readers, |w| self.w.vector(w).len, d) else {
@@ -152,7 +157,8 @@ impl CudaSession {
                 K::AttentionDecodeQk,
                 K::AttentionDecodeQkF16,
                 K::AttentionDecodeQkBf16,
-            ),
+                None,
+            )?,
             (c.n_heads[layer] as u32, 1, split as u32),
             128,
             &args,
@@ -183,7 +189,8 @@ impl CudaSession {
                 K::QkNormRopeStore,
                 K::QkNormRopeStoreF16,
                 K::QkNormRopeStoreBf16,
-            ),
+                Some(K::QkNormRopeStoreQ8_0),
+            )?,
             (blocks(hq + c.n_kv_heads, 4), n as u32),
             128,
             &[

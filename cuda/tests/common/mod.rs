@@ -192,3 +192,28 @@ pub fn attention_f32(
     .unwrap();
     download(dev, &ob)
 }
+
+/// A q8_0 KV plane (`common.cuh`'s `kv_q8`, `KvCache::Q8_0`) of the ring `x` (`cap` rows of
+/// `row`, `row` a multiple of 32), quantised as ggml's quantize_row_q8_0_ref (d = amax / 127,
+/// q = round(x / d) through id = 1 / d, d stored as f16): the plane's bytes (quants, then
+/// the f16 scales) and the values it reads back as (f16(d) · q).
+pub fn q8_plane(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    assert!(x.len().is_multiple_of(32));
+    let mut quants = Vec::with_capacity(x.len());
+    let mut scales = Vec::with_capacity(x.len() / 32 * 2);
+    let mut back = Vec::with_capacity(x.len());
+    for b in x.chunks(32) {
+        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let dh = half::f16::from_f32(d);
+        scales.extend_from_slice(&dh.to_bits().to_le_bytes());
+        for &v in b {
+            let q = (v * id).round().clamp(-128.0, 127.0) as i8;
+            quants.push(q as u8);
+            back.push(dh.to_f32() * q as f32);
+        }
+    }
+    quants.extend_from_slice(&scales);
+    (quants, back)
+}
