@@ -1,11 +1,12 @@
 //! Writes a random-weight Laguna checkpoint of any configuration, streaming it to disk.
 //!
 //! `synth --preset s-2.1|xs-2.1|xs.2|m.1 [--layers N] [--experts N] [--experts-used K]
-//!  [--vocab N] --types q4_k_m|q5_k_m|q8_0|ud-q3_k_m|iq2_m|iq4_xs|bf16|int4-g32 [--seed S]
-//!  [--router-skew X] [--threads N] [--shard-gb G] [--no-sync] --out PATH`
+//!  [--vocab N] --types q4_k_m|q5_k_m|q8_0|ud-q3_k_m|iq2_m|iq4_xs|bf16|int4-g32|int8
+//!  [--seed S] [--router-skew X] [--threads N] [--shard-gb G] [--no-sync] --out PATH`
 //!
 //! PATH is a `.gguf` file, or a directory for `int4-g32` (compressed-tensors W4A16 g32,
-//! laid out like poolside's INT4 release). Speed does not depend on what the weights say,
+//! laid out like poolside's INT4 release) and `int8` (compressed-tensors W8A8: int-quantized
+//! I8 experts, per-channel scales). Speed does not depend on what the weights say,
 //! only on their types, shapes and routing spread, so the file measures a real model's
 //! speed (`bench --model PATH`). `--router-skew X` shifts the selection bias of top-k
 //! experts per layer by X router-score deviations (0 = uniform, 3 = nearly always chosen).

@@ -61,10 +61,22 @@ struct block_ct4 {
     unsigned char q[16];  // codes 0..15, element 2i in the low nibble of q[i]
 };
 
+// The device form of an 8-bit compressed-tensors matrix (W8A16: pack-quantized 8-bit; W8A8:
+// int-quantized I8), repacked at upload (lagoon_cuda::weights::CT8_BLOCK_BYTES): 32 elements
+// sharing one scale and zero point, y = rnd(rnd(q - z) * s) with rnd the scale dtype's
+// rounding, q the signed code (lagoon_core CtMatrix::int8_chunk).
+struct block_ct8 {
+    unsigned short s;     // scale bits in the scale dtype
+    signed char z;        // zero point (0 when symmetric)
+    unsigned char dtype;  // WT_F16 or WT_BF16
+    signed char q[32];    // signed codes, element i in q[i]
+};
+
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_ct4) == 20, "block_ct4 size");
+static_assert(sizeof(block_ct8) == 36, "block_ct8 size");
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 
@@ -81,3 +93,4 @@ static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 #define WT_IQ3_XXS 9
 #define WT_IQ2_XXS 10
 #define WT_IQ2_S 11
+#define WT_CT8 12

@@ -256,7 +256,7 @@ extern "C" __global__ void to_f16(const float4* __restrict__ x, uint2* __restric
 
 #define GEMM_TYPES(X) X(f32, WT_F32, 2) X(f16, WT_F16, 2) X(bf16, WT_BF16, 2) X(q8_0, WT_Q8_0, 2) X(q4_K, WT_Q4_K, 2) X(q6_K, WT_Q6_K, 2) X(ct4, WT_CT4, 2) \
     X(q5_K, WT_Q5_K, 2) X(iq4_xs, WT_IQ4_XS, 2) \
-    X(iq3_xxs, WT_IQ3_XXS, 2) X(iq2_xxs, WT_IQ2_XXS, 2) X(iq2_s, WT_IQ2_S, 2)
+    X(iq3_xxs, WT_IQ3_XXS, 2) X(iq2_xxs, WT_IQ2_XXS, 2) X(iq2_s, WT_IQ2_S, 2) X(ct8, WT_CT8, 2)
 
 #define DEFINE_GEMM_BN(name, T, MINB, BN, sfx)                                                     \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, MINB) gemm##sfx##_##name(             \

@@ -147,7 +147,7 @@ __device__ __forceinline__ void dequant_f16(const u8* __restrict__ W, u64 row_by
 }
 
 #define DEQUANT_TYPES(X) X(f32, WT_F32) X(f16, WT_F16) X(bf16, WT_BF16) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) \
-    X(q6_K, WT_Q6_K) X(ct4, WT_CT4) X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS) X(iq3_xxs, WT_IQ3_XXS) X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S)
+    X(q6_K, WT_Q6_K) X(ct4, WT_CT4) X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS) X(iq3_xxs, WT_IQ3_XXS) X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S) X(ct8, WT_CT8)
 #define DEFINE_DEQUANT(name, T)                                                                   \
     extern "C" __global__ void dequant_f16_##name(const u8* W, u64 row_bytes, unsigned short* wh,  \
                                                   int rows, int cols) {                           \

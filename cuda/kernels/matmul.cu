@@ -69,7 +69,7 @@ __device__ void embed(const u8* __restrict__ W, u64 row_bytes, const u32* __rest
 }
 
 #define MATMUL_TYPES(X) X(f32, WT_F32) X(f16, WT_F16) X(bf16, WT_BF16) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K) X(ct4, WT_CT4) \
-    X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS) X(iq3_xxs, WT_IQ3_XXS) X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S)
+    X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS) X(iq3_xxs, WT_IQ3_XXS) X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S) X(ct8, WT_CT8)
 
 #define DEFINE_MATMUL(name, T)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * MM_WARPS) matmul_##name(                   \

@@ -382,7 +382,7 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
 }
 
 #define MVQ_TYPES(X) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K) X(ct4, WT_CT4) X(iq3_xxs, WT_IQ3_XXS) \
-    X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S) X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS)
+    X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S) X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS) X(ct8, WT_CT8)
 
 // The mat-vec kernels every batch-1 type has: up to MV_MATS products of one input, and a
 // SwiGLU MLP's gate and up (SWIGLU: mv_swiglu, or mv_swiglu_split for float weights).
@@ -454,3 +454,5 @@ MVH_TYPES(DEFINE_MVH)
     }
 MOE_MIXED(ct4_bf16, WT_CT4, WT_BF16)
 MOE_MIXED(ct4_f16, WT_CT4, WT_F16)
+MOE_MIXED(ct8_bf16, WT_CT8, WT_BF16)
+MOE_MIXED(ct8_f16, WT_CT8, WT_F16)

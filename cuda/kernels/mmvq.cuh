@@ -453,22 +453,42 @@ __device__ __forceinline__ float ct4_block_dot(const u32 w[5], const u8* __restr
     return z != 0 ? __fsub_rn(v, __fmul_rn(s, __fmul_rn((float)z, ds))) : v;
 }
 
-template <bool WAIT = false>
-__device__ __forceinline__ float lane_part_ct4(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+// CT8 (compressed-tensors int8 in 32-element blocks, blocks.cuh block_ct8) against Q8_0: the
+// same pairing with signed 8-bit codes, so Σ c·q is eight dp4a of the code words as they are
+// (no offset to take off), then s·(d_a·Σ) less the zero point's s·(z·ds).
+__device__ __forceinline__ float ct8_block_dot(const u32 w[9], const u8* __restrict__ aqb, float da, float ds) {
+    const int4* a4 = (const int4*)aqb;
+    int4 a0 = a4[0], a1 = a4[1];
+    int qa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    int sc = 0;
+    #pragma unroll
+    for (int k = 0; k < 8; k++) sc = __dp4a((int)w[1 + k], qa[k], sc);
+    float s = ct4_scale(w[0]);
+    float v = __fmul_rn(s, __fmul_rn(da, (float)sc));
+    int z = (int)(signed char)((w[0] >> 16) & 0xFFu);
+    return z != 0 ? __fsub_rn(v, __fmul_rn(s, __fmul_rn((float)z, ds))) : v;
+}
+
+// A lane's share of a CT4 (T = WT_CT4: 20-byte blocks, five words) or CT8 (WT_CT8: 36 bytes,
+// nine words) row against a Q8_0 activation: blocks lane, lane + 32, ..., CT4_BATCH of them
+// fetched before any is computed.
+template <int T, bool WAIT = false>
+__device__ __forceinline__ float lane_part_ct(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    constexpr int WORDS = T == WT_CT8 ? 9 : 5;
     int lane = threadIdx.x & 31;
     int nb = cols / QK;
     const float* ad = q8_0_d(a, cols);
     const float* ads = ad + nb;
     float acc = 0.0f;
-    u32 w[CT4_BATCH][5];
+    u32 w[CT4_BATCH][WORDS];
     auto fetch = [&](int b0) {
         #pragma unroll
         for (int i = 0; i < CT4_BATCH; i++) {
             int b = b0 + 32 * i;
             if (b < nb) {
-                const u32* p = (const u32*)(row + (size_t)b * 20);
+                const u32* p = (const u32*)(row + (size_t)b * (4 * WORDS));
                 #pragma unroll
-                for (int k = 0; k < 5; k++) w[i][k] = ldw(p + k);
+                for (int k = 0; k < WORDS; k++) w[i][k] = ldw(p + k);
             }
         }
     };
@@ -479,14 +499,18 @@ __device__ __forceinline__ float lane_part_ct4(const u8* __restrict__ row, const
         #pragma unroll
         for (int i = 0; i < CT4_BATCH; i++) {
             int b = b0 + 32 * i;
-            if (b < nb) acc = __fadd_rn(acc, ct4_block_dot(w[i], a + (size_t)b * QK, ad[b], ads[b]));
+            if (b < nb) {
+                float p;
+                if constexpr (T == WT_CT8) p = ct8_block_dot(w[i], a + (size_t)b * QK, ad[b], ads[b]);
+                else p = ct4_block_dot(w[i], a + (size_t)b * QK, ad[b], ads[b]);
+                acc = __fadd_rn(acc, p);
+            }
         }
         b0 += 32 * CT4_BATCH;
         if (b0 < nb) fetch(b0);
     }
     return acc;
 }
-
 // ---- BF16 / F16 against the f32 activation itself ----
 // No quantisation: `a` is the f32 input row. Lane l takes the 8-element (16-byte) pieces
 // l, l + 32, ... of the row, H_BATCH of them fetched before any is used (a 3072-wide bf16 row
@@ -848,12 +872,12 @@ __device__ __forceinline__ float lane_part_iq4xs(const u8* __restrict__ row, con
     return acc;
 }
 
-// Dispatch by weight type: the K-quants, IQ4_XS and the grid IQ types against Q8_K, Q8_0 and CT4 against Q8_0,
+// Dispatch by weight type: the K-quants, IQ4_XS and the grid IQ types against Q8_K, Q8_0, CT4 and CT8 against Q8_0,
 // BF16/F16 against the f32 activation.
 template <int T>
 __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return warp_dot_q8_0(row, a, cols);
-    else if constexpr (T == WT_CT4) return warp_sum(lane_part_ct4(row, a, cols));
+    else if constexpr (T == WT_CT4 || T == WT_CT8) return warp_sum(lane_part_ct<T>(row, a, cols));
     else if constexpr (T == WT_BF16 || T == WT_F16) return warp_sum(lane_part_h<T>(row, a, cols));
     // Q4_K rows on their own (mv_multi, the generic down loop): four lanes per super-block
     // (kernel lab, H200: Q projection 9216x3072 18.1 -> 9.5 us, lm_head shape 152 -> 61 us
@@ -871,7 +895,7 @@ __device__ __forceinline__ float warp_dot_q(const u8* __restrict__ row, const u8
 template <int T>
 __device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return lane_part_q8_0(row, a, cols);
-    else if constexpr (T == WT_CT4) return lane_part_ct4(row, a, cols);
+    else if constexpr (T == WT_CT4 || T == WT_CT8) return lane_part_ct<T>(row, a, cols);
     else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T>(row, a, cols);
     else if constexpr (T == WT_Q4_K) return group_part_q4k<8>(row, a, cols);
     else if constexpr (T == WT_IQ3_XXS || T == WT_IQ2_XXS || T == WT_IQ2_S) return lane_part_iq<T>(row, a, cols);
@@ -887,7 +911,7 @@ __device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u
 // starting its reads then. Types whose loops do not take WAIT wait first.
 template <int T>
 __device__ __forceinline__ float lane_part_waiting(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
-    if constexpr (T == WT_CT4) return lane_part_ct4<true>(row, a, cols);
+    if constexpr (T == WT_CT4 || T == WT_CT8) return lane_part_ct<T, true>(row, a, cols);
     else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T, true>(row, a, cols);
     else if constexpr (T == WT_Q4_K) return group_part_q4k<8, true>(row, a, cols);
     else {
@@ -901,10 +925,10 @@ template <int T>
 __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u8* __restrict__ r1,
                                               const u8* __restrict__ a, int cols) {
     if constexpr (T == WT_Q8_0) return make_float2(warp_dot_q8_0(r0, a, cols), warp_dot_q8_0(r1, a, cols));
-    else if constexpr (T == WT_CT4) {
+    else if constexpr (T == WT_CT4 || T == WT_CT8) {
         // (A version fetching both rows' blocks before computing either, 79 registers
         // against 48, measured no faster: gate/up 789 -> 810 µs per S 2.1 token, H200.)
-        float p0 = lane_part_ct4(r0, a, cols), p1 = lane_part_ct4(r1, a, cols);
+        float p0 = lane_part_ct<T>(r0, a, cols), p1 = lane_part_ct<T>(r1, a, cols);
         return make_float2(warp_sum(p0), warp_sum(p1));
     }
     else if constexpr (T == WT_BF16 || T == WT_F16) return warp_parts2_h<T, 1>(r0, r1, a, cols, 0);

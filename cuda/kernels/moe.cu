@@ -355,7 +355,7 @@ __device__ void moe_down_grouped(const u8* __restrict__ Wd, u64 expert_bytes, u6
     }
 
 #define MOE_TYPES(X) X(f32, WT_F32) X(f16, WT_F16) X(bf16, WT_BF16) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K) X(ct4, WT_CT4) \
-    X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS) X(iq3_xxs, WT_IQ3_XXS) X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S)
+    X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS) X(iq3_xxs, WT_IQ3_XXS) X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S) X(ct8, WT_CT8)
 
 #define DEFINE_MOE(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_##name(              \

@@ -38,6 +38,8 @@ template <> struct ChunkRaw<WT_Q4_K> { uint4 hd, lo, hi; int j; };
 template <> struct ChunkRaw<WT_Q6_K> { u32 ql[9], qh[9]; u32 shl, shh; int s0, s1; unsigned short d; int j; };
 // CT4: the block's five words (header, then the 16 code bytes).
 template <> struct ChunkRaw<WT_CT4> { u32 w[5]; };
+// CT8: the block's nine words (header, then the 32 code bytes).
+template <> struct ChunkRaw<WT_CT8> { u32 w[9]; };
 // Q5_K: the 16-byte header, all 32 bytes of fifth bits, the 32 bytes of packed nibbles.
 template <> struct ChunkRaw<WT_Q5_K> { uint4 hd, h0, h1, lo, hi; int j; };
 // IQ4_XS: the 8-byte header (d, scales_h, scales_l) and the sub-block's 16 index bytes.
@@ -142,6 +144,10 @@ __device__ __forceinline__ void chunk_fetch(const u8* __restrict__ row, int c, C
         const u32* b = (const u32*)(row + 20 * (size_t)c);
         #pragma unroll
         for (int i = 0; i < 5; i++) r.w[i] = b[i];
+    } else if constexpr (T == WT_CT8) {
+        const u32* b = (const u32*)(row + 36 * (size_t)c);
+        #pragma unroll
+        for (int i = 0; i < 9; i++) r.w[i] = b[i];
     } else if constexpr (T == WT_Q5_K) {
         const u8* b = row + 176 * (size_t)(c / 8);
         r.j = c % 8;
@@ -237,6 +243,21 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
         #pragma unroll
         for (int i = 0; i < 32; i++) {
             int q = (int)((r.w[1 + i / 8] >> (4 * (i % 8))) & 0xF) - 8;
+            float t = __fsub_rn((float)q, z);
+            t = bf ? round_bf16(t) : round_f16(t);
+            float y = __fmul_rn(t, s);
+            w[i] = bf ? round_bf16(y) : round_f16(y);
+        }
+    } else if constexpr (T == WT_CT8) {
+        // The same in 8 bits: rnd(rnd(q - z) * s), q the signed code byte.
+        u32 h = r.w[0];
+        bool bf = (h >> 24) == WT_BF16;
+        unsigned short sb = (unsigned short)(h & 0xFFFF);
+        float s = bf ? bf16_to_f32(sb) : f16_to_f32(sb);
+        float z = (float)(signed char)((h >> 16) & 0xFF);
+        #pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int q = (int)(signed char)((r.w[1 + i / 4] >> (8 * (i % 4))) & 0xFF);
             float t = __fsub_rn((float)q, z);
             t = bf ? round_bf16(t) : round_f16(t);
             float y = __fmul_rn(t, s);
@@ -378,9 +399,9 @@ __device__ __forceinline__ void decode_chunk(const u8* __restrict__ row, int c, 
         // n = j / 4, group g = j % 4, low 4 bits from ql[64 n + l + 32 (g & 1)] (high nibble
         // for g >= 2), high 2 bits (qh[32 n + l] >> 2 g) & 3, y = d * scales[i / 16] * (q - 32)
         // (Q6_K); rnd(rnd((q - 8) - z) * s) (CT4); Q4_K's with a fifth bit from qh (Q5_K);
-        // (d * (ls - 32)) * kvalues_iq4nl[q] (IQ4_XS). Blocks: Q4_K 144 B and Q5_K 176 B
-        // (16-byte aligned), IQ4_XS 136 B (8-byte), Q6_K 210 B and Q8_0 34 B (2-byte), CT4
-        // 20 B (4-byte).
+        // (d * (ls - 32)) * kvalues_iq4nl[q] (IQ4_XS); rnd(rnd(q - z) * s) (CT8). Blocks: Q4_K
+        // 144 B and Q5_K 176 B (16-byte aligned), IQ4_XS 136 B (8-byte), Q6_K 210 B and Q8_0
+        // 34 B (2-byte), CT4 20 B and CT8 36 B (4-byte).
         ChunkRaw<T> r;
         chunk_fetch<T>(row, c, r);
         chunk_unpack<T>(r, w);

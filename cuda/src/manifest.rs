@@ -34,6 +34,7 @@ manifest! {
     MatmulIq3Xxs => "matmul.cu", "matmul_iq3_xxs";
     MatmulIq2Xxs => "matmul.cu", "matmul_iq2_xxs";
     MatmulIq2S => "matmul.cu", "matmul_iq2_s";
+    MatmulCt8 => "matmul.cu", "matmul_ct8";
     EmbedF32 => "matmul.cu", "embed_f32";
     EmbedF16 => "matmul.cu", "embed_f16";
     EmbedBf16 => "matmul.cu", "embed_bf16";
@@ -46,6 +47,7 @@ manifest! {
     EmbedIq3Xxs => "matmul.cu", "embed_iq3_xxs";
     EmbedIq2Xxs => "matmul.cu", "embed_iq2_xxs";
     EmbedIq2S => "matmul.cu", "embed_iq2_s";
+    EmbedCt8 => "matmul.cu", "embed_ct8";
     GateUpF32 => "moe.cu", "moe_gate_up_f32";
     GateUpF16 => "moe.cu", "moe_gate_up_f16";
     GateUpBf16 => "moe.cu", "moe_gate_up_bf16";
@@ -58,6 +60,7 @@ manifest! {
     GateUpIq3Xxs => "moe.cu", "moe_gate_up_iq3_xxs";
     GateUpIq2Xxs => "moe.cu", "moe_gate_up_iq2_xxs";
     GateUpIq2S => "moe.cu", "moe_gate_up_iq2_s";
+    GateUpCt8 => "moe.cu", "moe_gate_up_ct8";
     DownF32 => "moe.cu", "moe_down_f32";
     DownF16 => "moe.cu", "moe_down_f16";
     DownBf16 => "moe.cu", "moe_down_bf16";
@@ -70,6 +73,7 @@ manifest! {
     DownIq3Xxs => "moe.cu", "moe_down_iq3_xxs";
     DownIq2Xxs => "moe.cu", "moe_down_iq2_xxs";
     DownIq2S => "moe.cu", "moe_down_iq2_s";
+    DownCt8 => "moe.cu", "moe_down_ct8";
     GateUpGroupedF32 => "moe.cu", "moe_gate_up_grouped_f32";
     GateUpGroupedF16 => "moe.cu", "moe_gate_up_grouped_f16";
     GateUpGroupedBf16 => "moe.cu", "moe_gate_up_grouped_bf16";
@@ -82,6 +86,7 @@ manifest! {
     GateUpGroupedIq3Xxs => "moe.cu", "moe_gate_up_grouped_iq3_xxs";
     GateUpGroupedIq2Xxs => "moe.cu", "moe_gate_up_grouped_iq2_xxs";
     GateUpGroupedIq2S => "moe.cu", "moe_gate_up_grouped_iq2_s";
+    GateUpGroupedCt8 => "moe.cu", "moe_gate_up_grouped_ct8";
     DownGroupedF32 => "moe.cu", "moe_down_grouped_f32";
     DownGroupedF16 => "moe.cu", "moe_down_grouped_f16";
     DownGroupedBf16 => "moe.cu", "moe_down_grouped_bf16";
@@ -94,6 +99,7 @@ manifest! {
     DownGroupedIq3Xxs => "moe.cu", "moe_down_grouped_iq3_xxs";
     DownGroupedIq2Xxs => "moe.cu", "moe_down_grouped_iq2_xxs";
     DownGroupedIq2S => "moe.cu", "moe_down_grouped_iq2_s";
+    DownGroupedCt8 => "moe.cu", "moe_down_grouped_ct8";
     MoeGroup => "moe.cu", "moe_group";
     Route => "moe.cu", "route";
     RouteBlock => "moe.cu", "route_block";
@@ -151,6 +157,10 @@ manifest! {
     MoeDownMixedCt4Bf16 => "mmvq.cu", "moe_down_mixed_ct4_bf16";
     MoeGateUpMixedCt4F16 => "mmvq.cu", "moe_gate_up_mixed_ct4_f16";
     MoeDownMixedCt4F16 => "mmvq.cu", "moe_down_mixed_ct4_f16";
+    MoeGateUpMixedCt8Bf16 => "mmvq.cu", "moe_gate_up_mixed_ct8_bf16";
+    MoeDownMixedCt8Bf16 => "mmvq.cu", "moe_down_mixed_ct8_bf16";
+    MoeGateUpMixedCt8F16 => "mmvq.cu", "moe_gate_up_mixed_ct8_f16";
+    MoeDownMixedCt8F16 => "mmvq.cu", "moe_down_mixed_ct8_f16";
     MvSwigluF16 => "mmvq.cu", "mv_swiglu_f16";
     LabMvsQ4K => "lab.cu", "mvs_q4_K";
     LabMvsMemOnlyQ4K => "lab.cu", "mvs_memonly_q4_K";
@@ -191,9 +201,13 @@ manifest! {
     GateUpQIq2Xxs => "mmvq.cu", "moe_gate_up_q_iq2_xxs";
     DownQIq2Xxs => "mmvq.cu", "moe_down_q_iq2_xxs";
     MvIq2S => "mmvq.cu", "mv_iq2_s";
+    MvCt8 => "mmvq.cu", "mv_ct8";
     MvSwigluIq2S => "mmvq.cu", "mv_swiglu_iq2_s";
+    MvSwigluCt8 => "mmvq.cu", "mv_swiglu_ct8";
     GateUpQIq2S => "mmvq.cu", "moe_gate_up_q_iq2_s";
+    GateUpQCt8 => "mmvq.cu", "moe_gate_up_q_ct8";
     DownQIq2S => "mmvq.cu", "moe_down_q_iq2_s";
+    DownQCt8 => "mmvq.cu", "moe_down_q_ct8";
     MvQ5K => "mmvq.cu", "mv_q5_K";
     MvSwigluQ5K => "mmvq.cu", "mv_swiglu_q5_K";
     GateUpQQ5K => "mmvq.cu", "moe_gate_up_q_q5_K";
@@ -214,6 +228,7 @@ manifest! {
     GemmIq3Xxs => "gemm.cu", "gemm_iq3_xxs";
     GemmIq2Xxs => "gemm.cu", "gemm_iq2_xxs";
     GemmIq2S => "gemm.cu", "gemm_iq2_s";
+    GemmCt8 => "gemm.cu", "gemm_ct8";
     GemmGateUpF32 => "gemm.cu", "gemm_gate_up_f32";
     GemmGateUpF16 => "gemm.cu", "gemm_gate_up_f16";
     GemmGateUpBf16 => "gemm.cu", "gemm_gate_up_bf16";
@@ -226,6 +241,7 @@ manifest! {
     GemmGateUpIq3Xxs => "gemm.cu", "gemm_gate_up_iq3_xxs";
     GemmGateUpIq2Xxs => "gemm.cu", "gemm_gate_up_iq2_xxs";
     GemmGateUpIq2S => "gemm.cu", "gemm_gate_up_iq2_s";
+    GemmGateUpCt8 => "gemm.cu", "gemm_gate_up_ct8";
     GemmDownF32 => "gemm.cu", "gemm_down_f32";
     GemmDownF16 => "gemm.cu", "gemm_down_f16";
     GemmDownBf16 => "gemm.cu", "gemm_down_bf16";
@@ -238,6 +254,7 @@ manifest! {
     GemmDownIq3Xxs => "gemm.cu", "gemm_down_iq3_xxs";
     GemmDownIq2Xxs => "gemm.cu", "gemm_down_iq2_xxs";
     GemmDownIq2S => "gemm.cu", "gemm_down_iq2_s";
+    GemmDownCt8 => "gemm.cu", "gemm_down_ct8";
     ToF16 => "gemm.cu", "to_f16";
     Gemm32F32 => "gemm.cu", "gemm32_f32";
     Gemm32F16 => "gemm.cu", "gemm32_f16";
@@ -251,6 +268,7 @@ manifest! {
     Gemm32Iq3Xxs => "gemm.cu", "gemm32_iq3_xxs";
     Gemm32Iq2Xxs => "gemm.cu", "gemm32_iq2_xxs";
     Gemm32Iq2S => "gemm.cu", "gemm32_iq2_s";
+    Gemm32Ct8 => "gemm.cu", "gemm32_ct8";
     GemmGateUp32F32 => "gemm.cu", "gemm_gate_up32_f32";
     GemmGateUp32F16 => "gemm.cu", "gemm_gate_up32_f16";
     GemmGateUp32Bf16 => "gemm.cu", "gemm_gate_up32_bf16";
@@ -263,6 +281,7 @@ manifest! {
     GemmGateUp32Iq3Xxs => "gemm.cu", "gemm_gate_up32_iq3_xxs";
     GemmGateUp32Iq2Xxs => "gemm.cu", "gemm_gate_up32_iq2_xxs";
     GemmGateUp32Iq2S => "gemm.cu", "gemm_gate_up32_iq2_s";
+    GemmGateUp32Ct8 => "gemm.cu", "gemm_gate_up32_ct8";
     GemmDown32F32 => "gemm.cu", "gemm_down32_f32";
     GemmDown32F16 => "gemm.cu", "gemm_down32_f16";
     GemmDown32Bf16 => "gemm.cu", "gemm_down32_bf16";
@@ -275,6 +294,7 @@ manifest! {
     GemmDown32Iq3Xxs => "gemm.cu", "gemm_down32_iq3_xxs";
     GemmDown32Iq2Xxs => "gemm.cu", "gemm_down32_iq2_xxs";
     GemmDown32Iq2S => "gemm.cu", "gemm_down32_iq2_s";
+    GemmDown32Ct8 => "gemm.cu", "gemm_down32_ct8";
     GemmRfQ4K => "gemm_rf.cu", "gemm_rf_q4_K";
     GemmGateUpRfQ4K => "gemm_rf.cu", "gemm_gate_up_rf_q4_K";
     GemmDownRfQ4K => "gemm_rf.cu", "gemm_down_rf_q4_K";
@@ -311,6 +331,7 @@ manifest! {
     DequantF16Iq3Xxs => "gemm_h.cu", "dequant_f16_iq3_xxs";
     DequantF16Iq2Xxs => "gemm_h.cu", "dequant_f16_iq2_xxs";
     DequantF16Iq2S => "gemm_h.cu", "dequant_f16_iq2_s";
+    DequantF16Ct8 => "gemm_h.cu", "dequant_f16_ct8";
 }
 
 impl K {
@@ -389,6 +410,9 @@ pub enum WType {
     Iq3Xxs,
     Iq2Xxs,
     Iq2S,
+    /// An 8-bit compressed-tensors matrix (W8A16 pack-quantized, W8A8 int-quantized) in
+    /// 32-element blocks (`block_ct8`).
+    Ct8,
 }
 
 impl WType {
@@ -407,6 +431,7 @@ impl WType {
             K::DequantF16Iq3Xxs,
             K::DequantF16Iq2Xxs,
             K::DequantF16Iq2S,
+            K::DequantF16Ct8,
         ][self as usize]
     }
     pub fn matmul(self) -> K {
@@ -423,6 +448,7 @@ impl WType {
             K::MatmulIq3Xxs,
             K::MatmulIq2Xxs,
             K::MatmulIq2S,
+            K::MatmulCt8,
         ][self as usize]
     }
     pub fn embed(self) -> K {
@@ -439,6 +465,7 @@ impl WType {
             K::EmbedIq3Xxs,
             K::EmbedIq2Xxs,
             K::EmbedIq2S,
+            K::EmbedCt8,
         ][self as usize]
     }
     pub fn gate_up(self) -> K {
@@ -455,6 +482,7 @@ impl WType {
             K::GateUpIq3Xxs,
             K::GateUpIq2Xxs,
             K::GateUpIq2S,
+            K::GateUpCt8,
         ][self as usize]
     }
     pub fn gate_up_grouped(self) -> K {
@@ -471,6 +499,7 @@ impl WType {
             K::GateUpGroupedIq3Xxs,
             K::GateUpGroupedIq2Xxs,
             K::GateUpGroupedIq2S,
+            K::GateUpGroupedCt8,
         ][self as usize]
     }
     pub fn down_grouped(self) -> K {
@@ -487,6 +516,7 @@ impl WType {
             K::DownGroupedIq3Xxs,
             K::DownGroupedIq2Xxs,
             K::DownGroupedIq2S,
+            K::DownGroupedCt8,
         ][self as usize]
     }
     /// The activation format of the quantised mat-vec path, `None` for float weights (see
@@ -495,7 +525,7 @@ impl WType {
     pub fn act(self) -> Option<ActQ> {
         match self {
             WType::F32 | WType::F16 | WType::Bf16 => None,
-            WType::Q8_0 | WType::Ct4 => Some(ActQ::Q8_0),
+            WType::Q8_0 | WType::Ct4 | WType::Ct8 => Some(ActQ::Q8_0),
             // (The grid IQ types, Q5_K and IQ4_XS only where the session takes their integer
             // kernels: `CudaSessionOptions::grid_iq_mvq`, `::q5k_iq4xs_mvq`.)
             WType::Q4K
@@ -520,6 +550,7 @@ impl WType {
         match self {
             WType::Q8_0 => Some(k(K::MvQ8_0, K::MvSwigluQ8_0, K::GateUpQQ8_0, K::DownQQ8_0)),
             WType::Ct4 => Some(k(K::MvCt4, K::MvSwigluCt4, K::GateUpQCt4, K::DownQCt4)),
+            WType::Ct8 => Some(k(K::MvCt8, K::MvSwigluCt8, K::GateUpQCt8, K::DownQCt8)),
             WType::Q4K => Some(k(K::MvQ4K, K::MvSwigluQ4K, K::GateUpQQ4K, K::DownQQ4K)),
             WType::Q6K => Some(k(K::MvQ6K, K::MvSwigluQ6K, K::GateUpQQ6K, K::DownQQ6K)),
             WType::Iq3Xxs => Some(k(
@@ -570,6 +601,8 @@ impl WType {
         match (self, shared) {
             (WType::Ct4, WType::Bf16) => Some((K::MoeGateUpMixedCt4Bf16, K::MoeDownMixedCt4Bf16)),
             (WType::Ct4, WType::F16) => Some((K::MoeGateUpMixedCt4F16, K::MoeDownMixedCt4F16)),
+            (WType::Ct8, WType::Bf16) => Some((K::MoeGateUpMixedCt8Bf16, K::MoeDownMixedCt8Bf16)),
+            (WType::Ct8, WType::F16) => Some((K::MoeGateUpMixedCt8F16, K::MoeDownMixedCt8F16)),
             _ => None,
         }
     }
@@ -594,6 +627,7 @@ impl WType {
             (WType::Iq3Xxs, false) => k(GemmIq3Xxs, GemmGateUpIq3Xxs, GemmDownIq3Xxs),
             (WType::Iq2Xxs, false) => k(GemmIq2Xxs, GemmGateUpIq2Xxs, GemmDownIq2Xxs),
             (WType::Iq2S, false) => k(GemmIq2S, GemmGateUpIq2S, GemmDownIq2S),
+            (WType::Ct8, false) => k(GemmCt8, GemmGateUpCt8, GemmDownCt8),
             (WType::F32, true) => k(Gemm32F32, GemmGateUp32F32, GemmDown32F32),
             (WType::F16, true) => k(Gemm32F16, GemmGateUp32F16, GemmDown32F16),
             (WType::Bf16, true) => k(Gemm32Bf16, GemmGateUp32Bf16, GemmDown32Bf16),
@@ -606,6 +640,7 @@ impl WType {
             (WType::Iq3Xxs, true) => k(Gemm32Iq3Xxs, GemmGateUp32Iq3Xxs, GemmDown32Iq3Xxs),
             (WType::Iq2Xxs, true) => k(Gemm32Iq2Xxs, GemmGateUp32Iq2Xxs, GemmDown32Iq2Xxs),
             (WType::Iq2S, true) => k(Gemm32Iq2S, GemmGateUp32Iq2S, GemmDown32Iq2S),
+            (WType::Ct8, true) => k(Gemm32Ct8, GemmGateUp32Ct8, GemmDown32Ct8),
         }
     }
     pub fn down(self) -> K {
@@ -622,6 +657,7 @@ impl WType {
             K::DownIq3Xxs,
             K::DownIq2Xxs,
             K::DownIq2S,
+            K::DownCt8,
         ][self as usize]
     }
 }

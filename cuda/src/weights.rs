@@ -1,8 +1,8 @@
 //! Model weights on the device: one allocation holding every matrix in its stored encoding
-//! (quantised blocks are copied as they are) where a kernel decodes it, 4-bit
-//! compressed-tensors matrices repacked into 32-element blocks (`WType::Ct4`), and decoded to
-//! f32 where no kernel reads the encoding yet (other compressed-tensors kinds, the IQ and
-//! other K types). Experts of a layer
+//! (quantised blocks are copied as they are) where a kernel decodes it, 4-bit and 8-bit
+//! compressed-tensors matrices repacked into 32-element blocks (`WType::Ct4`, `WType::Ct8`),
+//! and decoded to f32 where no kernel reads the encoding yet (FP8 and other
+//! compressed-tensors kinds, the other IQ and K types). Experts of a layer
 //! are stacked: expert `e` starts `e · expert_bytes` after the first.
 
 use std::borrow::Cow;
@@ -118,6 +118,46 @@ fn ct4_fits(m: &MatRef<'_>) -> bool {
     matches!(m.enc, Encoding::Ct(ct) if ct.int4_chunked().is_some() && ct.int4_zeros_fit_i8())
 }
 
+/// Bytes of one 32-element block of [`WType::Ct8`] (`block_ct8` in `blocks.cuh`): the
+/// scale's 16-bit pattern, the zero point as `i8`, the scale dtype, then the 32 signed codes.
+pub const CT8_BLOCK_BYTES: usize = 36;
+
+/// Whether `m` is an 8-bit compressed-tensors matrix [`ct8_blocks`] can repack: whole
+/// 32-column scale runs in f16/bf16 and zero points that fit an `i8`.
+fn ct8_fits(m: &MatRef<'_>) -> bool {
+    matches!(m.enc, Encoding::Ct(ct) if ct.int8_chunked().is_some() && ct.int8_zeros_fit_i8())
+}
+
+/// An 8-bit compressed-tensors matrix (W8A16 pack-quantized or W8A8 int-quantized) repacked
+/// into [`WType::Ct8`] blocks, or `None` where its layout has no such form.
+pub fn ct8_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
+    let Encoding::Ct(ct) = m.enc else {
+        return None;
+    };
+    if !ct8_fits(m) {
+        return None;
+    }
+    let dtype = match ct.int8_chunked()? {
+        lagoon_core::quant::ct::ScaleDtype::F16 => 1u8,
+        _ => 2u8,
+    };
+    let row_bytes = m.cols / 32 * CT8_BLOCK_BYTES;
+    let mut out = vec![0u8; m.rows * row_bytes];
+    for (r, row) in out.chunks_exact_mut(row_bytes).enumerate() {
+        for (c, b) in row.chunks_exact_mut(CT8_BLOCK_BYTES).enumerate() {
+            // ct8_fits checked that z is an integer in i8's range.
+            let (q, s_bits, z) = ct.int8_chunk(r, c);
+            b[..2].copy_from_slice(&s_bits.to_le_bytes());
+            b[2] = z as i8 as u8;
+            b[3] = dtype;
+            for (o, v) in b[4..].iter_mut().zip(q) {
+                *o = v as u8;
+            }
+        }
+    }
+    Some(out)
+}
+
 /// A 4-bit compressed-tensors matrix repacked into [`WType::Ct4`] blocks, or `None` where
 /// its layout has no such form (other widths, 3-D blocks, f32 scales, scale runs that are
 /// not whole 32-column chunks, or a zero point outside `i8`).
@@ -156,6 +196,8 @@ enum Piece<'a> {
     Bytes(Cow<'a, [u8]>),
     /// A 4-bit compressed-tensors matrix, repacked by [`ct4_blocks`] at upload.
     Ct4(MatRef<'a>),
+    /// An 8-bit compressed-tensors matrix, repacked by [`ct8_blocks`] at upload.
+    Ct8(MatRef<'a>),
     /// A matrix no kernel reads, decoded to f32 rows at upload.
     F32(MatRef<'a>),
 }
@@ -165,6 +207,7 @@ impl Piece<'_> {
         match self {
             Piece::Bytes(b) => b.len(),
             Piece::Ct4(m) => m.rows * m.cols / 32 * CT4_BLOCK_BYTES,
+            Piece::Ct8(m) => m.rows * m.cols / 32 * CT8_BLOCK_BYTES,
             Piece::F32(m) => m.rows * m.cols * 4,
         }
     }
@@ -174,6 +217,7 @@ impl Piece<'_> {
         match self {
             Piece::Bytes(b) => Cow::Borrowed(b.as_ref()),
             Piece::Ct4(m) => Cow::Owned(ct4_blocks(m).expect("planned only where ct4_fits holds")),
+            Piece::Ct8(m) => Cow::Owned(ct8_blocks(m).expect("planned only where ct8_fits holds")),
             Piece::F32(m) => {
                 let mut row = vec![0.0f32; m.cols];
                 let mut out = Vec::with_capacity(m.rows * m.cols * 4);
@@ -276,6 +320,9 @@ fn device_piece<'a>(m: &MatRef<'a>, force_f32: bool, grid_iq: bool) -> (WType, P
     if !force_f32 && ct4_fits(m) {
         return (WType::Ct4, Piece::Ct4(*m));
     }
+    if !force_f32 && ct8_fits(m) {
+        return (WType::Ct8, Piece::Ct8(*m));
+    }
     (WType::F32, Piece::F32(*m))
 }
 
@@ -292,6 +339,7 @@ fn row_bytes(ty: WType, cols: usize) -> u64 {
         WType::Iq2Xxs => cols / 256 * 66,
         WType::Iq2S => cols / 256 * 82,
         WType::Ct4 => cols / 32 * CT4_BLOCK_BYTES,
+        WType::Ct8 => cols / 32 * CT8_BLOCK_BYTES,
     };
     b as u64
 }
@@ -779,6 +827,91 @@ mod tests {
         };
         assert!(ct4_blocks(&m).is_none());
         assert_eq!(device_piece(&m, false, false).0, WType::F32);
+    }
+
+    /// CT8 blocks, decoded the way `quant.cuh` decodes them (rnd(rnd(q − z) · s) in the
+    /// scale dtype from the block's bytes), give `dequant_row`'s values bit for bit: W8A16
+    /// (pack-quantized 8-bit, group 64 with packed zero points) and W8A8 (int-quantized I8,
+    /// channel); FP8 and 4-bit matrices have no CT8 form.
+    #[test]
+    fn ct8_blocks_decode_as_dequant_row() {
+        let mut rng = Rng(0x5eed_c7a8);
+        let (rows, cols) = (24usize, 128usize);
+        for (kind, sd, zero) in [
+            (
+                CtKind::packed_int(8, CtStrategy::Group(64), false, PackOrder::Dense),
+                ScaleDtype::F16,
+                Some(ZeroPoint::Packed),
+            ),
+            (
+                CtKind::Int8 {
+                    symmetric: true,
+                    strategy: CtStrategy::Channel,
+                },
+                ScaleDtype::Bf16,
+                None,
+            ),
+        ] {
+            let l = CtLayout {
+                kind,
+                rows,
+                cols,
+                scale_dtype: sd,
+                zero,
+            };
+            let (w, s, z) = ct_buffers(&mut rng, &l);
+            let m = MatRef {
+                rows,
+                cols,
+                enc: Encoding::Ct(CtMatrix::new(l, &w, &s, &z).unwrap()),
+            };
+            assert_eq!(device_piece(&m, false, false).0, WType::Ct8, "{kind}");
+            let blocks = ct8_blocks(&m).expect("a CT8-repackable matrix");
+            assert_eq!(blocks.len(), rows * cols / 32 * CT8_BLOCK_BYTES);
+            let Encoding::Ct(ct) = m.enc else {
+                unreachable!()
+            };
+            let mut want = vec![0.0f32; cols];
+            for r in 0..rows {
+                ct.dequant_row(r, &mut want);
+                for c in 0..cols / 32 {
+                    let b = &blocks[(r * cols / 32 + c) * CT8_BLOCK_BYTES..][..CT8_BLOCK_BYTES];
+                    let bits = u16::from_le_bytes([b[0], b[1]]);
+                    let bf = match b[3] {
+                        2 => true,
+                        1 => false,
+                        d => panic!("scale dtype byte {d}"),
+                    };
+                    let (scale, round): (f32, fn(f32) -> f32) = if bf {
+                        (half::bf16::from_bits(bits).to_f32(), |v| {
+                            half::bf16::from_f32(v).to_f32()
+                        })
+                    } else {
+                        (half::f16::from_bits(bits).to_f32(), |v| {
+                            half::f16::from_f32(v).to_f32()
+                        })
+                    };
+                    let zp = b[2] as i8 as f32;
+                    for i in 0..32 {
+                        let q = b[4 + i] as i8 as f32;
+                        let got = round(round(q - zp) * scale);
+                        assert_eq!(
+                            got.to_bits(),
+                            want[32 * c + i].to_bits(),
+                            "{kind} r{r} c{c} i{i}"
+                        );
+                    }
+                }
+            }
+        }
+        let l4 = layout(2, 64, ScaleDtype::Bf16, None);
+        let (w, s, z) = ct_buffers(&mut rng, &l4);
+        let m4 = MatRef {
+            rows: 2,
+            cols: 64,
+            enc: Encoding::Ct(CtMatrix::new(l4, &w, &s, &z).unwrap()),
+        };
+        assert!(ct8_blocks(&m4).is_none());
     }
 
     /// The parallel upload hands each piece over once, whole, at its offset, whatever the

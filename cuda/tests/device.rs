@@ -906,15 +906,15 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
     }
 }
 
-/// The batch-1 kernels of compressed-tensors int4 blocks (against Q8_0 activations, as the
-/// CPU pairs them) and of bf16/f16 weights (against the f32 input itself), through the
+/// The batch-1 kernels of compressed-tensors int4 and int8 blocks (against Q8_0 activations,
+/// as the CPU pairs them) and of bf16/f16 weights (against the f32 input itself), through the
 /// session's launch path, against the CPU: the CT4 products against the CPU's integer
 /// kernel, the float ones against the exact f32 product; the SwiGLU kernels against the same
 /// references of their gate and up.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ct4_and_float_mat_vecs_match_the_cpu() {
-    use lagoon_core::quant::ct::{CtMatrix, ScaleDtype};
+    use lagoon_core::quant::ct::{CtKind, CtMatrix, CtStrategy, PackOrder, ScaleDtype};
     use lagoon_cpu::kernels::Kernels;
     use lagoon_cuda::manifest::WType;
     let dev = device();
@@ -954,15 +954,38 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
     };
     for (rows, cols) in [(37usize, 1024usize), (9, 3072), (70, 96)] {
         let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
-        // CT4: symmetric and asymmetric (packed zero points), bf16 and f16 scales.
-        for (asym, sd) in [
-            (false, ScaleDtype::Bf16),
-            (true, ScaleDtype::Bf16),
-            (false, ScaleDtype::F16),
-            (true, ScaleDtype::F16),
+        // CT4: symmetric and asymmetric (packed zero points), bf16 and f16 scales; CT8: W8A16
+        // (pack-quantized 8-bit, group 32, packed zero points) and W8A8 (int-quantized I8,
+        // channel scales, symmetric and with plain zero points).
+        let ct4 =
+            |asym: bool| CtKind::packed_int(4, CtStrategy::Group(32), !asym, PackOrder::Dense);
+        let i8ch = |asym: bool| CtKind::Int8 {
+            symmetric: !asym,
+            strategy: CtStrategy::Channel,
+        };
+        for (kind, sd) in [
+            (ct4(false), ScaleDtype::Bf16),
+            (ct4(true), ScaleDtype::Bf16),
+            (ct4(false), ScaleDtype::F16),
+            (ct4(true), ScaleDtype::F16),
+            (
+                CtKind::packed_int(8, CtStrategy::Group(32), false, PackOrder::Dense),
+                ScaleDtype::Bf16,
+            ),
+            (i8ch(false), ScaleDtype::Bf16),
+            (i8ch(true), ScaleDtype::F16),
         ] {
+            let bits8 = matches!(
+                kind,
+                CtKind::Int8 { .. } | CtKind::PackedInt { bits: 8, .. }
+            );
+            let (wt, block_bytes) = if bits8 {
+                (WType::Ct8, lagoon_cuda::weights::CT8_BLOCK_BYTES)
+            } else {
+                (WType::Ct4, lagoon_cuda::weights::CT4_BLOCK_BYTES)
+            };
             let mats: Vec<_> = (0..2)
-                .map(|_| common::random_ct4(&mut rng, rows, cols, asym, sd))
+                .map(|_| common::random_ct(&mut rng, kind, rows, cols, sd))
                 .collect();
             let ms: Vec<MatRef> = mats
                 .iter()
@@ -985,25 +1008,31 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
                 .collect();
             let blocks: Vec<Vec<u8>> = ms
                 .iter()
-                .map(|m| lagoon_cuda::weights::ct4_blocks(m).unwrap())
+                .map(|m| {
+                    if bits8 {
+                        lagoon_cuda::weights::ct8_blocks(m).unwrap()
+                    } else {
+                        lagoon_cuda::weights::ct4_blocks(m).unwrap()
+                    }
+                })
                 .collect();
             let (_b0, w0) = upload(&dev, &blocks[0]);
             let (_b1, w1) = upload(&dev, &blocks[1]);
-            let (q, _) = quantize_on_device(&dev, WType::Ct4.act().unwrap(), &x, cols);
+            let (q, _) = quantize_on_device(&dev, wt.act().unwrap(), &x, cols);
             let (_qb, qp) = upload(&dev, &q);
-            let kq = WType::Ct4.mvq().unwrap();
-            let row_bytes = (cols / 32 * lagoon_cuda::weights::CT4_BLOCK_BYTES) as u64;
+            let kq = wt.mvq().unwrap();
+            let row_bytes = (cols / 32 * block_bytes) as u64;
             let swiglu = (kq.swiglu, rows.div_ceil(4) as u32);
             let (y, act) = run(kq.mv, swiglu, [w0, w1], row_bytes, rows, cols, qp);
             let e = max_rel(&y, &want[0]);
             let want_act: Vec<f32> = (0..rows).map(|r| silu(want[0][r]) * want[1][r]).collect();
             let ea = max_rel(&act, &want_act);
             println!(
-                "ct4 (asym {asym}, {sd:?}) {rows}x{cols}: mv {e:.2e}, swiglu {ea:.2e} vs CPU integer kernel"
+                "{kind} ({sd:?}) {rows}x{cols}: mv {e:.2e}, swiglu {ea:.2e} vs CPU integer kernel"
             );
             assert!(
                 e < 1e-5 && ea < 1e-5,
-                "ct4 {rows}x{cols}: {e:.2e} / {ea:.2e}"
+                "{kind} {rows}x{cols}: {e:.2e} / {ea:.2e}"
             );
         }
         // BF16 / F16 against the f32 input.

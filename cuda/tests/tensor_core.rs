@@ -699,6 +699,123 @@ fn prefill_attention_matches_the_f32_kernel() {
     }
 }
 
+/// Random 8-bit compressed-tensors matrices repacked into the device's CT8 blocks — W8A16
+/// (pack-quantized 8-bit, group 64, packed zero points, f16 scales) and W8A8 (int-quantized
+/// I8, channel scales, bf16; symmetric and with plain zero points): the exact f32 product
+/// (`matmul`) and `gemm.cu`'s tensor-core products on 64- and 32-token tiles, and
+/// `gemm_h.cu`'s f16 copy of the matrix, against the CPU's decoding of the same matrix.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn ct8_blocks_decode_as_compressed_tensors() {
+    use lagoon_core::quant::ct::{CtKind, CtMatrix, CtStrategy, PackOrder, ScaleDtype};
+    let dev = device();
+    let mut rng = Rng(0x6e33_0c78);
+    let (rows, n, cols) = (GEMM_TILE_ROWS + 45, 77usize, 768usize);
+    let i8ch = |symmetric| CtKind::Int8 {
+        symmetric,
+        strategy: CtStrategy::Channel,
+    };
+    for (kind, sd) in [
+        (
+            CtKind::packed_int(8, CtStrategy::Group(64), false, PackOrder::Dense),
+            ScaleDtype::F16,
+        ),
+        (i8ch(true), ScaleDtype::Bf16),
+        (i8ch(false), ScaleDtype::Bf16),
+    ] {
+        let (layout, [weight, scale, zero]) = common::random_ct(&mut rng, kind, rows, cols, sd);
+        let ct = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
+        let m = MatRef {
+            rows,
+            cols,
+            enc: Encoding::Ct(ct),
+        };
+        let blocks = lagoon_cuda::weights::ct8_blocks(&m).expect("a CT8-repackable matrix");
+        let row_bytes = (cols / 32 * lagoon_cuda::weights::CT8_BLOCK_BYTES) as u64;
+        let (_wb, wp) = upload(&dev, &blocks);
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+        let mut want = vec![0.0f32; n * rows];
+        let mut scratch = vec![0.0; cols];
+        lagoon_core::ops::matmul::matmul(&m, &x, n, &mut want, &mut scratch);
+        let (_xb, xp) = upload(&dev, &x);
+        let args = |xp: u64, op: u64| {
+            [
+                Arg::P(wp),
+                Arg::P(row_bytes),
+                Arg::P(xp),
+                Arg::P(op),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(n as i32),
+            ]
+        };
+        let ty = lagoon_cuda::manifest::WType::Ct8;
+        let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+        dev.launch(
+            ty.matmul(),
+            (rows.div_ceil(4) as u32, n.div_ceil(8) as u32),
+            128,
+            &args(xp, ob.device_ptr(&dev.stream).0),
+        )
+        .unwrap();
+        let e = max_rel(&download(&dev, &ob), &want);
+        println!("{kind} matmul {rows}x{cols} n={n}: max rel err {e:.2e}");
+        assert!(e < 1e-5, "{kind} matmul: {e:.2e}");
+        // Tensor cores: the f16-rounded decoded weights.
+        let wr: Vec<Vec<f64>> = (0..rows).map(|r| row_f16(&m, r)).collect();
+        let want: Vec<f32> = (0..n)
+            .flat_map(|t| {
+                let xt = &x[t * cols..(t + 1) * cols];
+                wr.iter().map(move |w| dot(w, xt) as f32)
+            })
+            .collect();
+        let (_hb, hp) = to_f16_on_device(&dev, &x);
+        for tile in [GEMM_TILE_TOKENS, 32] {
+            let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+            dev.launch(
+                ty.gemm(tile).dense,
+                (
+                    rows.div_ceil(GEMM_TILE_ROWS) as u32,
+                    n.div_ceil(tile) as u32,
+                ),
+                GEMM_THREADS,
+                &args(hp, ob.device_ptr(&dev.stream).0),
+            )
+            .unwrap();
+            let e = max_rel(&download(&dev, &ob), &want);
+            println!("{kind} gemm.cu tile {tile} {rows}x{cols} n={n}: max rel err {e:.2e}");
+            assert!(e < BOUND, "{kind} gemm tile {tile}: {e:.2e}");
+        }
+        // gemm_h.cu's decoder: the f16 copy holds every weight as the CPU decodes it,
+        // rounded to f16.
+        let hb = dev.stream.alloc_zeros::<u16>(rows * cols).unwrap();
+        dev.launch(
+            ty.dequant_f16(),
+            ((rows * cols / 32).div_ceil(256) as u32, 1),
+            256,
+            &[
+                Arg::P(wp),
+                Arg::P(row_bytes),
+                Arg::P(hb.device_ptr(&dev.stream).0),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+            ],
+        )
+        .unwrap();
+        let h = dev.stream.clone_dtoh(&hb).unwrap();
+        dev.stream.synchronize().unwrap();
+        for r in 0..rows {
+            for (c, &want) in wr[r].iter().enumerate() {
+                assert_eq!(
+                    half::f16::from_bits(h[r * cols + c]).to_f64(),
+                    want,
+                    "{kind} f16 copy r{r} c{c}"
+                );
+            }
+        }
+    }
+}
+
 /// A random 4-bit compressed-tensors matrix (group 32, bf16 scales; asymmetric with packed
 /// zero points when `asym`), repacked into the device's CT4 blocks: the exact f32 product and
 /// the tensor-core product against the CPU's decoding of the same matrix.

@@ -73,7 +73,7 @@ fn data_section(path: &Path) -> Vec<u8> {
 fn every_gguf_mix_opens_or_names_its_first_undecodable_tensor() {
     let d = temp("mixes");
     for mix in TypeMix::ALL {
-        if mix == TypeMix::Int4G32 {
+        if mix == TypeMix::Int4G32 || mix == TypeMix::Int8 {
             continue;
         }
         let path = d.join(format!("{}.gguf", mix.name()));
@@ -243,6 +243,49 @@ fn int4_g32_directory_opens_sharded_and_deterministic() {
         "bf16"
     );
 
+    o.n_threads = 1;
+    synth::write(&d.join("b"), &o).unwrap();
+    assert!(dir_bytes(&d.join("a")) == dir_bytes(&d.join("b")));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The INT8 (W8A8) directory: int-quantized `I8` experts with one bf16 scale per output
+/// channel that the loader reads as compressed-tensors int8, decoding to the planned spread;
+/// everything else bf16; the same bytes whatever the thread count.
+#[test]
+fn int8_directory_opens_as_w8a8_channel_experts() {
+    let d = temp("int8");
+    let mut o = opts(TypeMix::Int8, tiny(3), 3);
+    let sum = synth::write(&d.join("a"), &o).unwrap();
+    assert!(sum.bytes > 0);
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("a/config.json")).unwrap()).unwrap();
+    let q = &config["quantization_config"];
+    assert_eq!(q["format"], "int-quantized");
+    assert_eq!(q["config_groups"]["group_0"]["weights"]["num_bits"], 8);
+    assert_eq!(
+        q["config_groups"]["group_0"]["weights"]["strategy"],
+        "channel"
+    );
+    assert_eq!(
+        q["config_groups"]["group_0"]["input_activations"]["dynamic"],
+        true
+    );
+    let ckpt = Checkpoint::open(d.join("a")).unwrap();
+    let exps = ckpt.tensor("blk.1.ffn_up_exps.weight").unwrap();
+    assert_eq!(exps.parts.len(), 8);
+    assert_eq!(exps.parts[0].type_name().to_string(), "ct-i8-ch");
+    let mut row = vec![0.0f32; 256];
+    exps.parts[3].dequant_row(5, &mut row);
+    let rms = (row.iter().map(|x| x * x).sum::<f32>() / 256.0).sqrt();
+    let want = synth::plan::WEIGHT_GAIN / 256f32.sqrt();
+    assert!((rms / want - 1.0).abs() < 0.25, "rms {rms} vs {want}");
+    assert_eq!(
+        ckpt.tensor("blk.1.attn_q.weight").unwrap().parts[0]
+            .type_name()
+            .to_string(),
+        "bf16"
+    );
     o.n_threads = 1;
     synth::write(&d.join("b"), &o).unwrap();
     assert!(dir_bytes(&d.join("a")) == dir_bytes(&d.join("b")));

@@ -550,6 +550,85 @@ impl<'a> CtMatrix<'a> {
         })
     }
 
+    /// The 16-bit scale dtype of an 8-bit integer matrix (pack-quantized 8-bit, W8A16; or
+    /// int-quantized `I8`, W8A8) whose scale runs cover whole 32-column chunks (group a
+    /// multiple of 32, one scale per row or tensor, or blocks a multiple of 32 columns wide,
+    /// with a multiple of 32 columns), else `None`: the matrices [`CtMatrix::int8_chunk`]
+    /// serves (the CUDA backend keeps them as 32-element blocks).
+    pub fn int8_chunked(&self) -> Option<ScaleDtype> {
+        let l = &self.layout;
+        if !matches!(
+            l.kind,
+            CtKind::PackedInt { bits: 8, .. } | CtKind::Int8 { .. }
+        ) {
+            return None;
+        }
+        let whole = l.cols.is_multiple_of(32)
+            && match l.kind.strategy() {
+                CtStrategy::Group(g) => g.is_multiple_of(32),
+                CtStrategy::Channel | CtStrategy::Tensor => true,
+                CtStrategy::Block { cols, .. } => cols.is_multiple_of(32),
+            };
+        match l.scale_dtype {
+            ScaleDtype::Bf16 | ScaleDtype::F16 if whole => Some(l.scale_dtype),
+            _ => None,
+        }
+    }
+
+    /// Chunk `c` (columns `32c .. 32c + 32`) of row `r` of an [`CtMatrix::int8_chunked`]
+    /// matrix: the signed codes `q` (pack-quantized bytes less 128; `I8` bytes as they are),
+    /// the chunk's raw scale bits (in the scale dtype) and its rounded zero point, so that
+    /// element `i` is `sd.round(sd.round(q[i] − z) · s)`, exactly as
+    /// [`CtMatrix::dequant_row`] decodes it.
+    pub fn int8_chunk(&self, r: usize, c: usize) -> ([i8; 32], u16, f32) {
+        let l = &self.layout;
+        debug_assert!(self.int8_chunked().is_some() && r < l.rows && 32 * c < l.cols);
+        let rb = l.weight_row_bytes();
+        let bytes = &self.weight[r * rb + 32 * c..r * rb + 32 * c + 32];
+        // Pack-quantized 8-bit: column c is byte c of the row's little-endian words, stored
+        // + 128 (spec/formats.md §7.3).
+        let off = if matches!(l.kind, CtKind::PackedInt { .. }) {
+            0x80
+        } else {
+            0
+        };
+        let q = core::array::from_fn(|i| (bytes[i] ^ off) as i8);
+        let (gc, cell) = self.chunk_cell(r, c);
+        let z = l.scale_dtype.round(self.zero_point(r, gc, cell));
+        (q, u16_le(self.scale, cell), z)
+    }
+
+    /// Whether every chunk's rounded zero point of an [`CtMatrix::int8_chunked`] matrix is an
+    /// integer in `i8`'s range. Symmetric and packed 8-bit zero points always are (stored
+    /// + 128 in a byte); plain (float) ones are checked one by one.
+    pub fn int8_zeros_fit_i8(&self) -> bool {
+        let l = &self.layout;
+        if !matches!(l.zero, Some(ZeroPoint::Plain(_))) {
+            return true;
+        }
+        (0..l.rows).all(|r| {
+            (0..l.cols / 32).all(|c| {
+                let (gc, cell) = self.chunk_cell(r, c);
+                let z = l.scale_dtype.round(self.zero_point(r, gc, cell));
+                (-128.0..=127.0).contains(&z) && z == z as i8 as f32
+            })
+        })
+    }
+
+    /// The scale column and grid cell of chunk `c` of row `r` for every strategy whose scale
+    /// runs are whole chunks (the `int8_chunked` ones; blocks included).
+    fn chunk_cell(&self, r: usize, c: usize) -> (usize, usize) {
+        let l = &self.layout;
+        let (_, grid_cols) = l.scale_grid();
+        let (gc, grid_row) = match l.kind.strategy() {
+            CtStrategy::Group(g) => (32 * c / g as usize, r),
+            CtStrategy::Channel => (0, r),
+            CtStrategy::Tensor => (0, 0),
+            CtStrategy::Block { rows, cols } => (32 * c / cols as usize, r / rows as usize),
+        };
+        (gc, grid_row * grid_cols + gc)
+    }
+
     /// The scale column and grid cell of chunk `c` of row `r` (an `int4_chunked` matrix).
     fn int4_cell(&self, r: usize, c: usize) -> (usize, usize) {
         let l = &self.layout;
@@ -758,6 +837,123 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[cfg(feature = "alloc")]
+    /// `int8_chunk` reproduces `dequant_row` element for element: pack-quantized 8-bit (W8A16,
+    /// group 64 and channel, packed zero points) and int-quantized `I8` (W8A8: channel,
+    /// tensor, 64×64 blocks, plain zero points), bf16 and f16 scales.
+    #[test]
+    fn int8_chunks_decode_as_dequant_row() {
+        let (rows, cols) = (80usize, 128usize);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut byte = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        };
+        let packed = |st, sym| CtKind::packed_int(8, st, sym, PackOrder::Dense);
+        let i8k = |strategy, symmetric| CtKind::Int8 {
+            symmetric,
+            strategy,
+        };
+        for (kind, sd, zero) in [
+            (packed(CtStrategy::Group(64), true), ScaleDtype::Bf16, None),
+            (
+                packed(CtStrategy::Group(64), false),
+                ScaleDtype::F16,
+                Some(ZeroPoint::Packed),
+            ),
+            (packed(CtStrategy::Channel, true), ScaleDtype::Bf16, None),
+            (i8k(CtStrategy::Channel, true), ScaleDtype::Bf16, None),
+            (i8k(CtStrategy::Tensor, true), ScaleDtype::F16, None),
+            (
+                i8k(CtStrategy::Block { rows: 64, cols: 64 }, true),
+                ScaleDtype::Bf16,
+                None,
+            ),
+            (
+                i8k(CtStrategy::Channel, false),
+                ScaleDtype::Bf16,
+                Some(ZeroPoint::Plain(ZpDtype::I8)),
+            ),
+        ] {
+            let layout = CtLayout {
+                kind,
+                rows,
+                cols,
+                scale_dtype: sd,
+                zero,
+            };
+            let weight: alloc::vec::Vec<u8> = (0..layout.weight_bytes()).map(|_| byte()).collect();
+            let scale: alloc::vec::Vec<u8> = (0..layout.scale_bytes() / 2)
+                .flat_map(|i| {
+                    let v = 0.004 + 0.001 * (i % 13) as f32;
+                    match sd {
+                        ScaleDtype::F16 => half::f16::from_f32(v).to_bits().to_le_bytes(),
+                        _ => half::bf16::from_f32(v).to_bits().to_le_bytes(),
+                    }
+                })
+                .collect();
+            let zero: alloc::vec::Vec<u8> = (0..layout.zero_bytes()).map(|_| byte()).collect();
+            let m = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
+            assert_eq!(m.int8_chunked(), Some(sd), "{kind}");
+            assert_eq!(m.int4_chunked(), None);
+            assert!(m.int8_zeros_fit_i8(), "{kind}");
+            let mut row = [0.0f32; 128];
+            for r in 0..rows {
+                m.dequant_row(r, &mut row);
+                for c in 0..cols / 32 {
+                    let (q, sb, z) = m.int8_chunk(r, c);
+                    let s = match sd {
+                        ScaleDtype::F16 => half::f16::from_bits(sb).to_f32(),
+                        _ => half::bf16::from_bits(sb).to_f32(),
+                    };
+                    for i in 0..32 {
+                        let want = sd.round(sd.round(q[i] as f32 - z) * s);
+                        assert_eq!(
+                            want.to_bits(),
+                            row[32 * c + i].to_bits(),
+                            "{kind} r{r} c{c} i{i}"
+                        );
+                    }
+                }
+            }
+        }
+        // Not chunked: 4-bit, FP8, f32 scales, groups that are not whole chunks.
+        let not = |kind, sd| CtLayout {
+            kind,
+            rows: 2,
+            cols: 64,
+            scale_dtype: sd,
+            zero: None,
+        };
+        for l in [
+            not(
+                CtKind::packed_int(4, CtStrategy::Group(32), true, PackOrder::Dense),
+                ScaleDtype::Bf16,
+            ),
+            not(
+                CtKind::Fp8 {
+                    strategy: CtStrategy::Channel,
+                },
+                ScaleDtype::Bf16,
+            ),
+            not(i8k(CtStrategy::Channel, true), ScaleDtype::F32),
+            not(i8k(CtStrategy::Group(16), true), ScaleDtype::Bf16),
+        ] {
+            let (w, s) = (
+                alloc::vec![0u8; l.weight_bytes()],
+                alloc::vec![0u8; l.scale_bytes()],
+            );
+            assert_eq!(
+                CtMatrix::new(l, &w, &s, &[]).unwrap().int8_chunked(),
+                None,
+                "{}",
+                l.kind
+            );
         }
     }
 

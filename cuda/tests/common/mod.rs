@@ -51,13 +51,32 @@ pub fn random_ct4(
     asym: bool,
     sd: lagoon_core::quant::ct::ScaleDtype,
 ) -> (lagoon_core::quant::ct::CtLayout, [Vec<u8>; 3]) {
-    use lagoon_core::quant::ct::{CtKind, CtLayout, CtStrategy, PackOrder, ScaleDtype, ZeroPoint};
+    use lagoon_core::quant::ct::{CtKind, CtStrategy, PackOrder};
+    let kind = CtKind::packed_int(4, CtStrategy::Group(32), !asym, PackOrder::Dense);
+    random_ct(rng, kind, rows, cols, sd)
+}
+
+/// A random compressed-tensors matrix of `kind` (zero points packed for pack-quantized kinds,
+/// plain `I8` for int-quantized ones, when asymmetric), scales in 0.002 .. 0.012 in `sd`.
+pub fn random_ct(
+    rng: &mut Rng,
+    kind: lagoon_core::quant::ct::CtKind,
+    rows: usize,
+    cols: usize,
+    sd: lagoon_core::quant::ct::ScaleDtype,
+) -> (lagoon_core::quant::ct::CtLayout, [Vec<u8>; 3]) {
+    use lagoon_core::quant::ct::{CtKind, CtLayout, ScaleDtype, ZeroPoint, ZpDtype};
+    let zero = match kind {
+        _ if kind.symmetric() => None,
+        CtKind::PackedInt { .. } => Some(ZeroPoint::Packed),
+        _ => Some(ZeroPoint::Plain(ZpDtype::I8)),
+    };
     let layout = CtLayout {
-        kind: CtKind::packed_int(4, CtStrategy::Group(32), !asym, PackOrder::Dense),
+        kind,
         rows,
         cols,
         scale_dtype: sd,
-        zero: asym.then_some(ZeroPoint::Packed),
+        zero,
     };
     let weight: Vec<u8> = (0..layout.weight_bytes()).map(|_| rng.byte()).collect();
     let scale: Vec<u8> = (0..layout.scale_bytes() / 2)

@@ -1,8 +1,10 @@
 //! Streaming compressed-tensors output: a HF checkpoint directory shaped like poolside's
 //! INT4 release (spec/laguna.md §9.1–9.2): routed experts W4A16 pack-quantized, group 32,
-//! symmetric, BF16 scales; everything else BF16 (router bias F32); `config.json` with the
-//! `quantization_config` and the Laguna-standard ignore list; sharded
-//! `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json`.
+//! symmetric, BF16 scales — or, for `int8`, W8A8 int-quantized (`I8` weights, one BF16 scale
+//! per output channel, dynamic per-token int8 activations: llm-compressor's W8A8 scheme);
+//! everything else BF16 (router bias F32); `config.json` with the `quantization_config` and
+//! the Laguna-standard ignore list; sharded `model-0000k-of-0000n.safetensors` plus
+//! `model.safetensors.index.json`.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -24,16 +26,18 @@ use super::{Summary, SynthError, SynthOptions};
 pub const GROUP: u64 = 32;
 /// RMS of the signed 4-bit values −8..7 (stored nibble − 8) when nibbles are uniform.
 const INT4_RMS: f32 = 4.636_809;
+/// RMS of uniform signed bytes −128..127: sqrt(Σ k² / 256).
+const INT8_RMS: f32 = 73.900_6;
 
 /// How one stored tensor's bytes are drawn.
 #[derive(Clone, Debug)]
 enum Kind {
     /// BF16 or F32 values.
     Float { ty: GgmlType, init: Init },
-    /// `weight_packed` I32 words: 8 random nibbles each.
+    /// `weight_packed` I32 words (8 random nibbles each), or `weight` I8 codes: random bytes.
     Packed,
-    /// `weight_scale` BF16: `std / INT4_RMS`, ±10% per group.
-    Scale { std: f32 },
+    /// `weight_scale` BF16: `std / rms` (the codes' RMS), ±10% per group or channel.
+    Scale { std: f32, rms: f32 },
     /// `weight_shape` I64 `[out, in]`.
     WeightShape([i64; 2]),
 }
@@ -90,6 +94,7 @@ fn hf_tensors(o: &SynthOptions) -> Result<Vec<HfTensor>, SynthError> {
             * match dtype {
                 "BF16" => 2,
                 "F32" | "I32" => 4,
+                "I8" => 1,
                 _ => 8,
             };
         v.push(HfTensor {
@@ -126,6 +131,19 @@ fn hf_tensors(o: &SynthOptions) -> Result<Vec<HfTensor>, SynthError> {
             };
             for e in 0..n_exp {
                 let m = format!("{module}.{e}.{proj}");
+                if o.mix == super::mix::TypeMix::Int8 {
+                    push(
+                        format!("{m}.weight"),
+                        "I8",
+                        vec![n_out, k_in],
+                        Kind::Packed,
+                        1,
+                    );
+                    let rms = INT8_RMS;
+                    let kind = Kind::Scale { std, rms };
+                    push(format!("{m}.weight_scale"), "BF16", vec![n_out, 1], kind, 2);
+                    continue;
+                }
                 push(
                     format!("{m}.weight_packed"),
                     "I32",
@@ -137,7 +155,7 @@ fn hf_tensors(o: &SynthOptions) -> Result<Vec<HfTensor>, SynthError> {
                     format!("{m}.weight_scale"),
                     "BF16",
                     vec![n_out, k_in / GROUP],
-                    Kind::Scale { std },
+                    Kind::Scale { std, rms: INT4_RMS },
                     2,
                 );
                 push(
@@ -175,8 +193,8 @@ fn generate(t: &HfTensor, seed: u64, job: &Job, out: &mut [u8]) {
             blocks::write_values(*ty, &v[first..first + job.n_units as usize], out)
         }
         Kind::Packed => rng.fill(out),
-        Kind::Scale { std } => {
-            let s = std / INT4_RMS;
+        Kind::Scale { std, rms } => {
+            let s = std / rms;
             for c in out.chunks_exact_mut(2) {
                 let jitter = 0.9 + 0.2 * rng.unit();
                 c.copy_from_slice(&bf16::from_f32(s * jitter).to_le_bytes());
@@ -274,31 +292,64 @@ pub fn config_json(o: &SynthOptions) -> Value {
     ];
     ignore.extend(dense.into_iter().map(Value::String));
     ignore.push(json!("re:.*\\.mlp\\.shared_expert\\.(gate|up|down)_proj$"));
+    let int8 = o.mix == super::mix::TypeMix::Int8;
+    let format = if int8 {
+        "int-quantized"
+    } else {
+        "pack-quantized"
+    };
+    let group = if int8 {
+        json!({
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 8,
+                "type": "int",
+                "symmetric": true,
+                "group_size": null,
+                "strategy": "channel",
+                "dynamic": false,
+                "actorder": null,
+                "observer": "minmax",
+            },
+            "input_activations": {
+                "num_bits": 8,
+                "type": "int",
+                "symmetric": true,
+                "group_size": null,
+                "strategy": "token",
+                "dynamic": true,
+                "actorder": null,
+                "observer": null,
+            },
+            "output_activations": null,
+            "format": format,
+        })
+    } else {
+        json!({
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": true,
+                "group_size": GROUP,
+                "strategy": "group",
+                "dynamic": false,
+                "actorder": null,
+                "observer": "minmax",
+            },
+            "input_activations": null,
+            "output_activations": null,
+            "format": format,
+        })
+    };
     let quantization = json!({
         "version": "0.20.0",
         "quant_method": "compressed-tensors",
         "sparsity_config": {},
         "transform_config": {},
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {
-                    "num_bits": 4,
-                    "type": "int",
-                    "symmetric": true,
-                    "group_size": GROUP,
-                    "strategy": "group",
-                    "dynamic": false,
-                    "actorder": null,
-                    "observer": "minmax",
-                },
-                "input_activations": null,
-                "output_activations": null,
-                "format": "pack-quantized",
-            }
-        },
+        "config_groups": { "group_0": group },
         "kv_cache_scheme": null,
-        "format": "pack-quantized",
+        "format": format,
         "quantization_status": "compressed",
         "global_compression_ratio": null,
         "ignore": ignore,

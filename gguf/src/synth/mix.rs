@@ -77,10 +77,14 @@ pub enum TypeMix {
     Bf16,
     /// compressed-tensors W4A16 group 32 directory (poolside's INT4 release layout).
     Int4G32,
+    /// compressed-tensors INT8 W8A8 directory (llm-compressor's `W8A8` scheme: int-quantized
+    /// `I8` routed experts, one bf16 scale per output channel, dynamic per-token int8
+    /// activations), everything else as in the INT4 layout.
+    Int8,
 }
 
 impl TypeMix {
-    pub const ALL: [TypeMix; 8] = [
+    pub const ALL: [TypeMix; 9] = [
         TypeMix::Q4KM,
         TypeMix::Q5KM,
         TypeMix::Q8_0,
@@ -89,6 +93,7 @@ impl TypeMix {
         TypeMix::Iq4Xs,
         TypeMix::Bf16,
         TypeMix::Int4G32,
+        TypeMix::Int8,
     ];
 
     /// The CLI spelling.
@@ -102,6 +107,7 @@ impl TypeMix {
             TypeMix::Iq4Xs => "iq4_xs",
             TypeMix::Bf16 => "bf16",
             TypeMix::Int4G32 => "int4-g32",
+            TypeMix::Int8 => "int8",
         }
     }
 
@@ -121,7 +127,7 @@ impl TypeMix {
             TypeMix::Iq2M => Some(29),
             TypeMix::Iq4Xs => Some(30),
             TypeMix::Bf16 => Some(32),
-            TypeMix::Int4G32 => None,
+            TypeMix::Int4G32 | TypeMix::Int8 => None,
         }
     }
 
@@ -136,7 +142,7 @@ impl TypeMix {
         let more = use_more_bits(layer, n_layers);
         match self {
             TypeMix::Q8_0 => Q8_0,
-            TypeMix::Bf16 | TypeMix::Int4G32 => BF16,
+            TypeMix::Bf16 | TypeMix::Int4G32 | TypeMix::Int8 => BF16,
             TypeMix::Q4KM => match role {
                 Output => Q6K,
                 V | DenseDown | ExpDown | ShDown if more => Q6K,

@@ -131,15 +131,15 @@ impl From<GgufError> for SynthError {
     }
 }
 
-/// Writes the checkpoint: a GGUF file at `path`, or for [`TypeMix::Int4G32`] a
-/// compressed-tensors directory.
+/// Writes the checkpoint: a GGUF file at `path`, or for [`TypeMix::Int4G32`] and
+/// [`TypeMix::Int8`] a compressed-tensors directory.
 pub fn write(path: &Path, o: &SynthOptions) -> Result<Summary, SynthError> {
     let o = SynthOptions {
         n_threads: o.threads(),
         ..o.clone()
     };
     match o.mix {
-        TypeMix::Int4G32 => ct::write(path, &o),
+        TypeMix::Int4G32 | TypeMix::Int8 => ct::write(path, &o),
         _ => gguf_out::write(path, &o),
     }
 }
@@ -153,8 +153,10 @@ pub fn estimated_bytes(o: &SynthOptions) -> u64 {
             let n = p.n_elements();
             match o.mix {
                 TypeMix::Int4G32 if p.role.is_routed_expert() => n / 2 + n / ct::GROUP * 2 + 16,
-                TypeMix::Int4G32 if p.role == Role::RouterBias => n * 4,
-                TypeMix::Int4G32 => n * 2,
+                // I8 codes and one bf16 scale per output row of each expert.
+                TypeMix::Int8 if p.role.is_routed_expert() => n + n / p.ne[0] * 2,
+                TypeMix::Int4G32 | TypeMix::Int8 if p.role == Role::RouterBias => n * 4,
+                TypeMix::Int4G32 | TypeMix::Int8 => n * 2,
                 mix => {
                     let ty = gguf_out::tensor_type(p, mix, o.shape.n_layers);
                     let (be, bb) = ty.block();
