@@ -19,10 +19,16 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   lap "device tests rc=$?"
   grep -E "test result|FAILED|panicked|bitwise" "$out/tests.log" | head -40
 fi
-# TYPES: the synth type mix (q4_k_m, or int4-g32 for the W4A16 compressed-tensors directory).
+# TYPES: the synth type mix (q4_k_m, iq4_xs, ...; int4-g32 and int8 write compressed-tensors
+# directories); PRESET: the synth preset (s-2.1; an int8 S 2.1 is ~132 GB, more than
+# /dev/shm holds, so take xs-2.1 for int8).
 types=${TYPES:-q4_k_m}
-if [ "$types" = int4-g32 ]; then model=${MODEL:-/dev/shm/s21-int4}; else model=${MODEL:-/dev/shm/s21-q4km.gguf}; fi
-[ -e "$model" ] || .device/bin/synth --preset s-2.1 --types "$types" --threads 16 --out "$model" > "$out/synth.log" 2>&1
+preset=${PRESET:-s-2.1}
+case "$types" in
+  int4-g32 | int8) model=${MODEL:-/dev/shm/$preset-$types} ;;
+  *) model=${MODEL:-/dev/shm/$preset-$types.gguf} ;;
+esac
+[ -e "$model" ] || .device/bin/synth --preset "$preset" --types "$types" --threads 16 --out "$model" > "$out/synth.log" 2>&1
 lap "synth done"
 # VARIANTS: environment settings compared, interleaved (default: programmatic launch off/on);
 # one variant may set several variables, comma-separated (A=1,B=1).

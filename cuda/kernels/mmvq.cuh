@@ -543,37 +543,55 @@ __device__ __forceinline__ float h_dot8(const uint4& w, const float4& x0, const 
     return fmaf(h_hi<T>(w.w), x1.w, acc);
 }
 
-template <int T, bool WAIT = false>
-__device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+// The lane's shares of R float rows (R = 1 or 2: a row, or gate and up) against one f32
+// activation, not reduced: warp w of W on the rows takes pieces of 8 elements w·32 + lane,
+// (w + W)·32 + lane, ..., B pieces per row fetched (all rows' pieces in flight together)
+// before any is added, each piece's activation read once for all R rows. WAIT: the first
+// fetch goes out before the kernel's pdl_wait (weights are never written by a kernel).
+template <int T, int R, int W, int B, bool WAIT>
+__device__ __forceinline__ void lane_parts_h(const u8* const __restrict__ rows[R], const u8* __restrict__ a,
+                                             int cols, int w, float acc[R]) {
     int lane = threadIdx.x & 31;
-    const uint4* w4 = (const uint4*)row;
     const float4* x4 = (const float4*)a;
     int n8 = cols / 8;
-    float acc = 0.0f;
-    uint4 w[H_BATCH];
+    uint4 wv[R][B];
+    #pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     auto fetch = [&](int i0) {
         #pragma unroll
-        for (int u = 0; u < H_BATCH; u++) {
-            int i = i0 + 32 * u;
-            if (i < n8) w[u] = ldw4(w4 + i);
+        for (int u = 0; u < B; u++) {
+            int i = i0 + 32 * W * u;
+            if (i < n8) {
+                #pragma unroll
+                for (int r = 0; r < R; r++) wv[r][u] = ldw4((const uint4*)rows[r] + i);
+            }
         }
     };
-    int i0 = lane;
+    int i0 = 32 * w + lane;
     fetch(i0);
     if (WAIT) warp_pdl_wait();
     while (i0 < n8) {
         #pragma unroll
-        for (int u = 0; u < H_BATCH; u++) {
-            int i = i0 + 32 * u;
+        for (int u = 0; u < B; u++) {
+            int i = i0 + 32 * W * u;
             if (i < n8) {
                 float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
-                acc = h_dot8<T>(w[u], x0, x1, acc);
+                #pragma unroll
+                for (int r = 0; r < R; r++) acc[r] = h_dot8<T>(wv[r][u], x0, x1, acc[r]);
             }
         }
-        i0 += 32 * H_BATCH;
+        i0 += 32 * W * B;
         if (i0 < n8) fetch(i0);
     }
-    return acc;
+}
+
+// A lane's share of one float row, one warp on the row, H_BATCH pieces in flight.
+template <int T, bool WAIT = false>
+__device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    const u8* rows[1] = {row};
+    float acc[1];
+    lane_parts_h<T, 1, 1, H_BATCH, WAIT>(rows, a, cols, 0, acc);
+    return acc[0];
 }
 
 // lane_part_h split in two: `load` issues the lane's first B pieces of a row (weights only,
@@ -622,40 +640,10 @@ struct HRowPart {
 template <int T, int W, bool WAIT = false>
 __device__ __forceinline__ float2 warp_parts2_h(const u8* __restrict__ r0, const u8* __restrict__ r1,
                                                 const u8* __restrict__ a, int cols, int w) {
-    int lane = threadIdx.x & 31;
-    const uint4* g4 = (const uint4*)r0;
-    const uint4* u4 = (const uint4*)r1;
-    const float4* x4 = (const float4*)a;
-    int n8 = cols / 8;
-    float ag = 0.0f, au = 0.0f;
-    uint4 wg[H_BATCH / 2], wu[H_BATCH / 2];
-    auto fetch = [&](int i0) {
-        #pragma unroll
-        for (int u = 0; u < H_BATCH / 2; u++) {
-            int i = i0 + 32 * W * u;
-            if (i < n8) {
-                wg[u] = ldw4(g4 + i);
-                wu[u] = ldw4(u4 + i);
-            }
-        }
-    };
-    int i0 = 32 * w + lane;
-    fetch(i0);
-    if (WAIT) warp_pdl_wait();
-    while (i0 < n8) {
-        #pragma unroll
-        for (int u = 0; u < H_BATCH / 2; u++) {
-            int i = i0 + 32 * W * u;
-            if (i < n8) {
-                float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
-                ag = h_dot8<T>(wg[u], x0, x1, ag);
-                au = h_dot8<T>(wu[u], x0, x1, au);
-            }
-        }
-        i0 += 32 * W * (H_BATCH / 2);
-        if (i0 < n8) fetch(i0);
-    }
-    return make_float2(warp_sum(ag), warp_sum(au));
+    const u8* rows[2] = {r0, r1};
+    float acc[2];
+    lane_parts_h<T, 2, W, H_BATCH / 2, WAIT>(rows, a, cols, w, acc);
+    return make_float2(warp_sum(acc[0]), warp_sum(acc[1]));
 }
 
 // Warp w's share (of W warps on one row) of a float row against the f32 activation, not
@@ -663,32 +651,10 @@ __device__ __forceinline__ float2 warp_parts2_h(const u8* __restrict__ r0, const
 template <int T, int W, bool WAIT = false>
 __device__ __forceinline__ float lane_part_h_split(const u8* __restrict__ row, const u8* __restrict__ a, int cols,
                                                    int w) {
-    int lane = threadIdx.x & 31;
-    const uint4* w4 = (const uint4*)row;
-    const float4* x4 = (const float4*)a;
-    int n8 = cols / 8;
-    float acc = 0.0f;
-    uint4 wv[H_BATCH / 2];
-    auto fetch = [&](int i0) {
-        #pragma unroll
-        for (int u = 0; u < H_BATCH / 2; u++) {
-            int i = i0 + 32 * W * u;
-            if (i < n8) wv[u] = ldw4(w4 + i);
-        }
-    };
-    int i0 = 32 * w + lane;
-    fetch(i0);
-    if (WAIT) warp_pdl_wait();
-    while (i0 < n8) {
-        #pragma unroll
-        for (int u = 0; u < H_BATCH / 2; u++) {
-            int i = i0 + 32 * W * u;
-            if (i < n8) acc = h_dot8<T>(wv[u], x4[2 * i], x4[2 * i + 1], acc);
-        }
-        i0 += 32 * W * (H_BATCH / 2);
-        if (i0 < n8) fetch(i0);
-    }
-    return acc;
+    const u8* rows[1] = {row};
+    float acc[1];
+    lane_parts_h<T, 1, W, H_BATCH / 2, WAIT>(rows, a, cols, w, acc);
+    return acc[0];
 }
 
 // Four grid magnitudes (bytes of g) with their signs applied: bit j of s4 negates byte j
