@@ -1194,3 +1194,79 @@ fn quant_type_models_match_llama_cpp() {
         );
     }
 }
+
+/// Every KV cache on a whole model with head_dim 128 (the tiny fixtures' 16 and 64 are too
+/// narrow for the q8_0 cache and the tensor-core attention): a 4-layer S 2.1-shaped model
+/// shrunk to hidden 256 (GQA groups of 6 and 9 over 2 KV heads, a 16-key sliding window so
+/// the rings wrap, partial RoPE with YaRN on the full layers) written by `synth` (Q8_0), 40
+/// tokens. Against the f32 cache on the quantised path: prefill, chunks of 7 (the q8_0
+/// cache's small steps take the tensor-core prefill kernel) and decode (within twice the
+/// decode path's own spread against its chunked steps, as `kv_16bit_caches_match_the_f32_cache`
+/// bounds it); decode replayed as a graph equals the eager steps bitwise.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn kv_caches_on_a_head_dim_128_model() {
+    use lagoon_gguf::synth::{self, mix::TypeMix, preset::Preset};
+    let shape = lagoon_gguf::synth::preset::Shape {
+        vocab_size: 512,
+        hidden: 256,
+        n_heads_full: 12,
+        n_heads_sliding: 18,
+        n_kv_heads: 2,
+        sliding_window: 16,
+        dense_ffn: 512,
+        n_experts: 8,
+        n_experts_used: 2,
+        expert_ffn: 256,
+        shared_ffn: 256,
+        ..Preset::S21.shape()
+    }
+    .with_layers(4);
+    assert_eq!(shape.head_dim, 128);
+    let dir = std::env::temp_dir().join(format!("lagoon-kv128-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.gguf");
+    let mut o = synth::SynthOptions::new(shape, TypeMix::Q8_0, "kv128");
+    o.seed = 7;
+    synth::write(&path, &o).unwrap();
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let w = weights(&ckpt);
+    let mut rng = Rng(0x6e33_0128);
+    let toks: Vec<u32> = (0..40).map(|_| (rng.next() % 512) as u32).collect();
+    let run = |ubatch: usize, kv: KvCache, graphs: bool| {
+        let opts = CudaSessionOptions {
+            ubatch,
+            all_logits: true,
+            cuda_graphs: graphs,
+            quantized_activations: true,
+            kv,
+            ..Default::default()
+        };
+        session_logits(&ckpt, &w, &toks, opts)
+    };
+    let spread = rel_l2(&run(1, KvCache::F32, true), &run(7, KvCache::F32, true));
+    println!("head_dim 128: quantised decode vs chunked steps, f32 cache: rel L2 {spread:.3e}");
+    for kv in [KvCache::F16, KvCache::Bf16, KvCache::Q8_0] {
+        assert!(
+            same_bits(&run(1, kv, true), &run(1, kv, false)),
+            "kv {kv:?}: graph replay differs from eager steps"
+        );
+        for ubatch in [toks.len(), 7, 1] {
+            let e = rel_l2(&run(ubatch, kv, true), &run(ubatch, KvCache::F32, true));
+            println!("head_dim 128: kv {kv:?} vs f32, ubatch {ubatch}: rel L2 {e:.3e}");
+            // The tensor-core kernels (prefill, decode) stage an f32 cache's K and V as f16,
+            // so the f16 cache gives their bits exactly; the 7-token steps of the f16 cache
+            // take attention.cu, which reads the f32 values as they are.
+            if kv == KvCache::F16 && ubatch != 7 {
+                assert_eq!(e, 0.0, "kv f16, ubatch {ubatch}: not the f32 cache's bits");
+                continue;
+            }
+            let bound = if ubatch == 1 { 2.0 * spread } else { 3e-2 };
+            assert!(
+                e > 0.0 && e < bound,
+                "kv {kv:?}, ubatch {ubatch}: {e:.3e} (bound {bound:.1e})"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
