@@ -233,8 +233,10 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
         for (int k = 0; k < 8; k++) q[k] = __funnelshift_r(r.win[k], r.win[k + 1], r.sh);
         #pragma unroll
         for (int j = 0; j < 32; j++) w[j] = __fmul_rn(d, (float)(signed char)byte_of(q, j));
-    } else if constexpr (T == WT_CT4) {
-        // compressed-tensors' dequantize in the scale dtype: rnd(rnd((q - 8) - z) * s).
+    } else if constexpr (T == WT_CT4 || T == WT_CT8) {
+        // compressed-tensors' dequantize in the scale dtype: rnd(rnd(q - z) * s), q the signed
+        // code (CT4: nibble - 8; CT8: the code byte), from the block's header word (scale
+        // bits, zero point, dtype).
         u32 h = r.w[0];
         bool bf = (h >> 24) == WT_BF16;
         unsigned short sb = (unsigned short)(h & 0xFFFF);
@@ -242,22 +244,8 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
         float z = (float)(signed char)((h >> 16) & 0xFF);
         #pragma unroll
         for (int i = 0; i < 32; i++) {
-            int q = (int)((r.w[1 + i / 8] >> (4 * (i % 8))) & 0xF) - 8;
-            float t = __fsub_rn((float)q, z);
-            t = bf ? round_bf16(t) : round_f16(t);
-            float y = __fmul_rn(t, s);
-            w[i] = bf ? round_bf16(y) : round_f16(y);
-        }
-    } else if constexpr (T == WT_CT8) {
-        // The same in 8 bits: rnd(rnd(q - z) * s), q the signed code byte.
-        u32 h = r.w[0];
-        bool bf = (h >> 24) == WT_BF16;
-        unsigned short sb = (unsigned short)(h & 0xFFFF);
-        float s = bf ? bf16_to_f32(sb) : f16_to_f32(sb);
-        float z = (float)(signed char)((h >> 16) & 0xFF);
-        #pragma unroll
-        for (int i = 0; i < 32; i++) {
-            int q = (int)(signed char)((r.w[1 + i / 4] >> (8 * (i % 4))) & 0xFF);
+            int q = T == WT_CT4 ? (int)((r.w[1 + i / 8] >> (4 * (i % 8))) & 0xF) - 8
+                                : (int)(signed char)((r.w[1 + i / 4] >> (8 * (i % 4))) & 0xFF);
             float t = __fsub_rn((float)q, z);
             t = bf ? round_bf16(t) : round_f16(t);
             float y = __fmul_rn(t, s);

@@ -141,21 +141,35 @@ pub fn ct8_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
         lagoon_core::quant::ct::ScaleDtype::F16 => 1u8,
         _ => 2u8,
     };
-    let row_bytes = m.cols / 32 * CT8_BLOCK_BYTES;
+    Some(ct_blocks(m, CT8_BLOCK_BYTES, |r, c, b| {
+        // ct8_fits checked that z is an integer in i8's range.
+        let (q, s_bits, z) = ct.int8_chunk(r, c);
+        for (o, v) in b[4..].iter_mut().zip(q) {
+            *o = v as u8;
+        }
+        (s_bits, z, dtype)
+    }))
+}
+
+/// The block rows of a compressed-tensors matrix: `fill(r, c, block)` writes chunk `c` of
+/// row `r`'s codes from byte 4 on and returns its scale bits, zero point and dtype byte,
+/// which go into the block's 4-byte header (`block_ct4` / `block_ct8`).
+fn ct_blocks(
+    m: &MatRef<'_>,
+    block_bytes: usize,
+    mut fill: impl FnMut(usize, usize, &mut [u8]) -> (u16, f32, u8),
+) -> Vec<u8> {
+    let row_bytes = m.cols / 32 * block_bytes;
     let mut out = vec![0u8; m.rows * row_bytes];
     for (r, row) in out.chunks_exact_mut(row_bytes).enumerate() {
-        for (c, b) in row.chunks_exact_mut(CT8_BLOCK_BYTES).enumerate() {
-            // ct8_fits checked that z is an integer in i8's range.
-            let (q, s_bits, z) = ct.int8_chunk(r, c);
+        for (c, b) in row.chunks_exact_mut(block_bytes).enumerate() {
+            let (s_bits, z, dtype) = fill(r, c, b);
             b[..2].copy_from_slice(&s_bits.to_le_bytes());
             b[2] = z as i8 as u8;
             b[3] = dtype;
-            for (o, v) in b[4..].iter_mut().zip(q) {
-                *o = v as u8;
-            }
         }
     }
-    Some(out)
+    out
 }
 
 /// A 4-bit compressed-tensors matrix repacked into [`WType::Ct4`] blocks, or `None` where
@@ -172,19 +186,12 @@ pub fn ct4_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
         lagoon_core::quant::ct::ScaleDtype::F16 => 1u8,
         _ => 2u8,
     };
-    let row_bytes = m.cols / 32 * CT4_BLOCK_BYTES;
-    let mut out = vec![0u8; m.rows * row_bytes];
-    for (r, row) in out.chunks_exact_mut(row_bytes).enumerate() {
-        for (c, b) in row.chunks_exact_mut(CT4_BLOCK_BYTES).enumerate() {
-            // ct4_fits checked that z is an integer in i8's range.
-            let (s_bits, z) = ct.int4_chunk_scale_zero(r, c);
-            b[..2].copy_from_slice(&s_bits.to_le_bytes());
-            b[2] = z as i8 as u8;
-            b[3] = dtype;
-            b[4..].copy_from_slice(ct.int4_chunk_codes(r, c));
-        }
-    }
-    Some(out)
+    Some(ct_blocks(m, CT4_BLOCK_BYTES, |r, c, b| {
+        // ct4_fits checked that z is an integer in i8's range.
+        let (s_bits, z) = ct.int4_chunk_scale_zero(r, c);
+        b[4..].copy_from_slice(ct.int4_chunk_codes(r, c));
+        (s_bits, z, dtype)
+    }))
 }
 
 /// Where a piece of the weight buffer comes from. Repacked and decoded matrices are only

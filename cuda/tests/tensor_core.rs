@@ -699,11 +699,121 @@ fn prefill_attention_matches_the_f32_kernel() {
     }
 }
 
+/// The products of a compressed-tensors matrix `m` repacked into the device's blocks
+/// (`blocks`, `block_bytes` each, weight type `ty`) against the CPU's decoding of it, for
+/// `n` random tokens: the exact f32 product (`matmul`, max rel 1e-5); `gemm.cu`'s
+/// tensor-core products on 64- and 32-token tiles and, where `rf`, `gemm_rf.cu`'s on 64-
+/// and 128-token tiles (the f16-rounded decoded weights, [`BOUND`]); and `gemm_h.cu`'s f16
+/// copy of the matrix, every weight as the CPU decodes it rounded to f16.
+fn check_ct_products(
+    dev: &Device,
+    rng: &mut Rng,
+    m: &MatRef<'_>,
+    blocks: &[u8],
+    block_bytes: usize,
+    ty: WType,
+    rf: bool,
+    n: usize,
+    label: &str,
+) {
+    let (rows, cols) = (m.rows, m.cols);
+    let row_bytes = (cols / 32 * block_bytes) as u64;
+    let (_wb, wp) = upload(dev, blocks);
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+    // Exact: f32 weights as the CPU decodes them, f32 activations.
+    let mut want = vec![0.0f32; n * rows];
+    let mut scratch = vec![0.0; cols];
+    lagoon_core::ops::matmul::matmul(m, &x, n, &mut want, &mut scratch);
+    let (_xb, xp) = upload(dev, &x);
+    let args = |xp: u64, op: u64| {
+        [
+            Arg::P(wp),
+            Arg::P(row_bytes),
+            Arg::P(xp),
+            Arg::P(op),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::I(n as i32),
+        ]
+    };
+    let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+    dev.launch(
+        ty.matmul(),
+        (rows.div_ceil(4) as u32, n.div_ceil(8) as u32),
+        128,
+        &args(xp, ob.device_ptr(&dev.stream).0),
+    )
+    .unwrap();
+    let e = max_rel(&download(dev, &ob), &want);
+    println!("{label} matmul {rows}x{cols} n={n}: max rel err {e:.2e}");
+    assert!(e < 1e-5, "{label} matmul: {e:.2e}");
+    // Tensor cores: the f16-rounded decoded weights.
+    let wr: Vec<Vec<f64>> = (0..rows).map(|r| row_f16(m, r)).collect();
+    let want: Vec<f32> = (0..n)
+        .flat_map(|t| {
+            let xt = &x[t * cols..(t + 1) * cols];
+            wr.iter().map(move |w| dot(w, xt) as f32)
+        })
+        .collect();
+    let (_hb, hp) = to_f16_on_device(dev, &x);
+    let mut sets: Vec<(&str, K, usize)> = [GEMM_TILE_TOKENS, 32]
+        .into_iter()
+        .map(|tile| ("gemm.cu", ty.gemm(tile).dense, tile))
+        .collect();
+    if rf {
+        for tile in [GEMM_TILE_TOKENS, 2 * GEMM_TILE_TOKENS] {
+            let k = gemm_rf(ty, cols, tile).expect("gemm_rf takes these rows");
+            sets.push(("gemm_rf.cu", k.dense, tile));
+        }
+    }
+    for (src, kern, tile) in sets {
+        let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
+        dev.launch(
+            kern,
+            (
+                rows.div_ceil(GEMM_TILE_ROWS) as u32,
+                n.div_ceil(tile) as u32,
+            ),
+            GEMM_THREADS,
+            &args(hp, ob.device_ptr(&dev.stream).0),
+        )
+        .unwrap();
+        let e = max_rel(&download(dev, &ob), &want);
+        println!("{label} {src} tile {tile} {rows}x{cols} n={n}: max rel err {e:.2e}");
+        assert!(e < BOUND, "{label} {src} tile {tile}: {e:.2e}");
+    }
+    // gemm_h.cu's decoder into an f16 copy of the matrix.
+    let hb = dev.stream.alloc_zeros::<u16>(rows * cols).unwrap();
+    dev.launch(
+        ty.dequant_f16(),
+        ((rows * cols / 32).div_ceil(256) as u32, 1),
+        256,
+        &[
+            Arg::P(wp),
+            Arg::P(row_bytes),
+            Arg::P(hb.device_ptr(&dev.stream).0),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+        ],
+    )
+    .unwrap();
+    let h = dev.stream.clone_dtoh(&hb).unwrap();
+    dev.stream.synchronize().unwrap();
+    for (r, wrow) in wr.iter().enumerate() {
+        for (c, &w) in wrow.iter().enumerate() {
+            assert_eq!(
+                half::f16::from_bits(h[r * cols + c]).to_f64(),
+                w,
+                "{label} f16 copy r{r} c{c}"
+            );
+        }
+    }
+}
+
 /// Random 8-bit compressed-tensors matrices repacked into the device's CT8 blocks — W8A16
 /// (pack-quantized 8-bit, group 64, packed zero points, f16 scales) and W8A8 (int-quantized
-/// I8, channel scales, bf16; symmetric and with plain zero points): the exact f32 product
-/// (`matmul`) and `gemm.cu`'s tensor-core products on 64- and 32-token tiles, and
-/// `gemm_h.cu`'s f16 copy of the matrix, against the CPU's decoding of the same matrix.
+/// I8, channel scales, bf16; symmetric and with plain zero points) — against the CPU's
+/// decoding (`check_ct_products`; CT8 has no `gemm_rf.cu` form).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ct8_blocks_decode_as_compressed_tensors() {
@@ -724,101 +834,31 @@ fn ct8_blocks_decode_as_compressed_tensors() {
         (i8ch(false), ScaleDtype::Bf16),
     ] {
         let (layout, [weight, scale, zero]) = common::random_ct(&mut rng, kind, rows, cols, sd);
-        let ct = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
         let m = MatRef {
             rows,
             cols,
-            enc: Encoding::Ct(ct),
+            enc: Encoding::Ct(CtMatrix::new(layout, &weight, &scale, &zero).unwrap()),
         };
         let blocks = lagoon_cuda::weights::ct8_blocks(&m).expect("a CT8-repackable matrix");
-        let row_bytes = (cols / 32 * lagoon_cuda::weights::CT8_BLOCK_BYTES) as u64;
-        let (_wb, wp) = upload(&dev, &blocks);
-        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
-        let mut want = vec![0.0f32; n * rows];
-        let mut scratch = vec![0.0; cols];
-        lagoon_core::ops::matmul::matmul(&m, &x, n, &mut want, &mut scratch);
-        let (_xb, xp) = upload(&dev, &x);
-        let args = |xp: u64, op: u64| {
-            [
-                Arg::P(wp),
-                Arg::P(row_bytes),
-                Arg::P(xp),
-                Arg::P(op),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::I(n as i32),
-            ]
-        };
-        let ty = lagoon_cuda::manifest::WType::Ct8;
-        let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
-        dev.launch(
-            ty.matmul(),
-            (rows.div_ceil(4) as u32, n.div_ceil(8) as u32),
-            128,
-            &args(xp, ob.device_ptr(&dev.stream).0),
-        )
-        .unwrap();
-        let e = max_rel(&download(&dev, &ob), &want);
-        println!("{kind} matmul {rows}x{cols} n={n}: max rel err {e:.2e}");
-        assert!(e < 1e-5, "{kind} matmul: {e:.2e}");
-        // Tensor cores: the f16-rounded decoded weights.
-        let wr: Vec<Vec<f64>> = (0..rows).map(|r| row_f16(&m, r)).collect();
-        let want: Vec<f32> = (0..n)
-            .flat_map(|t| {
-                let xt = &x[t * cols..(t + 1) * cols];
-                wr.iter().map(move |w| dot(w, xt) as f32)
-            })
-            .collect();
-        let (_hb, hp) = to_f16_on_device(&dev, &x);
-        for tile in [GEMM_TILE_TOKENS, 32] {
-            let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
-            dev.launch(
-                ty.gemm(tile).dense,
-                (
-                    rows.div_ceil(GEMM_TILE_ROWS) as u32,
-                    n.div_ceil(tile) as u32,
-                ),
-                GEMM_THREADS,
-                &args(hp, ob.device_ptr(&dev.stream).0),
-            )
-            .unwrap();
-            let e = max_rel(&download(&dev, &ob), &want);
-            println!("{kind} gemm.cu tile {tile} {rows}x{cols} n={n}: max rel err {e:.2e}");
-            assert!(e < BOUND, "{kind} gemm tile {tile}: {e:.2e}");
-        }
-        // gemm_h.cu's decoder: the f16 copy holds every weight as the CPU decodes it,
-        // rounded to f16.
-        let hb = dev.stream.alloc_zeros::<u16>(rows * cols).unwrap();
-        dev.launch(
-            ty.dequant_f16(),
-            ((rows * cols / 32).div_ceil(256) as u32, 1),
-            256,
-            &[
-                Arg::P(wp),
-                Arg::P(row_bytes),
-                Arg::P(hb.device_ptr(&dev.stream).0),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-            ],
-        )
-        .unwrap();
-        let h = dev.stream.clone_dtoh(&hb).unwrap();
-        dev.stream.synchronize().unwrap();
-        for r in 0..rows {
-            for (c, &want) in wr[r].iter().enumerate() {
-                assert_eq!(
-                    half::f16::from_bits(h[r * cols + c]).to_f64(),
-                    want,
-                    "{kind} f16 copy r{r} c{c}"
-                );
-            }
-        }
+        let bb = lagoon_cuda::weights::CT8_BLOCK_BYTES;
+        let label = kind.to_string();
+        check_ct_products(
+            &dev,
+            &mut rng,
+            &m,
+            &blocks,
+            bb,
+            WType::Ct8,
+            false,
+            n,
+            &label,
+        );
     }
 }
 
 /// A random 4-bit compressed-tensors matrix (group 32, bf16 scales; asymmetric with packed
-/// zero points when `asym`), repacked into the device's CT4 blocks: the exact f32 product and
-/// the tensor-core product against the CPU's decoding of the same matrix.
+/// zero points when `asym`), repacked into the device's CT4 blocks, against the CPU's
+/// decoding (`check_ct_products`, `gemm_rf.cu`'s CT4 kernels included).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ct4_blocks_decode_as_compressed_tensors() {
@@ -830,76 +870,14 @@ fn ct4_blocks_decode_as_compressed_tensors() {
     for (asym, cols) in [(false, 512usize), (true, 512), (false, 2304), (true, 2304)] {
         let (layout, [weight, scale, zero]) =
             common::random_ct4(&mut rng, rows, cols, asym, ScaleDtype::Bf16);
-        let ct = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
         let m = MatRef {
             rows,
             cols,
-            enc: Encoding::Ct(ct),
+            enc: Encoding::Ct(CtMatrix::new(layout, &weight, &scale, &zero).unwrap()),
         };
         let blocks = lagoon_cuda::weights::ct4_blocks(&m).expect("a CT4-repackable matrix");
-        let row_bytes = (cols / 32 * lagoon_cuda::weights::CT4_BLOCK_BYTES) as u64;
-        let (_wb, wp) = upload(&dev, &blocks);
-        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
-        // Exact: f32 weights as the CPU decodes them, f32 activations.
-        let mut want = vec![0.0f32; n * rows];
-        let mut scratch = vec![0.0; cols];
-        lagoon_core::ops::matmul::matmul(&m, &x, n, &mut want, &mut scratch);
-        let (_xb, xp) = upload(&dev, &x);
-        let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
-        let args = |xp: u64, op: u64| {
-            [
-                Arg::P(wp),
-                Arg::P(row_bytes),
-                Arg::P(xp),
-                Arg::P(op),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::I(n as i32),
-            ]
-        };
-        let ty = lagoon_cuda::manifest::WType::Ct4;
-        dev.launch(
-            ty.matmul(),
-            (rows.div_ceil(4) as u32, n.div_ceil(8) as u32),
-            128,
-            &args(xp, ob.device_ptr(&dev.stream).0),
-        )
-        .unwrap();
-        let e = max_rel(&download(&dev, &ob), &want);
-        println!("ct4 (asym {asym}) matmul {rows}x{cols} n={n}: max rel err {e:.2e}");
-        assert!(e < 1e-5, "ct4 matmul: {e:.2e}");
-        // Tensor cores: the f16-rounded decoded weights.
-        let wr: Vec<Vec<f64>> = (0..rows).map(|r| row_f16(&m, r)).collect();
-        let want: Vec<f32> = (0..n)
-            .flat_map(|t| {
-                let xt = &x[t * cols..(t + 1) * cols];
-                wr.iter().map(move |w| dot(w, xt) as f32)
-            })
-            .collect();
-        let (_hb, hp) = to_f16_on_device(&dev, &x);
-        // gemm.cu, and gemm_rf.cu's CT4 kernels on 64- and 128-token tiles.
-        let mut sets = vec![("gemm.cu", ty.gemm(GEMM_TILE_TOKENS).dense, GEMM_TILE_TOKENS)];
-        for tile in [GEMM_TILE_TOKENS, 2 * GEMM_TILE_TOKENS] {
-            let k = gemm_rf(ty, cols, tile).expect("gemm_rf takes CT4 rows of 256k columns");
-            sets.push(("gemm_rf.cu", k.dense, tile));
-        }
-        for (src, kern, tile) in sets {
-            let ob = dev.stream.alloc_zeros::<f32>(n * rows).unwrap();
-            dev.launch(
-                kern,
-                (
-                    rows.div_ceil(GEMM_TILE_ROWS) as u32,
-                    n.div_ceil(tile) as u32,
-                ),
-                GEMM_THREADS,
-                &args(hp, ob.device_ptr(&dev.stream).0),
-            )
-            .unwrap();
-            let e = max_rel(&download(&dev, &ob), &want);
-            println!(
-                "ct4 (asym {asym}) {src} tile {tile} {rows}x{cols} n={n}: max rel err {e:.2e}"
-            );
-            assert!(e < BOUND, "ct4 {src} tile {tile}: {e:.2e}");
-        }
+        let bb = lagoon_cuda::weights::CT4_BLOCK_BYTES;
+        let label = format!("ct4 (asym {asym})");
+        check_ct_products(&dev, &mut rng, &m, &blocks, bb, WType::Ct4, true, n, &label);
     }
 }

@@ -778,6 +778,29 @@ mod tests {
         assert_eq!(unpack(&words, 14, 4, PackOrder::Dense), 0xF);
     }
 
+    /// Scales near 0.01 in the layout's scale dtype (f16 or bf16 bits).
+    #[cfg(feature = "alloc")]
+    fn test_scales(layout: &CtLayout) -> alloc::vec::Vec<u8> {
+        (0..layout.scale_bytes() / 2)
+            .flat_map(|i| {
+                let v = 0.004 + 0.001 * (i % 13) as f32;
+                match layout.scale_dtype {
+                    ScaleDtype::F16 => half::f16::from_f32(v).to_bits().to_le_bytes(),
+                    _ => half::bf16::from_f32(v).to_bits().to_le_bytes(),
+                }
+            })
+            .collect()
+    }
+
+    /// The value of 16-bit scale bits `sb` in `sd`.
+    #[cfg(feature = "alloc")]
+    fn scale_value(sd: ScaleDtype, sb: u16) -> f32 {
+        match sd {
+            ScaleDtype::F16 => half::f16::from_bits(sb).to_f32(),
+            _ => half::bf16::from_bits(sb).to_f32(),
+        }
+    }
+
     #[cfg(feature = "alloc")]
     /// `int4_chunk` reproduces `dequant_row` element for element (group 64 and channel,
     /// symmetric and with packed zero points, bf16 and f16 scales).
@@ -804,16 +827,7 @@ mod tests {
                 zero: (!symmetric).then_some(ZeroPoint::Packed),
             };
             let weight: alloc::vec::Vec<u8> = (0..layout.weight_bytes()).map(|_| byte()).collect();
-            // Scales near 0.01 in the scale dtype's bits.
-            let scale: alloc::vec::Vec<u8> = (0..layout.scale_bytes() / 2)
-                .flat_map(|i| {
-                    let v = 0.004 + 0.001 * (i % 13) as f32;
-                    match sd {
-                        ScaleDtype::F16 => half::f16::from_f32(v).to_bits().to_le_bytes(),
-                        _ => half::bf16::from_f32(v).to_bits().to_le_bytes(),
-                    }
-                })
-                .collect();
+            let scale = test_scales(&layout);
             let zero: alloc::vec::Vec<u8> = (0..layout.zero_bytes()).map(|_| byte()).collect();
             let m = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
             assert_eq!(m.int4_chunked(), Some(sd));
@@ -823,10 +837,7 @@ mod tests {
                 m.dequant_row(r, &mut row);
                 for c in 0..cols / 32 {
                     let (sb, z) = m.int4_chunk(r, c, &mut q);
-                    let s = match sd {
-                        ScaleDtype::F16 => half::f16::from_bits(sb).to_f32(),
-                        _ => half::bf16::from_bits(sb).to_f32(),
-                    };
+                    let s = scale_value(sd, sb);
                     for i in 0..32 {
                         let want = sd.round(sd.round((q[i] as i32 - 8) as f32 - z) * s);
                         assert_eq!(
@@ -888,15 +899,7 @@ mod tests {
                 zero,
             };
             let weight: alloc::vec::Vec<u8> = (0..layout.weight_bytes()).map(|_| byte()).collect();
-            let scale: alloc::vec::Vec<u8> = (0..layout.scale_bytes() / 2)
-                .flat_map(|i| {
-                    let v = 0.004 + 0.001 * (i % 13) as f32;
-                    match sd {
-                        ScaleDtype::F16 => half::f16::from_f32(v).to_bits().to_le_bytes(),
-                        _ => half::bf16::from_f32(v).to_bits().to_le_bytes(),
-                    }
-                })
-                .collect();
+            let scale = test_scales(&layout);
             let zero: alloc::vec::Vec<u8> = (0..layout.zero_bytes()).map(|_| byte()).collect();
             let m = CtMatrix::new(layout, &weight, &scale, &zero).unwrap();
             assert_eq!(m.int8_chunked(), Some(sd), "{kind}");
@@ -907,10 +910,7 @@ mod tests {
                 m.dequant_row(r, &mut row);
                 for c in 0..cols / 32 {
                     let (q, sb, z) = m.int8_chunk(r, c);
-                    let s = match sd {
-                        ScaleDtype::F16 => half::f16::from_bits(sb).to_f32(),
-                        _ => half::bf16::from_bits(sb).to_f32(),
-                    };
+                    let s = scale_value(sd, sb);
                     for i in 0..32 {
                         let want = sd.round(sd.round(q[i] as f32 - z) * s);
                         assert_eq!(
