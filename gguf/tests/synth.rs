@@ -205,6 +205,15 @@ fn dir_bytes(dir: &Path) -> Vec<(String, Vec<u8>)> {
     v
 }
 
+/// Row 5 of a 256-column expert matrix decodes to the spread the plan draws weights with.
+fn assert_planned_spread(m: &lagoon_core::weights::MatRef<'_>) {
+    let mut row = vec![0.0f32; 256];
+    m.dequant_row(5, &mut row);
+    let rms = (row.iter().map(|x| x * x).sum::<f32>() / 256.0).sqrt();
+    let want = synth::plan::WEIGHT_GAIN / 256f32.sqrt();
+    assert!((rms / want - 1.0).abs() < 0.25, "rms {rms} vs {want}");
+}
+
 #[test]
 fn int4_g32_directory_opens_sharded_and_deterministic() {
     let d = temp("int4");
@@ -231,11 +240,7 @@ fn int4_g32_directory_opens_sharded_and_deterministic() {
     assert_eq!(exps.parts.len(), 8);
     assert_eq!(exps.parts[0].type_name().to_string(), "ct-int4-g32");
     // Decoded expert weights have the planned spread, and the router stays BF16.
-    let mut row = vec![0.0f32; 256];
-    exps.parts[3].dequant_row(5, &mut row);
-    let rms = (row.iter().map(|x| x * x).sum::<f32>() / 256.0).sqrt();
-    let want = synth::plan::WEIGHT_GAIN / 256f32.sqrt();
-    assert!((rms / want - 1.0).abs() < 0.25, "rms {rms} vs {want}");
+    assert_planned_spread(&exps.parts[3]);
     assert_eq!(
         ckpt.tensor("blk.1.ffn_gate_inp.weight").unwrap().parts[0]
             .type_name()
@@ -275,11 +280,7 @@ fn int8_directory_opens_as_w8a8_channel_experts() {
     let exps = ckpt.tensor("blk.1.ffn_up_exps.weight").unwrap();
     assert_eq!(exps.parts.len(), 8);
     assert_eq!(exps.parts[0].type_name().to_string(), "ct-i8-ch");
-    let mut row = vec![0.0f32; 256];
-    exps.parts[3].dequant_row(5, &mut row);
-    let rms = (row.iter().map(|x| x * x).sum::<f32>() / 256.0).sqrt();
-    let want = synth::plan::WEIGHT_GAIN / 256f32.sqrt();
-    assert!((rms / want - 1.0).abs() < 0.25, "rms {rms} vs {want}");
+    assert_planned_spread(&exps.parts[3]);
     assert_eq!(
         ckpt.tensor("blk.1.attn_q.weight").unwrap().parts[0]
             .type_name()
