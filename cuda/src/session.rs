@@ -202,7 +202,7 @@ impl KvCache {
 /// the quantised path, head_dim [`FLASH_HEAD_DIM`], and every layer's query heads a multiple
 /// of the KV heads with at most [`GQA_MAX_GROUP`] per KV head (`attention_decode_gqa`'s m16
 /// tile). What the q8_0 cache needs, and what `attention_decode_gqa` needs.
-fn q8_kv_ok(cfg: &ModelConfig, quantized: bool) -> bool {
+fn tc_attention_ok(cfg: &ModelConfig, quantized: bool) -> bool {
     quantized
         && cfg.head_dim == FLASH_HEAD_DIM
         && cfg.n_kv_heads > 0
@@ -474,7 +474,7 @@ impl CudaSession {
                 opts.ubatch, cfg.n_experts_used
             ));
         }
-        if opts.kv == KvCache::Q8_0 && !q8_kv_ok(cfg, opts.quantized_activations) {
+        if opts.kv == KvCache::Q8_0 && !tc_attention_ok(cfg, opts.quantized_activations) {
             return unsupported(format!(
                 "a q8_0 KV cache for head_dim {} and up to {} query heads over {} KV heads{}: only the tensor-core attention kernels read it, which need the quantised path (not the reference path), head_dim {FLASH_HEAD_DIM} and at most {GQA_MAX_GROUP} query heads per KV head; use an f16 or bf16 cache (--kv f16)",
                 cfg.head_dim,
@@ -611,7 +611,7 @@ impl CudaSession {
         // kernel (A/B runs); the reference path keeps it and its split counts.
         // The q8_0 cache has no other decode kernel, so `LAGOON_CUDA_ATT_GQA=0` leaves it on.
         let gqa_attention = (opts.kv == KvCache::Q8_0 || env_flag("LAGOON_CUDA_ATT_GQA", true))
-            && q8_kv_ok(cfg, opts.quantized_activations);
+            && tc_attention_ok(cfg, opts.quantized_activations);
         let split_keys = match (opts.attn_split_keys, gqa_attention) {
             (0, true) => SPLIT_KEYS_GQA,
             (0, false) => SPLIT_KEYS,
