@@ -440,43 +440,25 @@ __device__ void attention_prefill_t(const float* __restrict__ q, const KV* __res
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 3)
-attention_prefill(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-                  float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
-                  const u32* __restrict__ params, const float* __restrict__ g, int gcols,
-                  unsigned short* __restrict__ oh) {
-    attention_prefill_t<float>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
-}
-
-// Three blocks per SM (their 68 KiB of buffers fit; the register bound keeps them).
-extern "C" __global__ void __launch_bounds__(128, 3)
-attention_prefill_f16(const float* __restrict__ q, const unsigned short* __restrict__ kc,
-                      const unsigned short* __restrict__ vc, float* __restrict__ out, int cap, int hq, int n_kv,
-                      int window, int n, const u32* __restrict__ params, const float* __restrict__ g,
-                      int gcols, unsigned short* __restrict__ oh) {
-    attention_prefill_t<unsigned short>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
-}
-
-// The bf16 cache: copied as the f16 cache is (two buffers, cp.async), each tile converted to
-// f16 in shared memory (fa_bf16_to_f16) when it lands.
-extern "C" __global__ void __launch_bounds__(128, 3)
-attention_prefill_bf16(const float* __restrict__ q, const kv_bf16* __restrict__ kc, const kv_bf16* __restrict__ vc,
-                       float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
-                       const u32* __restrict__ params, const float* __restrict__ g, int gcols,
-                       unsigned short* __restrict__ oh) {
-    attention_prefill_t<kv_bf16>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
-}
-
-// The q8_0 cache (common.cuh kv_q8): each tile's quants and scales copied by cp.async into
-// two raw stages (fa_stage_q8) and dequantised into the one f16 buffer when they land
-// (fa_q8_to_f16): the values are those the f32 kernel stages from f16(d) * q.
-extern "C" __global__ void __launch_bounds__(128, 3)
-attention_prefill_q8_0(const float* __restrict__ q, const kv_q8* __restrict__ kc, const kv_q8* __restrict__ vc,
-                       float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,
-                       const u32* __restrict__ params, const float* __restrict__ g, int gcols,
-                       unsigned short* __restrict__ oh) {
-    attention_prefill_t<kv_q8>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);
-}
+// One instantiation per KV cache type, three blocks per SM (their buffers fit: 34 KiB for the
+// f32 cache's one, 68 KiB for the 16-bit caches' two, 72 KiB for the q8_0 cache's f16 tile and
+// two raw stages; the register bound keeps them). The bf16 cache is copied as the f16 one is
+// and each tile converted to f16 in shared memory when it lands (fa_bf16_to_f16); the q8_0
+// cache's quants and scales go by cp.async into two raw stages (fa_stage_q8) and are
+// dequantised into the one f16 buffer when they land (fa_q8_to_f16), the values the f32
+// kernel stages from f16(d) * q.
+#define PREFILL_KERNEL(sfx, KV)                                                                      \
+    extern "C" __global__ void __launch_bounds__(128, 3) attention_prefill##sfx(                      \
+        const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,           \
+        float* __restrict__ out, int cap, int hq, int n_kv, int window, int n,                       \
+        const u32* __restrict__ params, const float* __restrict__ g, int gcols,                      \
+        unsigned short* __restrict__ oh) {                                                           \
+        attention_prefill_t<KV>(q, kc, vc, out, cap, hq, n_kv, window, n, params, g, gcols, oh);     \
+    }
+PREFILL_KERNEL(, float)
+PREFILL_KERNEL(_f16, unsigned short)
+PREFILL_KERNEL(_bf16, kv_bf16)
+PREFILL_KERNEL(_q8_0, kv_q8)
 
 // Decode attention on the tensor cores, one block per (KV head, split) — the layout of
 // llama.cpp's GQA-packed flash-attention decode (ggml-cuda/fattn-mma-f16.cuh, which puts the

@@ -205,6 +205,15 @@ fn dir_bytes(dir: &Path) -> Vec<(String, Vec<u8>)> {
     v
 }
 
+/// `o` written again into `d/b` on one thread: the same files, byte for byte, as `d/a`; then
+/// `d` is removed.
+fn assert_same_bytes_on_one_thread(d: &Path, mut o: synth::SynthOptions) {
+    o.n_threads = 1;
+    synth::write(&d.join("b"), &o).unwrap();
+    assert!(dir_bytes(&d.join("a")) == dir_bytes(&d.join("b")));
+    let _ = std::fs::remove_dir_all(d);
+}
+
 /// Row 5 of a 256-column expert matrix decodes to the spread the plan draws weights with.
 fn assert_planned_spread(m: &lagoon_core::weights::MatRef<'_>) {
     let mut row = vec![0.0f32; 256];
@@ -248,10 +257,7 @@ fn int4_g32_directory_opens_sharded_and_deterministic() {
         "bf16"
     );
 
-    o.n_threads = 1;
-    synth::write(&d.join("b"), &o).unwrap();
-    assert!(dir_bytes(&d.join("a")) == dir_bytes(&d.join("b")));
-    let _ = std::fs::remove_dir_all(&d);
+    assert_same_bytes_on_one_thread(&d, o);
 }
 
 /// The INT8 (W8A8) directory: int-quantized `I8` experts with one bf16 scale per output
@@ -260,7 +266,7 @@ fn int4_g32_directory_opens_sharded_and_deterministic() {
 #[test]
 fn int8_directory_opens_as_w8a8_channel_experts() {
     let d = temp("int8");
-    let mut o = opts(TypeMix::Int8, tiny(3), 3);
+    let o = opts(TypeMix::Int8, tiny(3), 3);
     let sum = synth::write(&d.join("a"), &o).unwrap();
     assert!(sum.bytes > 0);
     let config: serde_json::Value =
@@ -287,10 +293,7 @@ fn int8_directory_opens_as_w8a8_channel_experts() {
             .to_string(),
         "bf16"
     );
-    o.n_threads = 1;
-    synth::write(&d.join("b"), &o).unwrap();
-    assert!(dir_bytes(&d.join("a")) == dir_bytes(&d.join("b")));
-    let _ = std::fs::remove_dir_all(&d);
+    assert_same_bytes_on_one_thread(&d, o);
 }
 
 /// `y = W x` for a matrix view.
