@@ -18,8 +18,14 @@ struct MvMats {
     int rows[MV_MATS];
 };
 
-template <int T>
-__device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols) {
+// U != T (mv2_*): the first n_t products are of type T, the rest of type U (both paired with
+// the same activation format), so a run such as Q4_K_M's Q4_K Q/K/gate with its Q6_K value
+// projection is one launch instead of two: the short V product (~2.6 MB on S 2.1) had a whole
+// kernel's ramp and tail to itself (~5 µs, its bytes ~0.6 µs of the read floor). Each warp's
+// row is of one type, so the branch is warp-uniform, and each row's terms are those of the
+// single-type kernel (bitwise the same outputs).
+template <int T, int U = T>
+__device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols, int n_t = MV_MATS) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     // Which matrix row r falls in, with the table read by constant index only (a loop over
@@ -46,7 +52,10 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
     // issued before it instead (lane_part_waiting).
     float* out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
     const float* res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
-    float y = warp_sum(lane_part_waiting<T>(W + (size_t)r * rb, aq, cols));
+    float part;
+    if constexpr (T == U) part = lane_part_waiting<T>(W + (size_t)r * rb, aq, cols);
+    else part = i < n_t ? lane_part_waiting<T>(W + (size_t)r * rb, aq, cols) : lane_part_waiting<U>(W + (size_t)r * rb, aq, cols);
+    float y = warp_sum(part);
     if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
 }
 
@@ -418,6 +427,22 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
                       K, scale);                                                                   \
     }
 MVQ_TYPES(DEFINE_MVQ)
+
+// Two-type runs of one input (mv_multi with U != T): the first n_t products of type T, the
+// rest of type U. The pairs are the attention mixes of llama.cpp's K-quant recipes: Q4_K_M
+// and Q5_K_M (Q6_K attn_v on the use_more_bits layers), IQ4_XS (Q5_K attn_v).
+#define MV2_PAIRS(X) X(q4_K_q6_K, WT_Q4_K, WT_Q6_K) X(q5_K_q6_K, WT_Q5_K, WT_Q6_K) X(iq4_xs_q5_K, WT_IQ4_XS, WT_Q5_K)
+#define DEFINE_MV2(name, T, U)                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv2_##name(                       \
+        const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
+        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
+        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
+        int n3, int n_t) {                                                                         \
+        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
+                    {n0, n1, n2, n3}};                                                             \
+        mv_multi<T, U>(m, n_mats, aq, cols, n_t);                                                  \
+    }
+MV2_PAIRS(DEFINE_MV2)
 
 // Float weights at batch 1 (attention and shared-expert matrices of W4A16 checkpoints, bf16
 // models): the same mat-vec and SwiGLU kernels, `aq` being the f32 input row itself.

@@ -312,30 +312,55 @@ impl Device {
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products of the quantised
     /// activation row at `aq` (`cols` wide), one warp per row over all products' rows.
     pub fn mv(&self, kernel: K, aq: u64, cols: usize, mats: &[MvMat]) -> Result<(), CudaError> {
+        self.mv_launch(kernel, aq, cols, mats, None)
+    }
+
+    /// [`Device::mv`] for a two-type kernel (an `mv2_*`, [`crate::manifest::WType::mv_pair`]):
+    /// the first `n_first` of `mats` are of its first type, the rest of its second.
+    pub fn mv2(
+        &self,
+        kernel: K,
+        aq: u64,
+        cols: usize,
+        mats: &[MvMat],
+        n_first: usize,
+    ) -> Result<(), CudaError> {
+        self.mv_launch(kernel, aq, cols, mats, Some(n_first))
+    }
+
+    fn mv_launch(
+        &self,
+        kernel: K,
+        aq: u64,
+        cols: usize,
+        mats: &[MvMat],
+        n_first: Option<usize>,
+    ) -> Result<(), CudaError> {
         let rows: usize = mats.iter().map(|m| m.rows).sum();
-        let mut args = [Arg::I(0); 3 + 5 * MV_MATS];
+        let mut args = [Arg::I(0); 4 + 5 * MV_MATS];
         args[0] = Arg::P(aq);
         args[1] = Arg::I(cols as i32);
         args[2] = Arg::I(mats.len().min(MV_MATS) as i32);
-        for (j, m) in mats.iter().take(MV_MATS).enumerate() {
+        for j in 0..MV_MATS {
+            let (w, row_bytes, out, res, n) = mats.get(j).map_or((0, 0, 0, 0, 0), |m| {
+                (m.w, m.row_bytes, m.out, m.res, m.rows)
+            });
             args[3 + 5 * j..8 + 5 * j].copy_from_slice(&[
-                Arg::P(m.w),
-                Arg::P(m.row_bytes),
-                Arg::P(m.out),
-                Arg::P(m.res),
-                Arg::I(m.rows as i32),
+                Arg::P(w),
+                Arg::P(row_bytes),
+                Arg::P(out),
+                Arg::P(res),
+                Arg::I(n as i32),
             ]);
         }
-        for j in mats.len()..MV_MATS {
-            args[3 + 5 * j..8 + 5 * j].copy_from_slice(&[
-                Arg::P(0),
-                Arg::P(0),
-                Arg::P(0),
-                Arg::P(0),
-                Arg::I(0),
-            ]);
-        }
-        self.launch(kernel, (blocks(rows, 4), 1), 128, &args)
+        let n_args = match n_first {
+            Some(n) => {
+                args[3 + 5 * MV_MATS] = Arg::I(n as i32);
+                args.len()
+            }
+            None => args.len() - 1,
+        };
+        self.launch(kernel, (blocks(rows, 4), 1), 128, &args[..n_args])
     }
 }
 

@@ -216,6 +216,9 @@ manifest! {
     MvSwigluIq4Xs => "mmvq.cu", "mv_swiglu_iq4_xs";
     GateUpQIq4Xs => "mmvq.cu", "moe_gate_up_q_iq4_xs";
     DownQIq4Xs => "mmvq.cu", "moe_down_q_iq4_xs";
+    Mv2Q4KQ6K => "mmvq.cu", "mv2_q4_K_q6_K";
+    Mv2Q5KQ6K => "mmvq.cu", "mv2_q5_K_q6_K";
+    Mv2Iq4XsQ5K => "mmvq.cu", "mv2_iq4_xs_q5_K";
     GemmF32 => "gemm.cu", "gemm_f32";
     GemmF16 => "gemm.cu", "gemm_f16";
     GemmBf16 => "gemm.cu", "gemm_bf16";
@@ -573,6 +576,17 @@ impl WType {
                 K::GateUpQIq4Xs,
                 K::DownQIq4Xs,
             )),
+            _ => None,
+        }
+    }
+    /// The batch-1 kernel for a run of products of one input whose first matrices are of this
+    /// type and the rest of type `other` (`mmvq.cu`'s `mv2_*`: Q4_K or Q5_K attention with a
+    /// Q6_K value projection, IQ4_XS with Q5_K), or `None` for pairs without one.
+    pub fn mv_pair(self, other: WType) -> Option<K> {
+        match (self, other) {
+            (WType::Q4K, WType::Q6K) => Some(K::Mv2Q4KQ6K),
+            (WType::Q5K, WType::Q6K) => Some(K::Mv2Q5KQ6K),
+            (WType::Iq4Xs, WType::Q5K) => Some(K::Mv2Iq4XsQ5K),
             _ => None,
         }
     }

@@ -434,6 +434,10 @@ pub struct CudaSession {
     /// S 2.1 W4A16 pp4096 4,030 -> 6,901 t/s at ubatch 2048, H200, BENCHMARKS.md) or on
     /// `gemm.cu`'s (`LAGOON_CUDA_RF_CT4=0`, [`CudaSession::set_rf_ct4`]).
     rf_ct4: bool,
+    /// Whether a decode run of products of one input in two weight types that have an
+    /// `mv2_*` kernel ([`WType::mv_pair`]: Q4_K_M's Q6_K value projections) is one launch
+    /// (the default) or one per type (`LAGOON_CUDA_MV_PAIRS=0`, A/B runs).
+    mv_pairs: bool,
 
     dev: Device,
 }
@@ -768,6 +772,7 @@ impl CudaSession {
                 && std::env::var_os("LAGOON_CUDA_GEMM_WG").is_some_and(|v| v == "1"),
             rf96: std::env::var_os("LAGOON_CUDA_RF96").is_some_and(|v| v == "1"),
             rf_ct4: std::env::var_os("LAGOON_CUDA_RF_CT4").is_none_or(|v| v != "0"),
+            mv_pairs: env_flag("LAGOON_CUDA_MV_PAIRS", true),
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
                 Some(v) if v == "1" => true,

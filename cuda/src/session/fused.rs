@@ -10,6 +10,9 @@ use crate::error::CudaError;
 use crate::manifest::{ActQ, K, MERGE_QUANT_THREADS, WType};
 use crate::weights::{DFfn, DMat};
 
+/// One product of a run of mat-vecs: the matrix, its output and its residual (0: none).
+type Product = (DMat, u64, u64);
+
 /// Whether two values of a one-token graph occupy disjoint arena space. The planner lets a
 /// value reuse the space of values that died before it was made; in a fused kernel those
 /// may still be being read, so a fused output must not overlap a fused input.
@@ -239,6 +242,21 @@ impl CudaSession {
                     return Ok(1);
                 }
                 let src = input()?;
+                // Two types with a two-type kernel, all in one launch: the first type's
+                // products, then the other's.
+                if fmt.is_some()
+                    && let Some((k2, n_first, group)) = self.mv_pair_run(&run[..len])
+                {
+                    let mv = group.map(|(d, out, res)| MvMat {
+                        w: d.ptr,
+                        row_bytes: d.row_bytes,
+                        rows: d.rows,
+                        out,
+                        res,
+                    });
+                    dev.mv2(k2, src, m.cols, &mv[..len], n_first)?;
+                    return Ok(len);
+                }
                 let mut done = [false; 8];
                 for s in 0..len {
                     if done[s] {
@@ -558,6 +576,38 @@ impl CudaSession {
             ],
         )?;
         Ok(2)
+    }
+
+    /// A run of products of one input (`(matrix, out, residual)`) that one `mv2_*` kernel
+    /// takes: at most [`MV_MATS`] products in exactly two weight types with a two-type kernel
+    /// ([`WType::mv_pair`], either order), with [`CudaSession::mv_pairs`] on. Returns the
+    /// kernel, how many products of its first type lead, and the run in that order.
+    fn mv_pair_run(&self, run: &[Product]) -> Option<(K, usize, [Product; MV_MATS])> {
+        if !self.mv_pairs || run.len() < 2 || run.len() > MV_MATS {
+            return None;
+        }
+        let a = run[0].0.ty;
+        let b = run.iter().map(|r| r.0.ty).find(|&t| t != a)?;
+        if run.iter().any(|r| r.0.ty != a && r.0.ty != b) {
+            return None;
+        }
+        let (first, k) = match (a.mv_pair(b), b.mv_pair(a)) {
+            (Some(k), _) => (a, k),
+            (None, Some(k)) => (b, k),
+            (None, None) => return None,
+        };
+        let mut out = [run[0]; MV_MATS];
+        let mut n = 0;
+        for r in run.iter().filter(|r| r.0.ty == first) {
+            out[n] = *r;
+            n += 1;
+        }
+        let n_first = n;
+        for r in run.iter().filter(|r| r.0.ty != first) {
+            out[n] = *r;
+            n += 1;
+        }
+        Some((k, n_first, out))
     }
 
     /// A float mat-vec with one block per row (`mv_f32`, `mv_split_*`): `out = m · x`.
