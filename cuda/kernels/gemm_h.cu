@@ -127,6 +127,123 @@ gemm_h16(const unsigned short* __restrict__ W, const unsigned short* __restrict_
             }
 }
 
+// gemm_h16 on larger tiles: a block of 8 warps takes BM rows x BN tokens, warp (w / WN, w %
+// WN) owning (BM / WM) rows x (BN / WN) tokens, one block per SM (__launch_bounds__(256, 1):
+// 128 f32 accumulators per thread). Why: gemm_h16 ran at ~300 TFLOP/s (BENCHMARKS.md
+// "Dense prefill products through a once-per-step f16 copy"); its 64 x 32 warp tiles issue
+// six ldmatrix.x4 per 16 mma, and each 128 x 128 block reads 512 bytes from L2 per k for
+// 32 KFLOP. A 64 x 64 warp tile issues eight per 32 mma, and a 256 x 128 block reads 768
+// bytes per k for 64 KFLOP. The same four-stage cp.async ring, swizzle and fragment loads as
+// gemm_h16, and each output's mma sequence is the same (k ascending, 16 at a time, from
+// zero), so the outputs are bitwise gemm_h16's.
+#define GHW_SMEM 98304
+template <int BM, int BN, int WM, int WN>
+__device__ __forceinline__ void gemm_h16_wide(const unsigned short* __restrict__ W, const unsigned short* __restrict__ x,
+                                              float* __restrict__ out, int rows, int cols, int n) {
+    static_assert(WM * WN == 8, "8 warps");
+    constexpr int TM = BM / WM, TN = BN / WN, MT = TM / 16, NT = TN / 8;
+    constexpr int A_BYTES = BM * GH_BK * 2, STAGE = A_BYTES + BN * GH_BK * 2;
+    constexpr int CA = BM * 4 / 256, CB = BN * 4 / 256;
+    static_assert(GH_STAGES * STAGE == GHW_SMEM, "GHW_SMEM");
+    static_assert(NT % 2 == 0 && CA * 256 == BM * 4 && CB * 256 == BN * 4, "tile");
+    extern __shared__ __align__(128) u8 gh_smem[];
+    int r0 = blockIdx.y * BM, t0 = blockIdx.x * BN;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int wm = warp / WN, wn = warp % WN;
+    // Copies: thread t takes 16-byte chunks t, t + 256, ... of each stage's A and B tiles
+    // (row i / 4, chunk i % 4); rows past the matrix and tokens past the step read a valid row.
+    const unsigned short* asrc[CA];
+    const unsigned short* bsrc[CB];
+    int adst[CA], bdst[CB];
+    #pragma unroll
+    for (int j = 0; j < CA; j++) {
+        int i = tid + 256 * j, r = i >> 2, c = i & 3;
+        asrc[j] = W + (size_t)min(r0 + r, rows - 1) * cols + 8 * c;
+        adst[j] = gh_off(r, c);
+    }
+    #pragma unroll
+    for (int j = 0; j < CB; j++) {
+        int i = tid + 256 * j, r = i >> 2, c = i & 3;
+        bsrc[j] = x + (size_t)min(t0 + r, n - 1) * cols + 8 * c;
+        bdst[j] = gh_off(r, c);
+    }
+    int nk = cols / GH_BK;
+    auto load = [&](int s, int kb) {
+        u8* st = gh_smem + STAGE * s;
+        #pragma unroll
+        for (int j = 0; j < CA; j++) cp_async16(st + adst[j], asrc[j] + GH_BK * (size_t)kb);
+        #pragma unroll
+        for (int j = 0; j < CB; j++) cp_async16(st + A_BYTES + bdst[j], bsrc[j] + GH_BK * (size_t)kb);
+    };
+    #pragma unroll
+    for (int s = 0; s < GH_STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_async_commit();
+    }
+    float acc[MT][NT][4];
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        #pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    int mi = lane >> 3, mr = lane & 7;
+    for (int kb = 0; kb < nk; kb++) {
+        cp_async_wait<GH_STAGES - 2>();
+        __syncthreads();
+        int nx = kb + GH_STAGES - 1;
+        if (nx < nk) load(nx % GH_STAGES, nx);
+        cp_async_commit();
+        const u8* sa = gh_smem + STAGE * (kb % GH_STAGES);
+        const u8* sb = sa + A_BYTES;
+        #pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            // Fragments as gemm_h16 loads them.
+            u32 a[MT][4];
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldmatrix_x4(a[mt], (const unsigned short*)(sa + gh_off(TM * wm + 16 * mt + 8 * (mi & 1) + mr,
+                                                                      2 * ks + (mi >> 1))));
+            u32 b[NT][2];
+            #pragma unroll
+            for (int p = 0; p < NT / 2; p++) {
+                u32 r[4];
+                ldmatrix_x4(r, (const unsigned short*)(sb + gh_off(TN * wn + 8 * (2 * p + (mi >> 1)) + mr,
+                                                                  2 * ks + (mi & 1))));
+                b[2 * p][0] = r[0];
+                b[2 * p][1] = r[1];
+                b[2 * p + 1][0] = r[2];
+                b[2 * p + 1][1] = r[3];
+            }
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                #pragma unroll
+                for (int nt = 0; nt < NT; nt++) mma_16816(acc[mt][nt], a[mt], b[nt]);
+        }
+    }
+    int g = lane >> 2, q = lane & 3;
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        #pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = r0 + TM * wm + 16 * mt + g + 8 * (e >> 1);
+                int t = t0 + TN * wn + 8 * nt + 2 * q + (e & 1);
+                if (r < rows && t < n) out[(size_t)t * rows + r] = acc[mt][nt][e];
+            }
+}
+
+// Grid (ceil(n / BN), ceil(rows / BM)), block 256, GHW_SMEM bytes of dynamic shared memory.
+#define GEMM_H16_WIDE(name, BM, BN, WM, WN)                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                          \
+        gemm_h16_##name(const unsigned short* W, const unsigned short* x, float* out, int rows,   \
+                        int cols, int n) {                                                        \
+        gemm_h16_wide<BM, BN, WM, WN>(W, x, out, rows, cols, n);                                  \
+    }
+GEMM_H16_WIDE(256x128, 256, 128, 4, 2)
+GEMM_H16_WIDE(128x256, 128, 256, 2, 4)
+
 // W (rows x cols of type T, rows row_bytes apart) decoded exactly and rounded to f16 into
 // wh [rows][cols] (cols % 32 == 0): one thread per 32-weight chunk. Grid ceil(rows cols / 32
 // / 256), block 256.
