@@ -322,8 +322,6 @@ manifest! {
     GemmGateUpWg128Q4K => "gemm_rf.cu", "gemm_gate_up_wg128_q4_K";
     GemmDownWg128Q4K => "gemm_rf.cu", "gemm_down_wg128_q4_K";
     GemmH16 => "gemm_h.cu", "gemm_h16";
-    GemmH16W256x128 => "gemm_h.cu", "gemm_h16_256x128";
-    GemmH16W128x256 => "gemm_h.cu", "gemm_h16_128x256";
     DequantF16F32 => "gemm_h.cu", "dequant_f16_f32";
     DequantF16F16 => "gemm_h.cu", "dequant_f16_f16";
     DequantF16Bf16 => "gemm_h.cu", "dequant_f16_bf16";
@@ -377,7 +375,6 @@ impl K {
             K::GemmRfCt4 | K::GemmGateUpRfCt4 | K::GemmDownRfCt4 => GEMM_RF_SMEM_CT4,
             K::GemmRf128Ct4 | K::GemmGateUpRf128Ct4 | K::GemmDownRf128Ct4 => GEMM_RF_SMEM_CT4_128,
             K::GemmH16 => GEMM_H16_SMEM,
-            K::GemmH16W256x128 | K::GemmH16W128x256 => GEMM_H16W_SMEM,
             // The lab's activation row in shared memory (LAB_MVX_MAX_COLS f32).
             K::LabMvxBf16 => 4 * 9216,
             K::AttentionPrefill | K::AttentionDecodeGqa => FLASH_SMEM,
@@ -704,38 +701,6 @@ pub const GEMM_THREADS: u32 = 256;
 pub const GEMM_H16_SMEM: u32 = 65_536;
 /// Rows and tokens per `gemm_h16` block.
 pub const GEMM_H16_TILE: usize = 128;
-/// Dynamic shared memory of a `gemm_h16_256x128` / `gemm_h16_128x256` block (`GHW_SMEM`):
-/// four stages of 384 rows' and tokens' 32 f16.
-pub const GEMM_H16W_SMEM: u32 = 98_304;
-
-/// The tile of `gemm_h.cu`'s f16 GEMM: `gemm_h16`'s 128 x 128 (two blocks per SM) or one of
-/// the one-block-per-SM tiles with 64 x 64 warp tiles (same outputs bitwise).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum H16Tile {
-    T128,
-    W256x128,
-    W128x256,
-}
-
-impl H16Tile {
-    /// `LAGOON_CUDA_H16_TILE`'s spellings: `128`, `256x128`, `128x256`.
-    pub fn parse(s: &str) -> Option<H16Tile> {
-        match s {
-            "128" => Some(H16Tile::T128),
-            "256x128" => Some(H16Tile::W256x128),
-            "128x256" => Some(H16Tile::W128x256),
-            _ => None,
-        }
-    }
-    /// The kernel and its (weight rows, tokens) per block.
-    pub fn kernel(self) -> (K, usize, usize) {
-        match self {
-            H16Tile::T128 => (K::GemmH16, GEMM_H16_TILE, GEMM_H16_TILE),
-            H16Tile::W256x128 => (K::GemmH16W256x128, 256, 128),
-            H16Tile::W128x256 => (K::GemmH16W128x256, 128, 256),
-        }
-    }
-}
 /// Dynamic shared memory of one `flash.cu` tile buffer (`FA_TILE_HALVES` f16: 64 keys' K and
 /// V rows of 136 halves); the 16-bit-cache (f16, bf16) kernels double-buffer.
 pub const FLASH_SMEM: u32 = 2 * 64 * 136 * 2;
@@ -988,16 +953,6 @@ mod tests {
         assert!(src.contains(&format!("#define GH_SMEM {GEMM_H16_SMEM}\n")));
         assert!(src.contains(&format!("#define GH_BM {GEMM_H16_TILE}\n")));
         assert!(src.contains(&format!("#define GH_BN {GEMM_H16_TILE}\n")));
-        assert!(src.contains(&format!("#define GHW_SMEM {GEMM_H16W_SMEM}\n")));
-        for t in [H16Tile::W256x128, H16Tile::W128x256] {
-            let (k, bm, bn) = t.kernel();
-            // GEMM_H16_WIDE(name, BM, BN, ...): the tile the host sizes the grid by.
-            let def = format!(
-                "GEMM_H16_WIDE({}, {bm}, {bn},",
-                &k.name()["gemm_h16_".len()..]
-            );
-            assert!(src.contains(&def), "{def}");
-        }
     }
 
     #[test]

@@ -16,8 +16,8 @@ use lagoon_core::rope::RopeTable;
 use crate::device::{Arg, Device, KernelTime, Profiler, blocks};
 use crate::error::{CudaError, DriverContext};
 use crate::manifest::{
-    ActQ, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, H16Tile, K, WType, gemm_rf,
-    gemm_wg,
+    ActQ, GEMM_H16_TILE, GEMM_THREADS, GEMM_TILE_ROWS, GEMM_TILE_TOKENS, GemmKernels, K, WType,
+    gemm_rf, gemm_wg,
 };
 use crate::weights::{DFfn, DMat, DeviceWeights};
 
@@ -438,9 +438,6 @@ pub struct CudaSession {
     /// `mv2_*` kernel ([`WType::mv_pair`]: Q4_K_M's Q6_K value projections) is one launch
     /// (the default) or one per type (`LAGOON_CUDA_MV_PAIRS=0`, A/B runs).
     mv_pairs: bool,
-    /// The tile of the f16 GEMM of `gemm_h.cu` (`LAGOON_CUDA_H16_TILE=128|256x128|128x256`;
-    /// default 128).
-    h16_tile: H16Tile,
 
     dev: Device,
 }
@@ -776,10 +773,6 @@ impl CudaSession {
             rf96: std::env::var_os("LAGOON_CUDA_RF96").is_some_and(|v| v == "1"),
             rf_ct4: std::env::var_os("LAGOON_CUDA_RF_CT4").is_none_or(|v| v != "0"),
             mv_pairs: env_flag("LAGOON_CUDA_MV_PAIRS", true),
-            h16_tile: std::env::var("LAGOON_CUDA_H16_TILE")
-                .ok()
-                .and_then(|v| H16Tile::parse(&v))
-                .unwrap_or(H16Tile::T128),
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
                 Some(v) if v == "1" => true,
@@ -1210,10 +1203,9 @@ impl CudaSession {
                 I(m.cols as i32),
             ],
         )?;
-        let (k, bm, bn) = self.h16_tile.kernel();
         self.dev.launch(
-            k,
-            (blocks(nt, bn), blocks(m.rows, bm)),
+            K::GemmH16,
+            (blocks(nt, GEMM_H16_TILE), blocks(m.rows, GEMM_H16_TILE)),
             GEMM_THREADS,
             &[
                 P(self.wh),
