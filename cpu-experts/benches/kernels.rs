@@ -488,6 +488,68 @@ fn bench_simd_cmp(c: &mut Criterion<ThreadCpu>) {
     bench_attention(c, &tables);
 }
 
+/// The repacked 8-row Q4_K layout (`lagoon_cpu::kernels::x8`, not yet used by the executor)
+/// against the table's one-row kernel: one token through the same ten S 2.1 expert sets,
+/// single thread, thread CPU time, weights from DRAM (the repacked copies are as many as the
+/// plain ones). Throughput is Q4_K weight bytes (the repacked layout reads 148/144 of them).
+#[cfg(target_os = "linux")]
+fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
+    use lagoon_cpu::kernels::x8::{Q4K_X8_BLOCK, dot_q4k_x8, repack_q4k_x8};
+    let k = Kernels::detect();
+    let Experts {
+        sets,
+        set_bytes,
+        act_in,
+        act_down,
+    } = Experts::build(&k, Kind::G(GgmlType::Q4K));
+    let packed: Vec<Vec<Vec<u8>>> = sets
+        .iter()
+        .map(|s| {
+            s.iter()
+                .map(|m| repack_q4k_x8(&m.data, m.rows, m.cols).expect("8-row groups"))
+                .collect()
+        })
+        .collect();
+    let copies = sets.len();
+    let f = dot_q4k_x8();
+    let mut out_ffn = vec![0f32; FFN];
+    let mut out_hidden = vec![0f32; HIDDEN];
+    let mut g = c.benchmark_group("q4k_x8_1tok");
+    g.throughput(Throughput::Bytes(set_bytes as u64));
+    let mut next = 0usize;
+    g.bench_function(format!("one_row/{}", k.name()), |b| {
+        b.iter(|| {
+            let s = &sets[next % copies];
+            next += 1;
+            for e in s.chunks_exact(3) {
+                k.dot_rows(&e[0].view(), 0, &act_in, &mut out_ffn);
+                k.dot_rows(&e[1].view(), 0, &act_in, &mut out_ffn);
+                k.dot_rows(&e[2].view(), 0, &act_down, &mut out_hidden);
+            }
+            black_box((&out_ffn, &out_hidden));
+        })
+    });
+    let dots = |p: &[u8], a: &[u8], cols: usize, out: &mut [f32]| {
+        let group = cols / 256 * Q4K_X8_BLOCK;
+        for (pg, o) in p.chunks_exact(group).zip(out.as_chunks_mut::<8>().0) {
+            f(pg, a, cols, o);
+        }
+    };
+    g.bench_function("x8/repacked", |b| {
+        b.iter(|| {
+            let s = &packed[next % copies];
+            next += 1;
+            for e in s.chunks_exact(3) {
+                dots(&e[0], &act_in, HIDDEN, &mut out_ffn);
+                dots(&e[1], &act_in, HIDDEN, &mut out_ffn);
+                dots(&e[2], &act_down, FFN, &mut out_hidden);
+            }
+            black_box((&out_ffn, &out_hidden));
+        })
+    });
+    g.finish();
+}
+
 /// Grouped-query attention of one token at position 511 (512 positions) for each of the 8
 /// KV heads of Laguna XS.2 (8 query heads each, head width 128), over a 512-row f32 cache
 /// (2 × 2 MiB, as one layer during a 512-token prefill); the tables that have the kernel.
@@ -857,7 +919,7 @@ criterion_group!(
 criterion_group! {
     name = simd_cmp;
     config = Criterion::default().with_measurement(ThreadCpu);
-    targets = bench_simd_cmp
+    targets = bench_simd_cmp, bench_q4k_x8
 }
 #[cfg(target_os = "linux")]
 criterion_main!(benches, simd_cmp);

@@ -21,6 +21,7 @@ pub mod act;
 mod arch;
 pub mod ct;
 pub mod scalar;
+pub mod x8;
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant;

@@ -26,3 +26,8 @@ pub(crate) fn avx2_table() -> Option<Table> {
 pub(crate) fn avx512_table() -> Option<Table> {
     avx512::Avx512Vnni::detect().map(avx512::table)
 }
+
+/// The AVX2 repacked 8-row Q4_K kernel (`kernels::x8`), where the CPU runs it.
+pub(crate) fn q4k_x8_avx2() -> Option<crate::kernels::x8::DotX8> {
+    avx2::Avx2Fma::detect().map(avx2::q4k_x8)
+}

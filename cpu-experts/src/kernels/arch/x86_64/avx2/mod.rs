@@ -15,6 +15,7 @@ mod float;
 pub(super) mod iq;
 pub(super) mod k16;
 pub(super) mod k4;
+mod k4x8;
 mod legacy;
 
 use core::arch::x86_64::*;
@@ -34,6 +35,11 @@ impl Avx2Fma {
             && is_x86_feature_detected!("f16c"))
         .then_some(Avx2Fma(()))
     }
+}
+
+/// The repacked 8-row Q4_K kernel (`kernels::x8`; not in the table yet).
+pub(crate) fn q4k_x8(_proof: Avx2Fma) -> crate::kernels::x8::DotX8 {
+    k4x8::dot_q4k_x8
 }
 
 /// The AVX2 table: scalar kernels overridden by every AVX2 kernel that exists.

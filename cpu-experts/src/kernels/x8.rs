@@ -1,0 +1,212 @@
+//! Q4_K rows repacked eight at a time (an experiment, not yet used by the executor): the
+//! layout and kernels that would let the decode GEMV apply each sub-block's scale to eight
+//! rows per instruction instead of unpacking the 6-bit scales and mins row by row.
+//!
+//! Why: the one-row AVX2 Q4_K kernel spends about 86 instructions per super-block, ~30 of
+//! them on the scale and min unpacking (BENCHMARKS.md, "CPU on a new development VM"), and at
+//! one token it is compute-bound on a core. llama.cpp repacks Q4_K into 8-row interleaved
+//! blocks at load for the same reason (`ggml-cpu/repack.cpp`, `block_q4_Kx8`); this is our
+//! own layout and kernel, restated from that idea.
+//!
+//! Layout of one group of 8 rows, per super-block ([`Q4K_X8_BLOCK`] = 1184 bytes, 148 per row
+//! against Q4_K's 144):
+//!
+//! | bytes | what |
+//! |---|---|
+//! | `[0, 16)` | `d` of rows 0..8 (f16) |
+//! | `[16, 32)` | `dmin` of rows 0..8 (f16) |
+//! | `[32, 96)` | scale of sub-block j, row r at `32 + 8j + r` (u8, 6 bits) |
+//! | `[96, 160)` | mins of sub-blocks 2p and 2p + 1, row r at `96 + 16p + 2r` and `+ 1` |
+//! | `[160, 1184)` | quants: bytes `32c + 4k .. + 4` of row r's `qs` at `160 + 256c + 32k + 4r` |
+//!
+//! so one 32-byte load holds four bytes of each of the eight rows: their low nibbles are
+//! elements `64c + 4k ..` (sub-block 2c), the high nibbles `64c + 32 + 4k ..` (sub-block
+//! 2c + 1), and a broadcast of four activation bytes meets all eight rows at once.
+//!
+//! Numerics: lanes are rows, so each lane runs the scalar reference's per-super-block steps
+//! in its order (`scalar::vec_dot_q4k_q8k`: exact `sumi` and `summ`, then `acc += (d_a·d)·sumi;
+//! acc −= (d_a·dmin)·summ`, no FMA): every kernel here gives the scalar reference's bits. (The
+//! one-row AVX2 kernel adds eight f32 lanes per row instead, so its results differ from these
+//! by the f32 rounding of that order; moving the executor to this layout means moving its
+//! several-token and GEMM kernels to the scalar order too.)
+
+use lagoon_core::quant::QK_K;
+
+use super::act::Q8KAct;
+
+/// Bytes of one group of 8 rows per super-block.
+pub const Q4K_X8_BLOCK: usize = 8 * 148;
+const Q4K_BLOCK: usize = 144;
+
+/// One 8-row group's dot with one Q8_K activation row: `out[r] = row r · a`.
+pub type DotX8 = fn(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]);
+
+/// Repacks `rows` Q4_K rows of `cols` columns (`w`: the rows' 144-byte super-blocks, row after
+/// row) into groups of 8 rows ([`Q4K_X8_BLOCK`] bytes per group and super-block, groups in row
+/// order). `None` unless `rows` is a multiple of 8, `cols` of 256 and `w` exactly that size.
+pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
+    let nb = cols / QK_K;
+    if rows == 0 || !rows.is_multiple_of(8) || nb == 0 || !cols.is_multiple_of(QK_K) {
+        return None;
+    }
+    if w.len() != rows * nb * Q4K_BLOCK {
+        return None;
+    }
+    let rb = nb * Q4K_BLOCK;
+    let mut out = vec![0u8; rows / 8 * nb * Q4K_X8_BLOCK];
+    for (g, dst) in out.chunks_exact_mut(nb * Q4K_X8_BLOCK).enumerate() {
+        for (b, o) in dst.chunks_exact_mut(Q4K_X8_BLOCK).enumerate() {
+            for r in 0..8 {
+                let blk = &w[(8 * g + r) * rb + b * Q4K_BLOCK..][..Q4K_BLOCK];
+                o[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+                o[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                for j in 0..8 {
+                    let (sc, m) = super::scalar::scale_min_k4(j, &blk[4..16]);
+                    o[32 + 8 * j + r] = sc;
+                    o[96 + 16 * (j / 2) + 2 * r + j % 2] = m;
+                }
+                for c in 0..4 {
+                    for k in 0..8 {
+                        let at = 160 + 256 * c + 32 * k + 4 * r;
+                        o[at..at + 4].copy_from_slice(&blk[16 + 32 * c + 4 * k..][..4]);
+                    }
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The scalar kernel: each row in the scalar reference's order. NaN in every output when `p`
+/// or `a` is not one group of `cols` columns.
+pub fn dot_q4k_x8_scalar(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
+    let nb = cols / QK_K;
+    let Some(a) = Q8KAct::new(a, cols).filter(|_| p.len() == nb * Q4K_X8_BLOCK) else {
+        *out = [f32::NAN; 8];
+        return;
+    };
+    let f16 = super::scalar::f16_at;
+    for (r, y) in out.iter_mut().enumerate() {
+        let mut acc = 0.0f32;
+        for (b, o) in p.chunks_exact(Q4K_X8_BLOCK).enumerate() {
+            let qa = &a.qs[QK_K * b..][..QK_K];
+            let (mut sumi, mut summ) = (0i32, 0i32);
+            for j in 0..8 {
+                let (c, hi) = (j / 2, j % 2);
+                let mut dot = 0i32;
+                for l in 0..32 {
+                    let byte = o[160 + 256 * c + 32 * (l / 4) + 4 * r + l % 4];
+                    let q = if hi == 0 { byte & 0xF } else { byte >> 4 };
+                    dot += i32::from(q) * i32::from(qa[32 * j + l]);
+                }
+                sumi += i32::from(o[32 + 8 * j + r]) * dot;
+                let m = i32::from(o[96 + 16 * (j / 2) + 2 * r + j % 2]);
+                summ += m * (i32::from(a.bsum(b, 2 * j)) + i32::from(a.bsum(b, 2 * j + 1)));
+            }
+            let da = a.d(b);
+            acc += (da * f16(o, 2 * r)) * sumi as f32;
+            acc -= (da * f16(o, 16 + 2 * r)) * summ as f32;
+        }
+        *y = acc;
+    }
+}
+
+/// The fastest [`DotX8`] this CPU runs (AVX2 where detected, unless `LAGOON_FORCE_SCALAR=1`).
+pub fn dot_q4k_x8() -> DotX8 {
+    if std::env::var_os("LAGOON_FORCE_SCALAR").is_some_and(|v| v == "1") {
+        return dot_q4k_x8_scalar;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = super::arch::x86_64::q4k_x8_avx2() {
+        return f;
+    }
+    dot_q4k_x8_scalar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{ActFormat, Kernels, scalar};
+
+    fn rng(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    /// Random Q4_K rows with finite f16 scales (`dmin` sometimes zero) and random bytes.
+    fn rows(seed: &mut u64, rows: usize, cols: usize) -> Vec<u8> {
+        let mut w = vec![0u8; rows * cols / QK_K * Q4K_BLOCK];
+        for blk in w.chunks_exact_mut(Q4K_BLOCK) {
+            for b in blk.iter_mut() {
+                *b = rng(seed) as u8;
+            }
+            let d = half::f16::from_f32((rng(seed) % 1000) as f32 * 1e-5 + 1e-6);
+            let m = half::f16::from_f32((rng(seed) % 4) as f32 * 1e-3);
+            blk[0..2].copy_from_slice(&d.to_le_bytes());
+            blk[2..4].copy_from_slice(&m.to_le_bytes());
+        }
+        w
+    }
+
+    fn act(seed: &mut u64, cols: usize, scale: f32) -> Vec<u8> {
+        let x: Vec<f32> = (0..cols)
+            .map(|_| ((rng(seed) % 2001) as f32 - 1000.0) * scale)
+            .collect();
+        let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8K, cols)];
+        Kernels::scalar().quantize_act(ActFormat::Q8K, &x, &mut a);
+        a
+    }
+
+    #[test]
+    fn x8_kernels_give_the_scalar_reference_bits() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let kernels: Vec<(&str, DotX8)> = [
+            Some(("scalar", dot_q4k_x8_scalar as DotX8)),
+            #[cfg(target_arch = "x86_64")]
+            super::super::arch::x86_64::q4k_x8_avx2().map(|f| ("avx2", f)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        for (n_rows, cols) in [(8usize, 256usize), (16, 1024), (24, 3072)] {
+            let w = rows(&mut seed, n_rows, cols);
+            let p = repack_q4k_x8(&w, n_rows, cols).unwrap();
+            let rb = cols / QK_K * Q4K_BLOCK;
+            for scale in [1e-3f32, 1.0, 1e4] {
+                let a = act(&mut seed, cols, scale);
+                let want: Vec<f32> = w
+                    .chunks_exact(rb)
+                    .map(|row| scalar::vec_dot_q4k_q8k(row, &a, cols))
+                    .collect();
+                for &(name, f) in &kernels {
+                    for (g, pg) in p.chunks_exact(cols / QK_K * Q4K_X8_BLOCK).enumerate() {
+                        let mut out = [0.0f32; 8];
+                        f(pg, &a, cols, &mut out);
+                        for r in 0..8 {
+                            assert_eq!(
+                                out[r].to_bits(),
+                                want[8 * g + r].to_bits(),
+                                "{name} {n_rows}x{cols} row {}: {} vs {}",
+                                8 * g + r,
+                                out[r],
+                                want[8 * g + r]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn repack_refuses_ragged_shapes_and_kernels_flag_bad_input() {
+        assert!(repack_q4k_x8(&[0; 144 * 7], 7, 256).is_none());
+        assert!(repack_q4k_x8(&[0; 144 * 8], 8, 255).is_none());
+        assert!(repack_q4k_x8(&[0; 144 * 8 - 1], 8, 256).is_none());
+        let mut out = [0.0f32; 8];
+        dot_q4k_x8()(&[0; Q4K_X8_BLOCK - 1], &[0; 256 + 4 + 32], 256, &mut out);
+        assert!(out.iter().all(|v| v.is_nan()));
+    }
+}
