@@ -547,6 +547,36 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
             black_box((&out_ffn, &out_hidden));
         })
     });
+    // Prefill: one gate matrix (1024 × 3072) × 64 and 16 tokens, weights in cache, against
+    // the table's several-token path (`dot_rows_multi`, 16-row tiles).
+    use lagoon_cpu::kernels::x8::dot_q4k_x8_multi;
+    let fm = dot_q4k_x8_multi();
+    for tok in [64usize, 16] {
+        prefill_one(&k, &mut g, GgmlType::Q4K, tok, true);
+        let mut rng = Rng(11);
+        let m = Mat::build(Kind::G(GgmlType::Q4K), FFN, HIDDEN, &mut rng);
+        let p = repack_q4k_x8(&m.data, FFN, HIDDEN).expect("8-row groups");
+        let ab = Kernels::act_row_bytes(k.act_format(&m.view()), HIDDEN);
+        let mut acts = vec![0u8; tok * ab];
+        for a in acts.chunks_exact_mut(ab) {
+            let x: Vec<f32> = (0..HIDDEN)
+                .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
+                .collect();
+            k.quantize_act(k.act_format(&m.view()), &x, a);
+        }
+        let refs: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+        let mut out = vec![[0f32; 8]; tok];
+        let group = HIDDEN / 256 * Q4K_X8_BLOCK;
+        g.throughput(Throughput::Elements((2 * FFN * HIDDEN * tok) as u64));
+        g.bench_function(format!("prefill_q4k_{tok}tok/x8"), |b| {
+            b.iter(|| {
+                for pg in p.chunks_exact(group) {
+                    fm(pg, &refs, HIDDEN, &mut out);
+                    black_box(&out);
+                }
+            })
+        });
+    }
     g.finish();
 }
 

@@ -40,6 +40,9 @@ const Q4K_BLOCK: usize = 144;
 
 /// One 8-row group's dot with one Q8_K activation row: `out[r] = row r · a`.
 pub type DotX8 = fn(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]);
+/// One 8-row group's dots with several tokens: `out[t][r] = row r · acts[t]`, each the
+/// [`DotX8`] result for that token alone (prefill: a weight load serves every token).
+pub type DotX8Multi = fn(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]);
 
 /// Repacks `rows` Q4_K rows of `cols` columns (`w`: the rows' 144-byte super-blocks, row after
 /// row) into groups of 8 rows ([`Q4K_X8_BLOCK`] bytes per group and super-block, groups in row
@@ -109,6 +112,30 @@ pub fn dot_q4k_x8_scalar(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
         }
         *y = acc;
     }
+}
+
+/// [`DotX8Multi`] on the scalar kernel, token by token (NaN everywhere when the lengths of
+/// `acts` and `out` differ).
+pub fn dot_q4k_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
+    if acts.len() != out.len() {
+        out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
+        return;
+    }
+    for (a, o) in acts.iter().zip(out) {
+        dot_q4k_x8_scalar(p, a, cols, o);
+    }
+}
+
+/// The fastest [`DotX8Multi`] this CPU runs (as [`dot_q4k_x8`] chooses).
+pub fn dot_q4k_x8_multi() -> DotX8Multi {
+    if std::env::var_os("LAGOON_FORCE_SCALAR").is_some_and(|v| v == "1") {
+        return dot_q4k_x8_multi_scalar;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = super::arch::x86_64::q4k_x8_multi_avx2() {
+        return f;
+    }
+    dot_q4k_x8_multi_scalar
 }
 
 /// The fastest [`DotX8`] this CPU runs (AVX2 where detected, unless `LAGOON_FORCE_SCALAR=1`).
@@ -198,6 +225,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn several_token_kernels_give_the_one_token_bits() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let cols = 3072;
+        let w = rows(&mut seed, 8, cols);
+        let p = repack_q4k_x8(&w, 8, cols).unwrap();
+        let acts: Vec<Vec<u8>> = (0..9)
+            .map(|i| act(&mut seed, cols, 10f32.powi(i % 3)))
+            .collect();
+        let kernels: Vec<(&str, DotX8Multi)> = [
+            Some(("scalar", dot_q4k_x8_multi_scalar as DotX8Multi)),
+            #[cfg(target_arch = "x86_64")]
+            super::super::arch::x86_64::q4k_x8_multi_avx2().map(|f| ("avx2", f)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        for n in 1..=acts.len() {
+            let refs: Vec<&[u8]> = acts[..n].iter().map(Vec::as_slice).collect();
+            for &(name, f) in &kernels {
+                let mut out = vec![[0.0f32; 8]; n];
+                f(&p, &refs, cols, &mut out);
+                for (t, o) in out.iter().enumerate() {
+                    let mut one = [0.0f32; 8];
+                    dot_q4k_x8_scalar(&p, refs[t], cols, &mut one);
+                    assert_eq!(
+                        o.map(f32::to_bits),
+                        one.map(f32::to_bits),
+                        "{name} n={n} t={t}"
+                    );
+                }
+            }
+        }
+        let mut out = vec![[0.0f32; 8]; 2];
+        dot_q4k_x8_multi()(&p, &[&acts[0]], cols, &mut out);
+        assert!(out.iter().flatten().all(|v| v.is_nan()), "lengths differ");
     }
 
     #[test]

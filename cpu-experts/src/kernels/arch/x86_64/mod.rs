@@ -31,3 +31,8 @@ pub(crate) fn avx512_table() -> Option<Table> {
 pub(crate) fn q4k_x8_avx2() -> Option<crate::kernels::x8::DotX8> {
     avx2::Avx2Fma::detect().map(avx2::q4k_x8)
 }
+
+/// The AVX2 repacked 8-row Q4_K several-token kernel, where the CPU runs it.
+pub(crate) fn q4k_x8_multi_avx2() -> Option<crate::kernels::x8::DotX8Multi> {
+    avx2::Avx2Fma::detect().map(avx2::q4k_x8_multi)
+}

@@ -15,11 +15,14 @@ use crate::kernels::act::Q8KAct;
 use crate::kernels::x8::Q4K_X8_BLOCK;
 
 wrap!(dot_q4k_x8 => q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) -> ());
+wrap!(dot_q4k_x8_multi => q4k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) -> ());
 
-/// Four bytes of `v` from `o` as one little-endian i32.
-#[inline(always)]
-fn i32_at(v: &[i8], o: usize) -> i32 {
-    i32::from_le_bytes([v[o] as u8, v[o + 1] as u8, v[o + 2] as u8, v[o + 3] as u8])
+/// Four activation bytes broadcast to the eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bcast4(b: &[i8; 4]) -> __m256i {
+    // SAFETY: `b` is 4 readable bytes; `read_unaligned` accepts any alignment.
+    _mm256_set1_epi32(unsafe { core::ptr::read_unaligned(b.as_ptr().cast::<i32>()) })
 }
 
 /// `&v[o..o + N]` as an array (bounds-checked).
@@ -30,66 +33,123 @@ fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
+    q4k_x8_multi(p, &[a], cols, core::slice::from_mut(out));
+}
+
+/// Eight rows × `acts.len()` tokens (`out[t]` for token t): the one-token kernel's steps,
+/// each weight load and nibble split shared by up to [`X8_TOKENS`] tokens at a time. NaN in
+/// every output when `p` or an activation is not of `cols` columns, or the lengths differ.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
     let nb = cols / 256;
-    let Some(a) = Q8KAct::new(a, cols).filter(|_| p.len() == nb * Q4K_X8_BLOCK) else {
-        *out = [f32::NAN; 8];
+    let ok = p.len() == nb * Q4K_X8_BLOCK
+        && acts.len() == out.len()
+        && acts.iter().all(|a| Q8KAct::new(a, cols).is_some());
+    if !ok {
+        out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
         return;
-    };
+    }
+    let mut t0 = 0;
+    while t0 < acts.len() {
+        let (a, o) = (&acts[t0..], &mut out[t0..]);
+        let act = |t: usize| Q8KAct::new(a[t], cols).unwrap();
+        t0 += match a.len() {
+            1 => tokens::<1>(p, [act(0)], o.first_chunk_mut().unwrap()),
+            2 => tokens::<2>(p, [act(0), act(1)], o.first_chunk_mut().unwrap()),
+            3 => tokens::<3>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap()),
+            _ => tokens::<X8_TOKENS>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap()),
+        };
+    }
+}
+
+/// The eight rows' scales of sub-block `j` as i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales(o: &[u8; Q4K_X8_BLOCK], j: usize) -> __m256i {
+    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*arr::<8>(
+        o,
+        32 + 8 * j,
+    ))))
+}
+
+/// Tokens one pass takes (register budget: two i16 and one i32 accumulator each).
+const X8_TOKENS: usize = 4;
+
+/// One pass over the group's super-blocks for T tokens; returns T.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T]) -> usize {
     let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    let bsums = a.bsums.as_flattened().as_chunks::<16>().0;
+    let mut acc = [_mm256_setzero_ps(); T];
     for (b, o) in p.as_chunks::<Q4K_X8_BLOCK>().0.iter().enumerate() {
-        let qa = &a.qs[256 * b..][..256];
-        let mut sumi = _mm256_setzero_si256();
+        // Each token's quants of this super-block in groups of four.
+        let mut qa: [&[[i8; 4]; 64]; T] = [&[[0; 4]; 64]; T];
+        for (q, at) in qa.iter_mut().zip(&a) {
+            *q = at.qs[256 * b..][..256]
+                .as_chunks::<4>()
+                .0
+                .try_into()
+                .unwrap();
+        }
+        let mut sumi = [_mm256_setzero_si256(); T];
         for c in 0..4 {
-            let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            let mut lo = [_mm256_setzero_si256(); T];
+            let mut hi = [_mm256_setzero_si256(); T];
             for k in 0..8 {
                 let w = ld256(arr::<32>(o, 160 + 256 * c + 32 * k));
                 let wl = _mm256_and_si256(w, m4);
                 let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
-                let al = _mm256_set1_epi32(i32_at(qa, 64 * c + 4 * k));
-                let ah = _mm256_set1_epi32(i32_at(qa, 64 * c + 32 + 4 * k));
-                lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wl, al));
-                hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wh, ah));
+                for t in 0..T {
+                    let al = bcast4(&qa[t][16 * c + k]);
+                    let ah = bcast4(&qa[t][16 * c + 8 + k]);
+                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(wl, al));
+                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(wh, ah));
+                }
             }
-            // The eight rows' scales of sub-block j as i32 lanes.
-            let sc = |j: usize| {
-                _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*arr::<8>(
-                    o,
-                    32 + 8 * j,
-                ))))
-            };
-            let plo = _mm256_mullo_epi32(_mm256_madd_epi16(lo, ones), sc(2 * c));
-            let phi = _mm256_mullo_epi32(_mm256_madd_epi16(hi, ones), sc(2 * c + 1));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+            let (sl, sh) = (scales(o, 2 * c), scales(o, 2 * c + 1));
+            for t in 0..T {
+                let plo = _mm256_mullo_epi32(_mm256_madd_epi16(lo[t], ones), sl);
+                let phi = _mm256_mullo_epi32(_mm256_madd_epi16(hi[t], ones), sh);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
+            }
         }
-        // bs_j = bsum[2j] + bsum[2j + 1] as i16, the pair (bs_2p, bs_2p+1) in i32 lane p.
-        let bsp = _mm_hadd_epi16(ld128(&bsums[2 * b]), ld128(&bsums[2 * b + 1]));
-        let pairs = [
-            _mm_extract_epi32::<0>(bsp),
-            _mm_extract_epi32::<1>(bsp),
-            _mm_extract_epi32::<2>(bsp),
-            _mm_extract_epi32::<3>(bsp),
-        ];
-        let mut summ = _mm256_setzero_si256();
-        for (pi, &pair) in pairs.iter().enumerate() {
-            // Rows' (m_2p, m_2p+1) as i16 pairs.
-            let m = _mm256_cvtepu8_epi16(ld128(arr::<16>(o, 96 + 16 * pi)));
-            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(m, _mm256_set1_epi32(pair)));
+        // Rows' (m_2p, m_2p+1) as i16 pairs. (Closures do not inherit the target features:
+        // an intrinsic inside `array::from_fn`'s closure became a call per element.)
+        let mut m = [_mm256_setzero_si256(); 4];
+        for (pi, mp) in m.iter_mut().enumerate() {
+            *mp = _mm256_cvtepu8_epi16(ld128(arr::<16>(o, 96 + 16 * pi)));
         }
-        let da = _mm256_set1_ps(a.d(b));
         let d = _mm256_cvtph_ps(ld128(arr::<16>(o, 0)));
         let dmin = _mm256_cvtph_ps(ld128(arr::<16>(o, 16)));
-        acc = _mm256_add_ps(
-            acc,
-            _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(sumi)),
-        );
-        acc = _mm256_sub_ps(
-            acc,
-            _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(summ)),
-        );
+        for t in 0..T {
+            // bs_j = bsum[2j] + bsum[2j + 1] as i16, the pair (bs_2p, bs_2p+1) in i32 lane p.
+            let bsums = a[t].bsums.as_flattened().as_chunks::<16>().0;
+            let bsp = _mm_hadd_epi16(ld128(&bsums[2 * b]), ld128(&bsums[2 * b + 1]));
+            let pairs = [
+                _mm_extract_epi32::<0>(bsp),
+                _mm_extract_epi32::<1>(bsp),
+                _mm_extract_epi32::<2>(bsp),
+                _mm_extract_epi32::<3>(bsp),
+            ];
+            let mut summ = _mm256_setzero_si256();
+            for (mp, &pair) in m.iter().zip(&pairs) {
+                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(*mp, _mm256_set1_epi32(pair)));
+            }
+            let da = _mm256_set1_ps(a[t].d(b));
+            acc[t] = _mm256_add_ps(
+                acc[t],
+                _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(sumi[t])),
+            );
+            acc[t] = _mm256_sub_ps(
+                acc[t],
+                _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(summ)),
+            );
+        }
     }
-    // SAFETY: `out` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+    for (o, v) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
+    }
+    T
 }

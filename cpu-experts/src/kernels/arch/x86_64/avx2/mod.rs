@@ -42,6 +42,11 @@ pub(crate) fn q4k_x8(_proof: Avx2Fma) -> crate::kernels::x8::DotX8 {
     k4x8::dot_q4k_x8
 }
 
+/// The repacked 8-row Q4_K several-token kernel (`kernels::x8`).
+pub(crate) fn q4k_x8_multi(_proof: Avx2Fma) -> crate::kernels::x8::DotX8Multi {
+    k4x8::dot_q4k_x8_multi
+}
+
 /// The AVX2 table: scalar kernels overridden by every AVX2 kernel that exists.
 pub(crate) fn table(_proof: Avx2Fma) -> Table {
     Table {
