@@ -111,6 +111,41 @@ pub struct Session<'w> {
     opts: SessionOptions,
 }
 
+/// `k` with the model's Q4_K matrices repacked eight rows at a time
+/// ([`crate::kernels::x8::X8Store`]) when `LAGOON_CPU_X8=1`: an opt-in while it is measured
+/// (a second copy of those weights in memory; results the scalar reference's for them).
+fn with_x8(k: Kernels, w: &ModelWeights<'_>) -> Kernels {
+    use lagoon_core::laguna::weights::Ffn;
+    if std::env::var_os("LAGOON_CPU_X8").is_none_or(|v| v != "1") {
+        return k;
+    }
+    let mut mats = vec![&w.output];
+    for l in &w.layers {
+        mats.extend([&l.q, &l.k, &l.v, &l.o]);
+        mats.extend(l.gate.as_ref());
+        match &l.ffn {
+            Ffn::Dense(m) => mats.extend([&m.gate, &m.up, &m.down]),
+            Ffn::Moe {
+                gate,
+                up,
+                down,
+                shared,
+                ..
+            } => {
+                mats.extend(gate.iter().chain(up).chain(down));
+                if let Some(m) = shared {
+                    mats.extend([&m.gate, &m.up, &m.down]);
+                }
+            }
+        }
+    }
+    let store = crate::kernels::x8::X8Store::build(mats);
+    if store.is_empty() {
+        return k;
+    }
+    k.with_x8(std::sync::Arc::new(store))
+}
+
 impl<'w> Session<'w> {
     /// Builds the graphs and allocates everything a step needs.
     pub fn new(cfg: &ModelConfig, w: &'w ModelWeights<'w>, opts: SessionOptions) -> Session<'w> {
@@ -134,7 +169,7 @@ impl<'w> Session<'w> {
         let kernels = if opts.reference {
             None
         } else {
-            Some(Kernels::detect())
+            Some(with_x8(Kernels::detect(), w))
         };
         let scratch = Scratch::new(cfg, w, ubatch, max_cap, n_threads, kernels.as_ref());
         let ropes = [

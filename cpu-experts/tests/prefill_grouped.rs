@@ -161,7 +161,7 @@ fn per_token(
     let mut out = Vec::new();
     for t in 0..N {
         out.extend(routed_experts(
-            k,
+            k.clone(),
             1,
             mats,
             &xs[t * h..(t + 1) * h],
@@ -183,18 +183,28 @@ fn check(layer: &Layer, kernels: Option<Kernels>) {
         down: &d,
     };
     let (xs, ids, ws) = inputs(layer.h);
-    let alone = per_token(kernels, mats, &xs, &ids, &ws);
+    let alone = per_token(kernels.clone(), mats, &xs, &ids, &ws);
     assert!(alone.iter().all(|v| v.is_finite()));
     assert!(alone.iter().any(|&v| v != 0.0));
     for threads in [1, 2, 3] {
-        let grouped = routed_experts(kernels, threads, mats, &xs, &ids, &ws, K, SCALING, N);
+        let grouped = routed_experts(
+            kernels.clone(),
+            threads,
+            mats,
+            &xs,
+            &ids,
+            &ws,
+            K,
+            SCALING,
+            N,
+        );
         assert_eq!(
             bits(&grouped),
             bits(&alone),
             "{:?}/{:?} {}: grouped prefill with {threads} threads differs from per-token",
             layer.gu,
             layer.dn,
-            kernels.map_or("reference", |k| k.name()),
+            kernels.as_ref().map_or("reference", |k| k.name()),
         );
     }
     // The test can fail: another routing weight changes the result.

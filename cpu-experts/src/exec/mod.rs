@@ -222,7 +222,7 @@ pub(crate) fn run(
             skip -= 1;
             continue;
         }
-        if let (Some(k), Op::MatMul { x, .. }) = (st.kernels, op) {
+        if let (Some(k), Op::MatMul { x, .. }) = (st.kernels.clone(), op) {
             let batch = same_input_matmuls(&graph.nodes[i..], *x);
             if batch > 1 && matmuls_fused(&k, st, graph, w, &graph.nodes[i..i + batch], n) {
                 skip = batch - 1;
@@ -331,7 +331,7 @@ pub(crate) fn run(
                 // Fast path: one item per (token, KV head, block of up to ATTEND_MAX_HEADS of
                 // its query heads), each K/V row read once per block; the kernel may decline
                 // a shape, then the block's heads run one by one as on the reference path.
-                if let Some(k) = st.kernels.filter(|_| group > 0 && n > 1) {
+                if let Some(k) = st.kernels.clone().filter(|_| group > 0 && n > 1) {
                     // Several tokens: items of (block of ATTEND_MAX_TOKENS tokens, KV head,
                     // block of heads), each K/V row read once per item.
                     const TB: usize = Kernels::ATTEND_MAX_TOKENS;
@@ -395,7 +395,7 @@ pub(crate) fn run(
                     });
                     continue;
                 }
-                if let Some(k) = st.kernels.filter(|_| group > 0) {
+                if let Some(k) = st.kernels.clone().filter(|_| group > 0) {
                     let blocks = group.div_ceil(Kernels::ATTEND_MAX_HEADS);
                     let per_token = c.n_kv_heads * blocks;
                     let work = Dynamic::balanced(n * per_token, nt, CLAIMS_PER_THREAD);

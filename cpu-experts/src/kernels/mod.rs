@@ -331,10 +331,12 @@ pub const MAX_CT_FALLBACK_COLS: usize = 16384;
 /// Elements per fallback chunk for ggml types (decoded block-aligned, any row width).
 const FALLBACK_CHUNK: usize = 4096;
 
-/// The resolved kernel table. Cheap to copy; resolve once at load.
-#[derive(Clone, Copy)]
+/// The resolved kernel table. Cheap to clone; resolve once at load.
+#[derive(Clone)]
 pub struct Kernels {
     t: Table,
+    /// Repacked Q4_K matrices whose products go to the 8-row kernels ([`Kernels::with_x8`]).
+    x8: Option<std::sync::Arc<x8::X8Store>>,
 }
 
 impl core::fmt::Debug for Kernels {
@@ -387,7 +389,7 @@ impl Kernels {
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(t) = arch::x86_64::best_table() {
-            return Kernels { t };
+            return Kernels { t, x8: None };
         }
         Kernels::scalar()
     }
@@ -400,12 +402,24 @@ impl Kernels {
         let t = [arch::x86_64::avx512_table(), arch::x86_64::avx2_table()];
         #[cfg(not(target_arch = "x86_64"))]
         let t: [Option<Table>; 0] = [];
-        t.into_iter().flatten().map(|t| Kernels { t })
+        t.into_iter().flatten().map(|t| Kernels { t, x8: None })
+    }
+
+    /// This table with the products of the matrices `store` holds on its 8-row kernels
+    /// (results: the scalar reference's bits for those matrices).
+    pub fn with_x8(self, store: std::sync::Arc<x8::X8Store>) -> Kernels {
+        Kernels {
+            x8: Some(store),
+            ..self
+        }
     }
 
     /// The scalar reference kernels.
     pub fn scalar() -> Kernels {
-        Kernels { t: scalar_table() }
+        Kernels {
+            t: scalar_table(),
+            x8: None,
+        }
     }
 
     /// Every weight type through the dequantising fallback: core's reference decoder, then an
@@ -416,7 +430,7 @@ impl Kernels {
         let mut t = scalar_table();
         t.name = "dequant-fallback";
         t.force_fallback = true;
-        Kernels { t }
+        Kernels { t, x8: None }
     }
 
     /// `"avx512vnni"`, `"avx2"`, `"scalar"` (or `"dequant-fallback"`).
@@ -543,6 +557,11 @@ impl Kernels {
         out: &mut [f32],
         out_stride: usize,
     ) {
+        if let Some(s) = &self.x8
+            && s.dot_rows_multi(w, r0, n_rows, acts, act_stride, n_act, out, out_stride)
+        {
+            return;
+        }
         let cols = w.cols;
         let fmt = self.act_format(w);
         let ab = Self::act_row_bytes(fmt, cols);

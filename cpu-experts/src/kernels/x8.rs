@@ -30,7 +30,11 @@
 //! by the f32 rounding of that order; moving the executor to this layout means moving its
 //! several-token and GEMM kernels to the scalar order too.)
 
+use std::collections::HashMap;
+
+use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant::QK_K;
+use lagoon_core::weights::{Encoding, MatRef};
 
 use super::act::Q8KAct;
 
@@ -78,6 +82,115 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
         }
     }
     Some(out)
+}
+
+/// Repacked copies of a model's Q4_K matrices, found by the address of their stored bytes,
+/// and the kernel that reads them: what [`super::Kernels::with_x8`] hands the products of
+/// those matrices to. Opt-in (`LAGOON_CPU_X8=1` in `Session::new`): it holds a second copy
+/// of every Q4_K weight (148 bytes per 144), and its results are the scalar reference's,
+/// not the table's one-row kernel's.
+pub struct X8Store {
+    map: HashMap<usize, Vec<u8>>,
+    dot: DotX8Multi,
+}
+
+/// Tokens per call of the store's kernel (a stack array of activation rows).
+const STORE_TOKENS: usize = 16;
+
+impl X8Store {
+    /// Repacks every Q4_K matrix of `mats` whose rows are a multiple of 8 and columns of 256
+    /// (others are left to the table). Matrices seen twice are repacked once.
+    pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
+        let mut map = HashMap::new();
+        for m in mats {
+            if let Encoding::Ggml {
+                ty: GgmlType::Q4K,
+                data,
+            } = m.enc
+            {
+                let key = data.as_ptr() as usize;
+                if !map.contains_key(&key)
+                    && let Some(p) = repack_q4k_x8(data, m.rows, m.cols)
+                {
+                    map.insert(key, p);
+                }
+            }
+        }
+        X8Store {
+            map,
+            dot: dot_q4k_x8_multi(),
+        }
+    }
+
+    /// Matrices held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Bytes of the repacked copies.
+    pub fn bytes(&self) -> usize {
+        self.map.values().map(Vec::len).sum()
+    }
+
+    /// [`super::Kernels::dot_rows_multi`] for a held matrix and rows `r0 .. r0 + n_rows` in
+    /// whole groups of 8; `false` (nothing written) otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dot_rows_multi(
+        &self,
+        w: &MatRef<'_>,
+        r0: usize,
+        n_rows: usize,
+        acts: &[u8],
+        act_stride: usize,
+        n_act: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) -> bool {
+        let Encoding::Ggml {
+            ty: GgmlType::Q4K,
+            data,
+        } = w.enc
+        else {
+            return false;
+        };
+        let (cols, nb) = (w.cols, w.cols / QK_K);
+        let group = nb * Q4K_X8_BLOCK;
+        let Some(p) = self.map.get(&(data.as_ptr() as usize)) else {
+            return false;
+        };
+        let ab = super::act::q8k_row_bytes(cols);
+        if !r0.is_multiple_of(8)
+            || !n_rows.is_multiple_of(8)
+            || p.len() != w.rows / 8 * group
+            || r0 + n_rows > w.rows
+            || n_act == 0
+            || (n_act - 1) * act_stride + ab > acts.len()
+            || (n_act - 1) * out_stride + n_rows > out.len()
+        {
+            return false;
+        }
+        let mut y = [[0.0f32; 8]; STORE_TOKENS];
+        for c0 in (0..n_act).step_by(STORE_TOKENS) {
+            let nc = STORE_TOKENS.min(n_act - c0);
+            let mut refs: [&[u8]; STORE_TOKENS] = [&[]; STORE_TOKENS];
+            for (t, r) in refs[..nc].iter_mut().enumerate() {
+                *r = &acts[(c0 + t) * act_stride..][..ab];
+            }
+            for g in r0 / 8..(r0 + n_rows) / 8 {
+                (self.dot)(&p[g * group..][..group], &refs[..nc], cols, &mut y[..nc]);
+                for (t, yt) in y[..nc].iter().enumerate() {
+                    let at = (c0 + t) * out_stride + 8 * g - r0;
+                    out[at..at + 8].copy_from_slice(yt);
+                }
+            }
+        }
+        true
+    }
 }
 
 /// The scalar kernel: each row in the scalar reference's order. NaN in every output when `p`

@@ -1,0 +1,126 @@
+//! The repacked 8-row Q4_K kernels inside a session (`LAGOON_CPU_X8=1`, which
+//! `Session::new` reads: this binary holds one test, so no other test sees the setting).
+
+#[allow(dead_code)] // (this binary uses the config and raw buffers only)
+mod common;
+
+use lagoon_core::dtype::GgmlType;
+use lagoon_core::laguna::ModelWeights;
+use lagoon_core::weights::{Encoding, MatRef};
+use lagoon_cpu::{Session, SessionOptions};
+
+/// Random Q4_K rows (random quants, scales and mins; small f16 `d` and `dmin`).
+fn q4k(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+    let mut next = move || {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    };
+    let mut w = vec![0u8; rows * cols / 256 * 144];
+    for blk in w.chunks_exact_mut(144) {
+        for b in blk.iter_mut() {
+            *b = next() as u8;
+        }
+        let d = half::f16::from_f32(4e-5 + (next() % 100) as f32 * 1e-6);
+        let m = half::f16::from_f32(2e-4 + (next() % 100) as f32 * 1e-6);
+        blk[0..2].copy_from_slice(&d.to_le_bytes());
+        blk[2..4].copy_from_slice(&m.to_le_bytes());
+    }
+    w
+}
+
+fn logits(
+    c: &lagoon_core::config::ModelConfig,
+    w: &ModelWeights<'_>,
+    toks: &[u32],
+    ubatch: usize,
+) -> Vec<f32> {
+    let mut s = Session::new(
+        c,
+        w,
+        SessionOptions {
+            n_ctx: toks.len(),
+            ubatch,
+            all_logits: true,
+            n_threads: 2,
+            reference: false,
+        },
+    );
+    let mut out = Vec::new();
+    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
+    out
+}
+
+/// A model whose attention Q/K/V/gate and MLP matrices are Q4_K with 256-wide rows, run with
+/// the repacked kernels and without: close (the repacked products are the scalar reference's,
+/// the table's differ from it by f32 rounding) but not the same bits (the setting took
+/// effect); one-shot prefill, chunks and decode agree with the repacked kernels as they do
+/// without.
+#[test]
+fn repacked_q4k_products_in_a_session() {
+    let mut c = common::config();
+    c.hidden_size = 256;
+    c.dense_ffn = 256;
+    c.expert_ffn = 256;
+    c.shared_ffn = 256;
+    let store = common::Store::new(&c, Some(3));
+    let mut seed = 0x5eed_0008u64;
+    let mut q: std::collections::HashMap<String, Vec<Vec<u8>>> = Default::default();
+    for (name, parts) in &store.bufs {
+        if parts.iter().all(|(r, cc, _)| r % 8 == 0 && cc % 256 == 0) {
+            q.insert(
+                name.clone(),
+                parts
+                    .iter()
+                    .map(|(r, cc, _)| q4k(*r, *cc, &mut seed))
+                    .collect(),
+            );
+        }
+    }
+    assert!(q.len() >= 8, "Q4_K matrices: {}", q.len());
+    let w = ModelWeights::resolve(&c, |name| {
+        let parts = store.bufs.get(name)?;
+        Some(
+            parts
+                .iter()
+                .enumerate()
+                .map(|(i, (r, cc, b))| MatRef {
+                    rows: *r,
+                    cols: *cc,
+                    enc: match q.get(name) {
+                        Some(qp) => Encoding::Ggml {
+                            ty: GgmlType::Q4K,
+                            data: &qp[i],
+                        },
+                        None => Encoding::Ggml {
+                            ty: GgmlType::F32,
+                            data: b,
+                        },
+                    },
+                })
+                .collect(),
+        )
+    })
+    .expect("weights resolve");
+    let toks: Vec<u32> = (0..19)
+        .map(|i| (i * 37 + 5) % c.vocab_size as u32)
+        .collect();
+    let plain = logits(&c, &w, &toks, toks.len());
+    // SAFETY: this binary's only test; set before the sessions below read it.
+    unsafe { std::env::set_var("LAGOON_CPU_X8", "1") };
+    let one = logits(&c, &w, &toks, toks.len());
+    assert!(one.iter().all(|v| v.is_finite()));
+    let e = common::rel_l2(&one, &plain);
+    println!("repacked vs table kernels: rel L2 {e:.3e}");
+    assert!(e > 0.0, "LAGOON_CPU_X8=1 changed nothing");
+    assert!(e < 1e-4, "repacked vs table kernels: rel L2 {e:.3e}");
+    for ubatch in [1, 4] {
+        let other = logits(&c, &w, &toks, ubatch);
+        let e = common::rel_l2(&other, &one);
+        println!("repacked, ubatch {ubatch} vs one-shot: rel L2 {e:.3e}");
+        assert!(e < 1e-5, "ubatch {ubatch}: rel L2 {e:.3e}");
+    }
+    // SAFETY: as above; no session reads it after this.
+    unsafe { std::env::remove_var("LAGOON_CPU_X8") };
+}
