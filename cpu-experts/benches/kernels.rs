@@ -279,6 +279,23 @@ impl Experts {
     }
 }
 
+/// One token through one expert set (gate, up, down per expert) with the table's kernels.
+fn one_token(
+    k: &Kernels,
+    set: &[Mat],
+    act_in: &[u8],
+    act_down: &[u8],
+    out_ffn: &mut [f32],
+    out_hidden: &mut [f32],
+) {
+    for e in set.chunks_exact(3) {
+        k.dot_rows(&e[0].view(), 0, act_in, out_ffn);
+        k.dot_rows(&e[1].view(), 0, act_in, out_ffn);
+        k.dot_rows(&e[2].view(), 0, act_down, out_hidden);
+    }
+    black_box((out_ffn, out_hidden));
+}
+
 fn bench_experts(c: &mut Criterion) {
     let k = Kernels::detect();
     let kinds = [
@@ -324,12 +341,7 @@ fn bench_experts(c: &mut Criterion) {
             b.iter(|| {
                 let s = &sets[next % copies];
                 next += 1;
-                for e in s.chunks_exact(3) {
-                    k.dot_rows(&e[0].view(), 0, &act_in, &mut out_ffn);
-                    k.dot_rows(&e[1].view(), 0, &act_in, &mut out_ffn);
-                    k.dot_rows(&e[2].view(), 0, &act_down, &mut out_hidden);
-                }
-                black_box((&out_ffn, &out_hidden));
+                one_token(&k, s, &act_in, &act_down, &mut out_ffn, &mut out_hidden);
             })
         });
     }
@@ -458,12 +470,7 @@ fn bench_simd_cmp(c: &mut Criterion<ThreadCpu>) {
                 b.iter(|| {
                     let s = &sets[next % copies];
                     next += 1;
-                    for e in s.chunks_exact(3) {
-                        k.dot_rows(&e[0].view(), 0, &act_in, &mut out_ffn);
-                        k.dot_rows(&e[1].view(), 0, &act_in, &mut out_ffn);
-                        k.dot_rows(&e[2].view(), 0, &act_down, &mut out_hidden);
-                    }
-                    black_box((&out_ffn, &out_hidden));
+                    one_token(k, s, &act_in, &act_down, &mut out_ffn, &mut out_hidden);
                 })
             });
         }
@@ -521,12 +528,7 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
         b.iter(|| {
             let s = &sets[next % copies];
             next += 1;
-            for e in s.chunks_exact(3) {
-                k.dot_rows(&e[0].view(), 0, &act_in, &mut out_ffn);
-                k.dot_rows(&e[1].view(), 0, &act_in, &mut out_ffn);
-                k.dot_rows(&e[2].view(), 0, &act_down, &mut out_hidden);
-            }
-            black_box((&out_ffn, &out_hidden));
+            one_token(&k, s, &act_in, &act_down, &mut out_ffn, &mut out_hidden);
         })
     });
     let dots = |p: &[u8], a: &[u8], cols: usize, out: &mut [f32]| {

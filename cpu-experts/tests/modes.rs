@@ -11,20 +11,7 @@ fn run(
     toks: &[u32],
     ubatch: usize,
 ) -> Vec<f32> {
-    let mut s = Session::new(
-        c,
-        w,
-        SessionOptions {
-            n_ctx: toks.len(),
-            ubatch,
-            all_logits: true,
-            n_threads: 0,
-            reference: false,
-        },
-    );
-    let mut out = Vec::new();
-    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
-    out
+    common::session_logits(c, w, toks, ubatch, 0)
 }
 
 #[test]

@@ -7,7 +7,6 @@ mod common;
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::laguna::ModelWeights;
 use lagoon_core::weights::{Encoding, MatRef};
-use lagoon_cpu::{Session, SessionOptions};
 
 /// Random Q4_K rows (random quants, scales and mins; small f16 `d` and `dmin`).
 fn q4k(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
@@ -36,20 +35,7 @@ fn logits(
     toks: &[u32],
     ubatch: usize,
 ) -> Vec<f32> {
-    let mut s = Session::new(
-        c,
-        w,
-        SessionOptions {
-            n_ctx: toks.len(),
-            ubatch,
-            all_logits: true,
-            n_threads: 2,
-            reference: false,
-        },
-    );
-    let mut out = Vec::new();
-    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
-    out
+    common::session_logits(c, w, toks, ubatch, 2)
 }
 
 /// A model whose attention Q/K/V/gate and MLP matrices are Q4_K with 256-wide rows, run with

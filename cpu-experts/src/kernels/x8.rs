@@ -239,28 +239,31 @@ pub fn dot_q4k_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut 
     }
 }
 
-/// The fastest [`DotX8Multi`] this CPU runs (as [`dot_q4k_x8`] chooses).
-pub fn dot_q4k_x8_multi() -> DotX8Multi {
-    if std::env::var_os("LAGOON_FORCE_SCALAR").is_some_and(|v| v == "1") {
-        return dot_q4k_x8_multi_scalar;
+/// `simd` where this CPU runs it, unless `LAGOON_FORCE_SCALAR=1`; else `scalar`.
+fn fastest<F>(simd: Option<F>, scalar: F) -> F {
+    match simd {
+        Some(f) if std::env::var_os("LAGOON_FORCE_SCALAR").is_none_or(|v| v != "1") => f,
+        _ => scalar,
     }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(f) = super::arch::x86_64::q4k_x8_multi_avx2() {
-        return f;
-    }
-    dot_q4k_x8_multi_scalar
 }
 
-/// The fastest [`DotX8`] this CPU runs (AVX2 where detected, unless `LAGOON_FORCE_SCALAR=1`).
-pub fn dot_q4k_x8() -> DotX8 {
-    if std::env::var_os("LAGOON_FORCE_SCALAR").is_some_and(|v| v == "1") {
-        return dot_q4k_x8_scalar;
-    }
+/// The fastest [`DotX8Multi`] this CPU runs (AVX2 where detected, unless
+/// `LAGOON_FORCE_SCALAR=1`).
+pub fn dot_q4k_x8_multi() -> DotX8Multi {
     #[cfg(target_arch = "x86_64")]
-    if let Some(f) = super::arch::x86_64::q4k_x8_avx2() {
-        return f;
-    }
-    dot_q4k_x8_scalar
+    let simd = super::arch::x86_64::q4k_x8_multi_avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = None;
+    fastest(simd, dot_q4k_x8_multi_scalar)
+}
+
+/// The fastest [`DotX8`] this CPU runs (as [`dot_q4k_x8_multi`] chooses).
+pub fn dot_q4k_x8() -> DotX8 {
+    #[cfg(target_arch = "x86_64")]
+    let simd = super::arch::x86_64::q4k_x8_avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = None;
+    fastest(simd, dot_q4k_x8_scalar)
 }
 
 #[cfg(test)]

@@ -184,3 +184,30 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     }
     (num / den).sqrt()
 }
+
+/// Logits of every token of `toks` from a fresh fast-path session taking steps of `ubatch`
+/// tokens on `n_threads` threads (0: all). (Not every test binary that includes this module
+/// calls it.)
+#[allow(dead_code)]
+pub fn session_logits(
+    c: &ModelConfig,
+    w: &ModelWeights<'_>,
+    toks: &[u32],
+    ubatch: usize,
+    n_threads: usize,
+) -> Vec<f32> {
+    let mut s = lagoon_cpu::Session::new(
+        c,
+        w,
+        lagoon_cpu::SessionOptions {
+            n_ctx: toks.len(),
+            ubatch,
+            all_logits: true,
+            n_threads,
+            reference: false,
+        },
+    );
+    let mut out = Vec::new();
+    s.prefill(toks, |l| out.extend_from_slice(l)).unwrap();
+    out
+}
