@@ -1,6 +1,7 @@
-//! Q4_K rows repacked eight at a time (an experiment, not yet used by the executor): the
-//! layout and kernels that would let the decode GEMV apply each sub-block's scale to eight
-//! rows per instruction instead of unpacking the 6-bit scales and mins row by row.
+//! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
+//! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
+//! row. A session uses them when `LAGOON_CPU_X8=1` ([`X8Store`]; opt-in while it holds a
+//! second copy of the weights and is unmeasured on AVX-512 hosts).
 //!
 //! Why: the one-row AVX2 Q4_K kernel spends about 86 instructions per super-block, ~30 of
 //! them on the scale and min unpacking (BENCHMARKS.md, "CPU on a new development VM"), and at
@@ -27,8 +28,11 @@
 //! in its order (`scalar::vec_dot_q4k_q8k`: exact `sumi` and `summ`, then `acc += (d_a·d)·sumi;
 //! acc −= (d_a·dmin)·summ`, no FMA): every kernel here gives the scalar reference's bits. (The
 //! one-row AVX2 kernel adds eight f32 lanes per row instead, so its results differ from these
-//! by the f32 rounding of that order; moving the executor to this layout means moving its
-//! several-token and GEMM kernels to the scalar order too.)
+//! by the f32 rounding of that order. A session with the store sends decode and prefill of
+//! a held matrix here alike, so its steps stay consistent with each other.)
+//!
+//! Measured (BENCHMARKS.md, "Q4_K rows repacked eight at a time"): on a 2-core AVX2 VM,
+//! 2.6–3x the one-row kernel's rate at one token, 2x the several-token kernel's in prefill.
 
 use std::collections::HashMap;
 
