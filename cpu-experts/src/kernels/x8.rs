@@ -66,9 +66,11 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
     let rb = nb * Q4K_BLOCK;
     let mut out = vec![0u8; rows / 8 * nb * Q4K_X8_BLOCK];
     for (g, dst) in out.chunks_exact_mut(nb * Q4K_X8_BLOCK).enumerate() {
-        for (b, o) in dst.chunks_exact_mut(Q4K_X8_BLOCK).enumerate() {
+        for (b, o) in dst.as_chunks_mut::<Q4K_X8_BLOCK>().0.iter_mut().enumerate() {
             for r in 0..8 {
-                let blk = &w[(8 * g + r) * rb + b * Q4K_BLOCK..][..Q4K_BLOCK];
+                let blk: &[u8; Q4K_BLOCK] = w[(8 * g + r) * rb + b * Q4K_BLOCK..][..Q4K_BLOCK]
+                    .try_into()
+                    .unwrap();
                 o[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
                 o[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
                 for j in 0..8 {
@@ -76,11 +78,10 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
                     o[32 + 8 * j + r] = sc;
                     o[96 + 16 * (j / 2) + 2 * r + j % 2] = m;
                 }
-                for c in 0..4 {
-                    for k in 0..8 {
-                        let at = 160 + 256 * c + 32 * k + 4 * r;
-                        o[at..at + 4].copy_from_slice(&blk[16 + 32 * c + 4 * k..][..4]);
-                    }
+                // Four-byte piece i (= 8c + k) of the quants to bytes 4r.. of 32-byte row i.
+                let (rows32, _) = o[160..].as_chunks_mut::<32>();
+                for (d, q) in rows32.iter_mut().zip(blk[16..].as_chunks::<4>().0) {
+                    d[4 * r..4 * r + 4].copy_from_slice(q);
                 }
             }
         }
@@ -105,21 +106,47 @@ impl X8Store {
     /// Repacks every Q4_K matrix of `mats` whose rows are a multiple of 8 and columns of 256
     /// (others are left to the table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
-        let mut map = HashMap::new();
+        // The distinct Q4_K matrices, then repacked on all cores (a few hundred MB/s per core:
+        // a large model's repack is load time).
+        let mut todo: Vec<(usize, &'a [u8], usize, usize)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for m in mats {
             if let Encoding::Ggml {
                 ty: GgmlType::Q4K,
                 data,
             } = m.enc
+                && seen.insert(data.as_ptr() as usize)
             {
-                let key = data.as_ptr() as usize;
-                if !map.contains_key(&key)
-                    && let Some(p) = repack_q4k_x8(data, m.rows, m.cols)
-                {
-                    map.insert(key, p);
-                }
+                todo.push((data.as_ptr() as usize, data, m.rows, m.cols));
             }
         }
+        let n = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(todo.len().max(1));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let parts: Vec<Vec<(usize, Vec<u8>)>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..n)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&(key, data, rows, cols)) = todo.get(i) else {
+                                break done;
+                            };
+                            if let Some(p) = repack_q4k_x8(data, rows, cols) {
+                                done.push((key, p));
+                            }
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        let map: HashMap<usize, Vec<u8>> = parts.into_iter().flatten().collect();
         X8Store {
             map,
             dot: dot_q4k_x8_multi(),
