@@ -137,10 +137,7 @@ pub fn ct8_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
     if !ct8_fits(m) {
         return None;
     }
-    let dtype = match ct.int8_chunked()? {
-        lagoon_core::quant::ct::ScaleDtype::F16 => 1u8,
-        _ => 2u8,
-    };
+    let dtype = ct_dtype_byte(ct.int8_chunked()?);
     Some(ct_blocks(m, CT8_BLOCK_BYTES, |r, c, b| {
         // ct8_fits checked that z is an integer in i8's range.
         let (q, s_bits, z) = ct.int8_chunk(r, c);
@@ -149,6 +146,15 @@ pub fn ct8_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
         }
         (s_bits, z, dtype)
     }))
+}
+
+/// The header's dtype byte of a CT4/CT8 block: 1 for f16 scales, 2 for bf16 (the chunked
+/// forms take no others).
+fn ct_dtype_byte(sd: lagoon_core::quant::ct::ScaleDtype) -> u8 {
+    match sd {
+        lagoon_core::quant::ct::ScaleDtype::F16 => 1,
+        _ => 2,
+    }
 }
 
 /// The block rows of a compressed-tensors matrix: `fill(r, c, block)` writes chunk `c` of
@@ -182,10 +188,7 @@ pub fn ct4_blocks(m: &MatRef<'_>) -> Option<Vec<u8>> {
     if !ct4_fits(m) {
         return None;
     }
-    let dtype = match ct.int4_chunked()? {
-        lagoon_core::quant::ct::ScaleDtype::F16 => 1u8,
-        _ => 2u8,
-    };
+    let dtype = ct_dtype_byte(ct.int4_chunked()?);
     Some(ct_blocks(m, CT4_BLOCK_BYTES, |r, c, b| {
         // ct4_fits checked that z is an integer in i8's range.
         let (s_bits, z) = ct.int4_chunk_scale_zero(r, c);

@@ -13,6 +13,28 @@ use crate::weights::{DFfn, DMat};
 /// One product of a run of mat-vecs: the matrix, its output and its residual (0: none).
 type Product = (DMat, u64, u64);
 
+/// The launch descriptions of up to [`MV_MATS`] products, and how many there are (no
+/// allocation: decode steps walk this).
+fn mv_mats(mats: &[Product]) -> ([MvMat; MV_MATS], usize) {
+    let mut mv = [MvMat {
+        w: 0,
+        row_bytes: 0,
+        rows: 0,
+        out: 0,
+        res: 0,
+    }; MV_MATS];
+    for (d, &(m, out, res)) in mv.iter_mut().zip(mats) {
+        *d = MvMat {
+            w: m.ptr,
+            row_bytes: m.row_bytes,
+            rows: m.rows,
+            out,
+            res,
+        };
+    }
+    (mv, mats.len().min(MV_MATS))
+}
+
 /// Whether two values of a one-token graph occupy disjoint arena space. The planner lets a
 /// value reuse the space of values that died before it was made; in a fused kernel those
 /// may still be being read, so a fused output must not overlap a fused input.
@@ -247,14 +269,8 @@ impl CudaSession {
                 if fmt.is_some()
                     && let Some((k2, n_first, group)) = self.mv_pair_run(&run[..len])
                 {
-                    let mv = group.map(|(d, out, res)| MvMat {
-                        w: d.ptr,
-                        row_bytes: d.row_bytes,
-                        rows: d.rows,
-                        out,
-                        res,
-                    });
-                    dev.mv2(k2, src, m.cols, &mv[..len], n_first)?;
+                    let (mv, n) = mv_mats(&group[..len]);
+                    dev.mv2(k2, src, m.cols, &mv[..n], n_first)?;
                     return Ok(len);
                 }
                 let mut done = [false; 8];
@@ -631,23 +647,7 @@ impl CudaSession {
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products `(matrix, out, residual
     /// or 0)` of the input at `src` (the quantised `xq`, or a float product's f32 input).
     fn mv(&self, kernel: K, src: u64, mats: &[(DMat, u64, u64)]) -> Result<(), CudaError> {
-        let mut mv = [MvMat {
-            w: 0,
-            row_bytes: 0,
-            rows: 0,
-            out: 0,
-            res: 0,
-        }; MV_MATS];
-        for (d, &(m, out, res)) in mv.iter_mut().zip(mats) {
-            *d = MvMat {
-                w: m.ptr,
-                row_bytes: m.row_bytes,
-                rows: m.rows,
-                out,
-                res,
-            };
-        }
-        let n = mats.len().min(MV_MATS);
+        let (mv, n) = mv_mats(mats);
         self.dev.mv(kernel, src, mats[0].0.cols, &mv[..n])
     }
     /// [`WType::act`] as this session uses it: the grid IQ types take the quantised path
