@@ -495,7 +495,7 @@ fn bench_simd_cmp(c: &mut Criterion<ThreadCpu>) {
     bench_attention(c, &tables);
 }
 
-/// The repacked 8-row Q4_K layout (`lagoon_cpu::kernels::x8`, not yet used by the executor)
+/// The repacked 8-row Q4_K layout (`lagoon_cpu::kernels::x8`, a session's `LAGOON_CPU_X8=1`)
 /// against the table's one-row kernel: one token through the same ten S 2.1 expert sets,
 /// single thread, thread CPU time, weights from DRAM (the repacked copies are as many as the
 /// plain ones). Throughput is Q4_K weight bytes (the repacked layout reads 148/144 of them).
@@ -722,42 +722,75 @@ fn bench_experts_mt(c: &mut Criterion) {
         let copies = sets.len();
         let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
         let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
-        let mut next = 0usize;
         group.throughput(Throughput::Bytes(set_bytes as u64));
-        group.bench_function(kind.name(), |b| {
-            b.iter(|| {
-                let s = &sets[next % copies];
-                next += 1;
-                let gu = SharedOut::new(&mut out_gu);
-                pool.run(&|ti| {
-                    // Work item: (matrix m of the 20 gate/up matrices, 16-row tile).
-                    let tiles = FFN / 16;
-                    for f in chunk(2 * EXPERTS * tiles, nt, ti) {
-                        let (m, r0) = (f / tiles, (f % tiles) * 16);
-                        let mat = &s[(m / 2) * 3 + m % 2];
-                        // SAFETY: each (matrix, tile) is one work item.
-                        let o = unsafe { gu.slice(m * FFN + r0..m * FFN + r0 + 16) };
-                        k.dot_rows(&mat.view(), r0, &act_in, o);
-                    }
-                });
-                let hid = SharedOut::new(&mut out_hidden);
-                pool.run(&|ti| {
-                    let tiles = HIDDEN / 16;
-                    for tile in chunk(tiles, nt, ti) {
-                        for e in 0..EXPERTS {
-                            // SAFETY: each (expert, tile) is written by the tile's owner only.
-                            let o = unsafe {
-                                hid.slice(e * HIDDEN + tile * 16..e * HIDDEN + tile * 16 + 16)
-                            };
-                            k.dot_rows(&s[e * 3 + 2].view(), tile * 16, &act_down, o);
-                        }
-                    }
-                });
-                black_box((&out_gu, &out_hidden));
-            })
+        // Q4_K also through the repacked 8-row kernels (`kernels::x8`, a session's
+        // `LAGOON_CPU_X8=1`); throughput counts the Q4_K bytes (the copies hold 148/144).
+        let x8 = matches!(kind, Kind::G(GgmlType::Q4K)).then(|| {
+            let views: Vec<MatRef<'_>> = sets.iter().flatten().map(Mat::view).collect();
+            k.clone().with_x8(std::sync::Arc::new(
+                lagoon_cpu::kernels::x8::X8Store::build(&views),
+            ))
         });
+        for (name, kk) in [(kind.name(), &k)]
+            .into_iter()
+            .chain(x8.as_ref().map(|k8| (format!("{}/x8", kind.name()), k8)))
+        {
+            let mut next = 0usize;
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let s = &sets[next % copies];
+                    next += 1;
+                    experts_mt_token(
+                        kk,
+                        &pool,
+                        s,
+                        &act_in,
+                        &act_down,
+                        &mut out_gu,
+                        &mut out_hidden,
+                    );
+                })
+            });
+        }
     }
     group.finish();
+}
+
+/// One token through one expert set on every pool thread (`bench_experts_mt`'s iteration).
+fn experts_mt_token(
+    k: &Kernels,
+    pool: &ThreadPool,
+    s: &[Mat],
+    act_in: &[u8],
+    act_down: &[u8],
+    out_gu: &mut [f32],
+    out_hidden: &mut [f32],
+) {
+    let nt = pool.n_threads();
+    let gu = SharedOut::new(out_gu);
+    pool.run(&|ti| {
+        // Work item: (matrix m of the 20 gate/up matrices, 16-row tile).
+        let tiles = FFN / 16;
+        for f in chunk(2 * EXPERTS * tiles, nt, ti) {
+            let (m, r0) = (f / tiles, (f % tiles) * 16);
+            let mat = &s[(m / 2) * 3 + m % 2];
+            // SAFETY: each (matrix, tile) is one work item.
+            let o = unsafe { gu.slice(m * FFN + r0..m * FFN + r0 + 16) };
+            k.dot_rows(&mat.view(), r0, act_in, o);
+        }
+    });
+    let hid = SharedOut::new(out_hidden);
+    pool.run(&|ti| {
+        let tiles = HIDDEN / 16;
+        for tile in chunk(tiles, nt, ti) {
+            for e in 0..EXPERTS {
+                // SAFETY: each (expert, tile) is written by the tile's owner only.
+                let o = unsafe { hid.slice(e * HIDDEN + tile * 16..e * HIDDEN + tile * 16 + 16) };
+                k.dot_rows(&s[e * 3 + 2].view(), tile * 16, act_down, o);
+            }
+        }
+    });
+    black_box((out_gu, out_hidden));
 }
 
 /// Prefill: one 1024 × 3072 matrix (Q4_K, Q8_0, Q6_K, IQ4_XS) × 64 tokens through
@@ -903,37 +936,48 @@ fn bench_prefill_experts(c: &mut Criterion) {
         // One scratch tile per thread (results are not kept).
         let mut scratch = vec![0f32; nt * max_m * TILE];
         group.throughput(Throughput::Elements((2 * 3 * FFN * HIDDEN * pairs) as u64));
-        group.bench_function(kind.name(), |b| {
-            b.iter(|| {
-                let sc = SharedOut::new(&mut scratch);
-                let gu_tiles = FFN / TILE;
-                let work = Dynamic::new(active.len() * 2 * gu_tiles, 1);
-                pool.run(&|ti| {
-                    // SAFETY: thread ti alone uses scratch block ti.
-                    let o = unsafe { sc.slice(ti * max_m * TILE..(ti + 1) * max_m * TILE) };
-                    for f in work.items() {
-                        let (e, rest) = (active[f / (2 * gu_tiles)], f % (2 * gu_tiles));
-                        let (m, r0) = (rest / gu_tiles, (rest % gu_tiles) * TILE);
-                        let n = tokens[e].len();
-                        let w = experts[e][m].view();
-                        k.dot_rows_multi(&w, r0, TILE, &act_in[e], ab_in, n, o, TILE);
-                    }
-                });
-                let d_tiles = HIDDEN / TILE;
-                let work = Dynamic::new(active.len() * d_tiles, 1);
-                pool.run(&|ti| {
-                    // SAFETY: as above.
-                    let o = unsafe { sc.slice(ti * max_m * TILE..(ti + 1) * max_m * TILE) };
-                    for f in work.items() {
-                        let (e, r0) = (active[f / d_tiles], (f % d_tiles) * TILE);
-                        let n = tokens[e].len();
-                        let w = experts[e][2].view();
-                        k.dot_rows_multi(&w, r0, TILE, &act_d[e], ab_d, n, o, TILE);
-                    }
-                });
-                black_box(&scratch);
-            })
+        let x8 = matches!(kind, Kind::G(GgmlType::Q4K)).then(|| {
+            let views: Vec<MatRef<'_>> = experts.iter().flatten().map(Mat::view).collect();
+            k.clone().with_x8(std::sync::Arc::new(
+                lagoon_cpu::kernels::x8::X8Store::build(&views),
+            ))
         });
+        for (name, kk) in [(kind.name(), &k)]
+            .into_iter()
+            .chain(x8.as_ref().map(|k8| (format!("{}/x8", kind.name()), k8)))
+        {
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let sc = SharedOut::new(&mut scratch);
+                    let gu_tiles = FFN / TILE;
+                    let work = Dynamic::new(active.len() * 2 * gu_tiles, 1);
+                    pool.run(&|ti| {
+                        // SAFETY: thread ti alone uses scratch block ti.
+                        let o = unsafe { sc.slice(ti * max_m * TILE..(ti + 1) * max_m * TILE) };
+                        for f in work.items() {
+                            let (e, rest) = (active[f / (2 * gu_tiles)], f % (2 * gu_tiles));
+                            let (m, r0) = (rest / gu_tiles, (rest % gu_tiles) * TILE);
+                            let n = tokens[e].len();
+                            let w = experts[e][m].view();
+                            kk.dot_rows_multi(&w, r0, TILE, &act_in[e], ab_in, n, o, TILE);
+                        }
+                    });
+                    let d_tiles = HIDDEN / TILE;
+                    let work = Dynamic::new(active.len() * d_tiles, 1);
+                    pool.run(&|ti| {
+                        // SAFETY: as above.
+                        let o = unsafe { sc.slice(ti * max_m * TILE..(ti + 1) * max_m * TILE) };
+                        for f in work.items() {
+                            let (e, r0) = (active[f / d_tiles], (f % d_tiles) * TILE);
+                            let n = tokens[e].len();
+                            let w = experts[e][2].view();
+                            kk.dot_rows_multi(&w, r0, TILE, &act_d[e], ab_d, n, o, TILE);
+                        }
+                    });
+                    black_box(&scratch);
+                })
+            });
+        }
     }
     group.finish();
 }

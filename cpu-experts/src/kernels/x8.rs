@@ -1,7 +1,8 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
 //! row. A session uses them when `LAGOON_CPU_X8=1` ([`X8Store`]; opt-in while it holds a
-//! second copy of the weights and is unmeasured on AVX-512 hosts).
+//! second copy of the weights). Kernels: AVX2 (`avx2::k4x8`), and AVX512-VNNI on 256 bits
+//! (`avx512::x8`, the same body with `vpdpbusd`) where the CPU has it.
 //!
 //! Why: the one-row AVX2 Q4_K kernel spends about 86 instructions per super-block, ~30 of
 //! them on the scale and min unpacking (BENCHMARKS.md, "CPU on a new development VM"), and at
@@ -278,11 +279,19 @@ fn fastest<F>(simd: Option<F>, scalar: F) -> F {
     }
 }
 
-/// The fastest [`DotX8Multi`] this CPU runs (AVX2 where detected, unless
-/// `LAGOON_FORCE_SCALAR=1`).
+/// Whether `LAGOON_FORCE_AVX2=1` keeps AVX-512 kernels out (as the table does).
+#[cfg(target_arch = "x86_64")]
+fn no_avx512() -> bool {
+    std::env::var_os("LAGOON_FORCE_AVX2").is_some_and(|v| v == "1")
+}
+
+/// The fastest [`DotX8Multi`] this CPU runs (AVX512-VNNI, else AVX2, where detected;
+/// `LAGOON_FORCE_AVX2=1` skips the former, `LAGOON_FORCE_SCALAR=1` both).
 pub fn dot_q4k_x8_multi() -> DotX8Multi {
     #[cfg(target_arch = "x86_64")]
-    let simd = super::arch::x86_64::q4k_x8_multi_avx2();
+    let simd = super::arch::x86_64::q4k_x8_multi_vnni()
+        .filter(|_| !no_avx512())
+        .or_else(super::arch::x86_64::q4k_x8_multi_avx2);
     #[cfg(not(target_arch = "x86_64"))]
     let simd = None;
     fastest(simd, dot_q4k_x8_multi_scalar)
@@ -291,7 +300,9 @@ pub fn dot_q4k_x8_multi() -> DotX8Multi {
 /// The fastest [`DotX8`] this CPU runs (as [`dot_q4k_x8_multi`] chooses).
 pub fn dot_q4k_x8() -> DotX8 {
     #[cfg(target_arch = "x86_64")]
-    let simd = super::arch::x86_64::q4k_x8_avx2();
+    let simd = super::arch::x86_64::q4k_x8_vnni()
+        .filter(|_| !no_avx512())
+        .or_else(super::arch::x86_64::q4k_x8_avx2);
     #[cfg(not(target_arch = "x86_64"))]
     let simd = None;
     fastest(simd, dot_q4k_x8_scalar)
@@ -340,6 +351,8 @@ mod tests {
             Some(("scalar", dot_q4k_x8_scalar as DotX8)),
             #[cfg(target_arch = "x86_64")]
             super::super::arch::x86_64::q4k_x8_avx2().map(|f| ("avx2", f)),
+            #[cfg(target_arch = "x86_64")]
+            super::super::arch::x86_64::q4k_x8_vnni().map(|f| ("vnni", f)),
         ]
         .into_iter()
         .flatten()
@@ -387,6 +400,8 @@ mod tests {
             Some(("scalar", dot_q4k_x8_multi_scalar as DotX8Multi)),
             #[cfg(target_arch = "x86_64")]
             super::super::arch::x86_64::q4k_x8_multi_avx2().map(|f| ("avx2", f)),
+            #[cfg(target_arch = "x86_64")]
+            super::super::arch::x86_64::q4k_x8_multi_vnni().map(|f| ("vnni", f)),
         ]
         .into_iter()
         .flatten()

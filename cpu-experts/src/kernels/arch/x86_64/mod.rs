@@ -27,6 +27,17 @@ pub(crate) fn avx512_table() -> Option<Table> {
     avx512::Avx512Vnni::detect().map(avx512::table)
 }
 
+/// The AVX512-VNNI (256-bit) repacked 8-row Q4_K kernel (`kernels::x8`), where the CPU runs
+/// it.
+pub(crate) fn q4k_x8_vnni() -> Option<crate::kernels::x8::DotX8> {
+    avx512::Avx512Vnni::detect().map(avx512::x8::q4k_x8_fn)
+}
+
+/// The AVX512-VNNI repacked 8-row Q4_K several-token kernel, where the CPU runs it.
+pub(crate) fn q4k_x8_multi_vnni() -> Option<crate::kernels::x8::DotX8Multi> {
+    avx512::Avx512Vnni::detect().map(avx512::x8::q4k_x8_multi_fn)
+}
+
 /// The AVX2 repacked 8-row Q4_K kernel (`kernels::x8`), where the CPU runs it.
 pub(crate) fn q4k_x8_avx2() -> Option<crate::kernels::x8::DotX8> {
     avx2::Avx2Fma::detect().map(avx2::q4k_x8)

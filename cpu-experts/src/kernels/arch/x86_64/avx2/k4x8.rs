@@ -7,149 +7,199 @@
 //! `madd` by ones (i32 per row) and one `mullo` by the eight rows' scales. The mins term is
 //! four `madd`s of the rows' (m_2p, m_2p+1) pairs by the token's paired block sums. The f32
 //! steps are the scalar reference's, one row per lane, so the results are its bits.
+//!
+//! The kernel body is the macro [`x8_kernels!`], instantiated here for AVX2 (`maddubs` into
+//! i16, then `madd` by ones) and in `avx512::x8` for AVX512-VNNI on 256 bits (`vpdpbusd`
+//! straight into i32): the same exact i32 lanes, so the same bits.
 
 use core::arch::x86_64::*;
 
-use super::{ld128, ld256, wrap};
-use crate::kernels::act::Q8KAct;
-use crate::kernels::x8::Q4K_X8_BLOCK;
-
-wrap!(dot_q4k_x8 => q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) -> ());
-wrap!(dot_q4k_x8_multi => q4k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) -> ());
+use super::wrap;
 
 /// Four activation bytes broadcast to the eight i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn bcast4(b: &[i8; 4]) -> __m256i {
+pub(crate) fn bcast4(b: &[i8; 4]) -> __m256i {
     // SAFETY: `b` is 4 readable bytes; `read_unaligned` accepts any alignment.
     _mm256_set1_epi32(unsafe { core::ptr::read_unaligned(b.as_ptr().cast::<i32>()) })
 }
 
 /// `&v[o..o + N]` as an array (bounds-checked).
 #[inline(always)]
-fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
+pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
     v[o..o + N].try_into().unwrap()
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
-    q4k_x8_multi(p, &[a], cols, core::slice::from_mut(out));
-}
+/// Tokens one pass takes (register budget: two 16-bit or 32-bit and one f32 accumulator
+/// each).
+pub(crate) const X8_TOKENS: usize = 4;
 
-/// Eight rows × `acts.len()` tokens (`out[t]` for token t): the one-token kernel's steps,
-/// each weight load and nibble split shared by up to [`X8_TOKENS`] tokens at a time. NaN in
-/// every output when `p` or an activation is not of `cols` columns, or the lengths differ.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q4k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
-    let nb = cols / 256;
-    let ok = p.len() == nb * Q4K_X8_BLOCK
-        && acts.len() == out.len()
-        && acts.iter().all(|a| Q8KAct::new(a, cols).is_some());
-    if !ok {
-        out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
-        return;
-    }
-    let mut t0 = 0;
-    while t0 < acts.len() {
-        let (a, o) = (&acts[t0..], &mut out[t0..]);
-        let act = |t: usize| Q8KAct::new(a[t], cols).unwrap();
-        t0 += match a.len() {
-            1 => tokens::<1>(p, [act(0)], o.first_chunk_mut().unwrap()),
-            2 => tokens::<2>(p, [act(0), act(1)], o.first_chunk_mut().unwrap()),
-            3 => tokens::<3>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap()),
-            _ => tokens::<X8_TOKENS>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap()),
-        };
-    }
-}
+/// Defines the 8-row kernels `q4k_x8` (one token) and `q4k_x8_multi` (several) with the
+/// target features `$feat`. Per weight load and token, `|$x, $w, $a| $step` adds the
+/// products of the eight rows' four nibbles `$w` (u8) and the token's four broadcast bytes
+/// `$a` (i8) to the accumulator `$x`, and per sub-block `|$y| $fin` turns it into the eight
+/// rows' i32 dot products; both forms must give the exact integer sums. `$ones` names an
+/// i16 vector of ones the step may use.
+macro_rules! x8_kernels {
+    ($feat:literal, |$x:ident, $w:ident, $a:ident| $step:expr, |$y:ident, $ones:ident| $fin:expr) => {
+        use $crate::kernels::act::Q8KAct;
+        use $crate::kernels::arch::x86_64::avx2::k4x8 as x8b;
+        use $crate::kernels::arch::x86_64::avx2::{ld128, ld256};
+        use $crate::kernels::x8::Q4K_X8_BLOCK;
 
-/// The eight rows' scales of sub-block `j` as i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scales(o: &[u8; Q4K_X8_BLOCK], j: usize) -> __m256i {
-    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*arr::<8>(
-        o,
-        32 + 8 * j,
-    ))))
-}
-
-/// Tokens one pass takes (register budget: two i16 and one i32 accumulator each).
-const X8_TOKENS: usize = 4;
-
-/// One pass over the group's super-blocks for T tokens; returns T.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T]) -> usize {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); T];
-    for (b, o) in p.as_chunks::<Q4K_X8_BLOCK>().0.iter().enumerate() {
-        // Each token's quants of this super-block in groups of four.
-        let mut qa: [&[[i8; 4]; 64]; T] = [&[[0; 4]; 64]; T];
-        for (q, at) in qa.iter_mut().zip(&a) {
-            *q = at.qs[256 * b..][..256]
-                .as_chunks::<4>()
-                .0
-                .try_into()
-                .unwrap();
+        #[target_feature(enable = $feat)]
+        fn q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
+            q4k_x8_multi(p, &[a], cols, core::slice::from_mut(out));
         }
-        let mut sumi = [_mm256_setzero_si256(); T];
-        for c in 0..4 {
-            let mut lo = [_mm256_setzero_si256(); T];
-            let mut hi = [_mm256_setzero_si256(); T];
-            for k in 0..8 {
-                let w = ld256(arr::<32>(o, 160 + 256 * c + 32 * k));
-                let wl = _mm256_and_si256(w, m4);
-                let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+
+        /// Eight rows × `acts.len()` tokens (`out[t]` for token t): the one-token kernel's
+        /// steps, each weight load and nibble split shared by up to `X8_TOKENS` tokens at a
+        /// time. NaN in every output when `p` or an activation is not of `cols` columns, or
+        /// the lengths differ.
+        #[target_feature(enable = $feat)]
+        fn q4k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
+            let nb = cols / 256;
+            let ok = p.len() == nb * Q4K_X8_BLOCK
+                && acts.len() == out.len()
+                && acts.iter().all(|a| Q8KAct::new(a, cols).is_some());
+            if !ok {
+                out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
+                return;
+            }
+            let mut t0 = 0;
+            while t0 < acts.len() {
+                let (a, o) = (&acts[t0..], &mut out[t0..]);
+                let act = |t: usize| Q8KAct::new(a[t], cols).unwrap();
+                t0 += match a.len() {
+                    1 => tokens::<1>(p, [act(0)], o.first_chunk_mut().unwrap()),
+                    2 => tokens::<2>(p, [act(0), act(1)], o.first_chunk_mut().unwrap()),
+                    3 => tokens::<3>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap()),
+                    _ => tokens::<{ x8b::X8_TOKENS }>(
+                        p,
+                        core::array::from_fn(act),
+                        o.first_chunk_mut().unwrap(),
+                    ),
+                };
+            }
+        }
+
+        /// The eight rows' scales of sub-block `j` as i32 lanes.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn scales(o: &[u8; Q4K_X8_BLOCK], j: usize) -> __m256i {
+            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*x8b::arr::<8>(
+                o,
+                32 + 8 * j,
+            ))))
+        }
+
+        /// One pass over the group's super-blocks for T tokens; returns T.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T]) -> usize {
+            let m4 = _mm256_set1_epi8(0x0F);
+            #[allow(unused_variables)]
+            let $ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); T];
+            for (b, o) in p.as_chunks::<Q4K_X8_BLOCK>().0.iter().enumerate() {
+                // Each token's quants of this super-block in groups of four.
+                let mut qa: [&[[i8; 4]; 64]; T] = [&[[0; 4]; 64]; T];
+                for (q, at) in qa.iter_mut().zip(&a) {
+                    *q = at.qs[256 * b..][..256]
+                        .as_chunks::<4>()
+                        .0
+                        .try_into()
+                        .unwrap();
+                }
+                let mut sumi = [_mm256_setzero_si256(); T];
+                for c in 0..4 {
+                    let mut lo = [_mm256_setzero_si256(); T];
+                    let mut hi = [_mm256_setzero_si256(); T];
+                    for k in 0..8 {
+                        let w = ld256(x8b::arr::<32>(o, 160 + 256 * c + 32 * k));
+                        let wl = _mm256_and_si256(w, m4);
+                        let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                        for t in 0..T {
+                            let al = x8b::bcast4(&qa[t][16 * c + k]);
+                            let ah = x8b::bcast4(&qa[t][16 * c + 8 + k]);
+                            lo[t] = {
+                                let ($x, $w, $a) = (lo[t], wl, al);
+                                $step
+                            };
+                            hi[t] = {
+                                let ($x, $w, $a) = (hi[t], wh, ah);
+                                $step
+                            };
+                        }
+                    }
+                    let (sl, sh) = (scales(o, 2 * c), scales(o, 2 * c + 1));
+                    for t in 0..T {
+                        let dl = {
+                            let $y = lo[t];
+                            $fin
+                        };
+                        let dh = {
+                            let $y = hi[t];
+                            $fin
+                        };
+                        let plo = _mm256_mullo_epi32(dl, sl);
+                        let phi = _mm256_mullo_epi32(dh, sh);
+                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
+                    }
+                }
+                // Rows' (m_2p, m_2p+1) as i16 pairs. (Closures do not inherit the target
+                // features: an intrinsic inside `array::from_fn`'s closure became a call per
+                // element.)
+                let mut m = [_mm256_setzero_si256(); 4];
+                for (pi, mp) in m.iter_mut().enumerate() {
+                    *mp = _mm256_cvtepu8_epi16(ld128(x8b::arr::<16>(o, 96 + 16 * pi)));
+                }
+                let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
+                let dmin = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 16)));
                 for t in 0..T {
-                    let al = bcast4(&qa[t][16 * c + k]);
-                    let ah = bcast4(&qa[t][16 * c + 8 + k]);
-                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(wl, al));
-                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(wh, ah));
+                    // bs_j = bsum[2j] + bsum[2j + 1] as i16, the pair (bs_2p, bs_2p+1) in
+                    // i32 lane p.
+                    let bsums = a[t].bsums.as_flattened().as_chunks::<16>().0;
+                    let bsp = _mm_hadd_epi16(ld128(&bsums[2 * b]), ld128(&bsums[2 * b + 1]));
+                    let pairs = [
+                        _mm_extract_epi32::<0>(bsp),
+                        _mm_extract_epi32::<1>(bsp),
+                        _mm_extract_epi32::<2>(bsp),
+                        _mm_extract_epi32::<3>(bsp),
+                    ];
+                    let mut summ = _mm256_setzero_si256();
+                    for (mp, &pair) in m.iter().zip(&pairs) {
+                        summ =
+                            _mm256_add_epi32(summ, _mm256_madd_epi16(*mp, _mm256_set1_epi32(pair)));
+                    }
+                    let da = _mm256_set1_ps(a[t].d(b));
+                    acc[t] = _mm256_add_ps(
+                        acc[t],
+                        _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(sumi[t])),
+                    );
+                    acc[t] = _mm256_sub_ps(
+                        acc[t],
+                        _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(summ)),
+                    );
                 }
             }
-            let (sl, sh) = (scales(o, 2 * c), scales(o, 2 * c + 1));
-            for t in 0..T {
-                let plo = _mm256_mullo_epi32(_mm256_madd_epi16(lo[t], ones), sl);
-                let phi = _mm256_mullo_epi32(_mm256_madd_epi16(hi[t], ones), sh);
-                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
+            for (o, v) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
             }
+            T
         }
-        // Rows' (m_2p, m_2p+1) as i16 pairs. (Closures do not inherit the target features:
-        // an intrinsic inside `array::from_fn`'s closure became a call per element.)
-        let mut m = [_mm256_setzero_si256(); 4];
-        for (pi, mp) in m.iter_mut().enumerate() {
-            *mp = _mm256_cvtepu8_epi16(ld128(arr::<16>(o, 96 + 16 * pi)));
-        }
-        let d = _mm256_cvtph_ps(ld128(arr::<16>(o, 0)));
-        let dmin = _mm256_cvtph_ps(ld128(arr::<16>(o, 16)));
-        for t in 0..T {
-            // bs_j = bsum[2j] + bsum[2j + 1] as i16, the pair (bs_2p, bs_2p+1) in i32 lane p.
-            let bsums = a[t].bsums.as_flattened().as_chunks::<16>().0;
-            let bsp = _mm_hadd_epi16(ld128(&bsums[2 * b]), ld128(&bsums[2 * b + 1]));
-            let pairs = [
-                _mm_extract_epi32::<0>(bsp),
-                _mm_extract_epi32::<1>(bsp),
-                _mm_extract_epi32::<2>(bsp),
-                _mm_extract_epi32::<3>(bsp),
-            ];
-            let mut summ = _mm256_setzero_si256();
-            for (mp, &pair) in m.iter().zip(&pairs) {
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(*mp, _mm256_set1_epi32(pair)));
-            }
-            let da = _mm256_set1_ps(a[t].d(b));
-            acc[t] = _mm256_add_ps(
-                acc[t],
-                _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(sumi[t])),
-            );
-            acc[t] = _mm256_sub_ps(
-                acc[t],
-                _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(summ)),
-            );
-        }
-    }
-    for (o, v) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-    }
-    T
+    };
 }
+pub(crate) use x8_kernels;
+
+// AVX2: the eight steps of a chunk add `maddubs` pairs into i16 lanes, exact: |u·a + u·a| ≤
+// 2·15·128 = 3840 per step, ≤ 30,720 after eight; then `madd` by ones widens to i32.
+x8_kernels!(
+    "avx2,fma,f16c",
+    |x, w, a| _mm256_add_epi16(x, _mm256_maddubs_epi16(w, a)),
+    |y, ones| _mm256_madd_epi16(y, ones)
+);
+
+wrap!(dot_q4k_x8 => q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) -> ());
+wrap!(dot_q4k_x8_multi => q4k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) -> ());

@@ -15,7 +15,7 @@ mod float;
 pub(super) mod iq;
 pub(super) mod k16;
 pub(super) mod k4;
-mod k4x8;
+pub(super) mod k4x8;
 mod legacy;
 
 use core::arch::x86_64::*;

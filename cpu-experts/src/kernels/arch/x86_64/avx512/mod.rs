@@ -43,6 +43,7 @@ mod k16;
 pub(super) mod k4;
 mod q8_0;
 mod vnni256;
+pub(super) mod x8;
 
 use core::arch::x86_64::*;
 

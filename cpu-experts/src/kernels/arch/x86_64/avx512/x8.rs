@@ -1,0 +1,36 @@
+//! The repacked 8-row Q4_K kernels (`kernels::x8`'s layout, `avx2::k4x8`'s body) on 256 bits
+//! with AVX512-VNNI: each step's `maddubs` and i16 add become one `vpdpbusd` (u8 nibbles ·
+//! i8 activations, four products summed into each row's i32 lane), and the per-sub-block
+//! `madd` by ones goes. The lanes hold the same exact integers as AVX2's, so the results
+//! are the same bits (the scalar reference's).
+
+use core::arch::x86_64::*;
+
+use super::Avx512Vnni;
+
+crate::kernels::arch::x86_64::avx2::k4x8::x8_kernels!(
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    |x, w, a| _mm256_dpbusd_epi32(x, w, a),
+    |y, ones| y
+);
+
+fn dot_q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
+    // SAFETY: `q4k_x8` only needs the features `Avx512Vnni::detect` checks; this function is
+    // reachable only through `q4k_x8_fn`, which requires an `Avx512Vnni` token.
+    unsafe { q4k_x8(p, a, cols, out) }
+}
+
+fn dot_q4k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
+    // SAFETY: as for `dot_q4k_x8` (reachable only through `q4k_x8_multi_fn`).
+    unsafe { q4k_x8_multi(p, acts, cols, out) }
+}
+
+/// The one-token kernel, for a CPU with AVX512-VNNI.
+pub(crate) fn q4k_x8_fn(_proof: Avx512Vnni) -> crate::kernels::x8::DotX8 {
+    dot_q4k_x8
+}
+
+/// The several-token kernel, for a CPU with AVX512-VNNI.
+pub(crate) fn q4k_x8_multi_fn(_proof: Avx512Vnni) -> crate::kernels::x8::DotX8Multi {
+    dot_q4k_x8_multi
+}
