@@ -129,8 +129,8 @@ __device__ void mv_split(const u8* __restrict__ W, u64 row_bytes, const float* _
 // act[k, r] = silu(gate_e[r] . x) * (up_e[r] . x) for slot k < K of the (single) token,
 // e = ids[k]; slot K, when the grid has K + 1 rows of blocks, is the shared expert (Sg, Su).
 // Grid (ceil(I / MV_WARPS), K or K + 1). The first block of slot 0 copies ids and weights to
-// route_copy[0 .. 2K) for moe_down_q: their arena slots may be reused by the values the
-// down kernel writes. (Asking L2 here for the slots' down rows, for moe_down_q to find them
+// route_copy[0 .. 2K) for moe_down_q, and the slots in (id, slot) order to [2K, 3K): their
+// arena slots may be reused by the values the down kernel writes. (Asking L2 here for the slots' down rows, for moe_down_q to find them
 // there, was measured on the H200 and dropped: this kernel then moved 68 MB instead of 39 at
 // 65% of DRAM bandwidth while the down kernel, its reads all L2 hits, stayed latency-bound;
 // S 2.1 decode 166.7 -> 171.8 t/s without it, interleaved runs.)
@@ -171,8 +171,19 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
     }
     pdl_wait();
     if (blockIdx.x == 0 && k == 0 && threadIdx.x < K) {
-        route_copy[threadIdx.x] = ids[threadIdx.x];
-        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+        int t = threadIdx.x;
+        route_copy[t] = ids[t];
+        route_copy[K + t] = weights[t];
+        // The slots in ascending (id, slot) order (moe_combine's), for the down kernels:
+        // slot t at its rank, route_copy[2K + rank]. (Ranked here once per token instead of
+        // by every warp of the down kernel: a K-step loop of loads and K ballots each.)
+        u32 mine = __float_as_uint(ids[t]);
+        int rank = 0;
+        for (int j = 0; j < K; j++) {
+            u32 o = __float_as_uint(ids[j]);
+            rank += (o < mine || (o == mine && j < t)) ? 1 : 0;
+        }
+        route_copy[2 * K + rank] = __int_as_float(t);
     }
     if (r >= I) return;
     size_t off = (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
@@ -255,7 +266,8 @@ __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 e
 }
 
 // out[r] = scale * sum_k weights[k] * (down_{ids[k]}[r] . act[k]), the experts taken in
-// ascending (id, slot) order as moe_combine does. With Sd (the shared expert's down, its
+// ascending (id, slot) order as moe_combine does: ids is route_copy, whose [2K, 3K) holds
+// the slots in that order (moe_gate_up_q writes it). With Sd (the shared expert's down, its
 // activation in row K of actq) the shared output is added, and with res the residual:
 // out = res + (routed + shared), the graph's two adds. One warp per output row. Each lane
 // adds its shares of every expert's product, weighted, and the warp is reduced once at the
@@ -293,22 +305,9 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     // The T-typed kernels below take the shared expert only when it is of type T.
     const u8* St = S == T ? Sd : nullptr;
     const u32* id = (const u32*)ids;
-    // Rank of slot `lane` among the K (id, slot) keys.
-    int rank = 0;
-    if (lane < K) {
-        u32 mine = id[lane];
-        for (int j = 0; j < K; j++) {
-            u32 o = id[j];
-            rank += (o < mine || (o == mine && j < lane)) ? 1 : 0;
-        }
-    }
-    // Lane s holds the slot of rank s, so the loop below reads it with a shuffle and its
-    // iterations (independent loads) can overlap.
-    int order = 0;
-    for (int s = 0; s < K; s++) {
-        int k = __ffs(__ballot_sync(0xffffffffu, lane < K && rank == s)) - 1;
-        if (lane == s) order = k;
-    }
+    // Lane s holds the slot of rank s (route_copy's order, see moe_gate_up_q), so the loop
+    // below reads it with a shuffle and its iterations (independent loads) can overlap.
+    int order = lane < K ? __float_as_int(ids[2 * K + lane]) : 0;
     float v;
     if (T == WT_CT4 && I <= 32 * QK) {
         v = moe_down_short<DownCt4>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
@@ -331,6 +330,167 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     float y = warp_sum(v);
     if (res) y = __fadd_rn(res[r], y);
     if (lane == 0) out[r] = y;
+}
+
+// DownQ6k: a Q6_K expert row's lane piece when each lane has at most one (I <= 4 QK_K):
+// q6k_part's ql and qh windows (five aligned words each, funnel-shifted in part) and its two
+// scale bytes, fetched before any piece is computed.
+struct DownQ6k {
+    u32 ql[5], qh[5];
+    u32 shl, shh;
+    int s0, s1;
+    float d;
+    static __device__ __forceinline__ bool on(int lane, int I) { return (lane >> 3) < I / QK_K; }
+    static __device__ __forceinline__ int blocks(int I) { return I / QK_K; }
+    __device__ __forceinline__ void load(const u8* __restrict__ row, int lane) {
+        const u8* blk = row + (size_t)(lane >> 3) * 210;
+        int p = lane & 7, n = p >> 2, e = (p >> 1) & 1, h = p & 1;
+        const u8* pl = blk + 64 * n + 32 * e + 16 * h;
+        const u8* ph = blk + 128 + 32 * n + 16 * h;
+        const u32* wl = (const u32*)((size_t)pl & ~(size_t)3);
+        const u32* wh = (const u32*)((size_t)ph & ~(size_t)3);
+        shl = 8u * (u32)((size_t)pl & 3);
+        shh = 8u * (u32)((size_t)ph & 3);
+        #pragma unroll
+        for (int k = 0; k < 5; k++) {
+            ql[k] = __ldg(wl + k);
+            qh[k] = __ldg(wh + k);
+        }
+        int jlo = 8 * n + 2 * e + h;
+        const signed char* sc = (const signed char*)(blk + 192);
+        s0 = (int)__ldg(sc + jlo);
+        s1 = (int)__ldg(sc + jlo + 4);
+        d = f16_to_f32(__ldg((const unsigned short*)(blk + 208)));
+    }
+    // lane_part_q6k's term for this piece: (d_a·d)·sumi.
+    __device__ __forceinline__ float part(const u8* __restrict__ a, int lane, int I, int) const {
+        int b = lane >> 3, p = lane & 7, n = p >> 2, e = (p >> 1) & 1, h = p & 1;
+        const u8* aq = a + (size_t)b * QK_K;
+        const short* bs = q8k_bsums(a, I) + 16 * b;
+        u32 lo[4], hi[4];
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 l = __funnelshift_r(ql[k], ql[k + 1], shl), q = __funnelshift_r(qh[k], qh[k + 1], shh);
+            lo[k] = (l & 0x0F0F0F0Fu) | (((q >> (2 * e)) & 0x03030303u) << 4);
+            hi[k] = ((l >> 4) & 0x0F0F0F0Fu) | (((q >> (2 * e + 4)) & 0x03030303u) << 4);
+        }
+        int jlo = 8 * n + 2 * e + h, jhi = jlo + 4;
+        int4 alo = *(const int4*)(aq + 16 * jlo);
+        int4 ahi = *(const int4*)(aq + 16 * jhi);
+        int dlo = dp4a4(lo, alo, 0) - 32 * (int)bs[jlo];
+        int dhi = dp4a4(hi, ahi, 0) - 32 * (int)bs[jhi];
+        int sumi = s0 * dlo + s1 * dhi;
+        return __fmul_rn(__fmul_rn(q8k_d(a, I)[b], d), (float)sumi);
+    }
+};
+
+// Experts per warp in moe_down_rows (at most; the host picks how many warps share K).
+#define DOWN_ROW_EXPERTS 2
+// Warps of a moe_down_rows block at most (routed + shared; the host keeps K within it).
+#define DOWN_ROW_MAX_WARPS 12
+
+// The routed pieces of one warp (slots ks[0 .. n)) for short rows (one piece per lane), all
+// loaded before any is computed: Σ_u weights[k_u]·part_u, in u order.
+template <class F>
+__device__ __forceinline__ float down_rows_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                                                 const u8* __restrict__ actq, u64 astride, const u32* __restrict__ id,
+                                                 const float* __restrict__ weights, int r, int I,
+                                                 const int (&ks)[DOWN_ROW_EXPERTS], int n) {
+    int lane = threadIdx.x & 31;
+    int nb = F::blocks(I);
+    bool on = F::on(lane, I);
+    F l[DOWN_ROW_EXPERTS];
+    #pragma unroll
+    for (int u = 0; u < DOWN_ROW_EXPERTS; u++)
+        if (u < n && on) l[u].load(Wd + (size_t)id[ks[u]] * expert_bytes + (size_t)r * row_bytes, lane);
+    float acc = 0.0f;
+    #pragma unroll
+    for (int u = 0; u < DOWN_ROW_EXPERTS; u++) {
+        if (u < n) {
+            float part = on ? l[u].part(actq + (size_t)ks[u] * astride, lane, I, nb) : 0.0f;
+            acc = __fadd_rn(acc, __fmul_rn(part, weights[ks[u]]));
+        }
+    }
+    return acc;
+}
+
+// moe_down_q's output with each output row's experts spread over one block's warps, so a
+// warp reads one or two expert rows instead of all K: grid H (one block per output row) of
+// G routed warps (+ one for the shared expert when there is one), warp g taking the slots of
+// ranks [e·g, e·g + e), e = ceil(K / G) <= DOWN_ROW_EXPERTS, ranked by (id, slot) as
+// moe_combine orders them (route_copy's order, as moe_down_q). The warps' sums are added in warp order in shared memory: out =
+// res + (scale · Σ_g warp_g + shared). Why: moe_down_q's one warp per output row read all
+// ~11 expert rows in two or three rounds of loads with every warp of the grid resident at
+// once, so the rounds' load and compute phases alternated across the whole device (S 2.1:
+// 16.4 µs for Q4_K's 17.7 MB, 24.6 for Q6_K's 25.8 MB, ncu session 17); here the grid is
+// several waves of short warps and the block scheduler overlaps them. The float rounding
+// differs from moe_down_q's by a few ulp (partial sums per warp). Measured slower, so
+// opt-in (LAGOON_CUDA_DOWN_ROWS=1|2): S 2.1 Q4_K_M tg64 254 t/s with two experts per warp,
+// ~206 with one, against moe_down_q's 269 (H200, session 18). Not profiled; likely the
+// block barrier, the per-warp prologue, and fewer resident warps (108 registers for Q6_K).
+template <int T, int S = T>
+__device__ void moe_down_rows(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                              const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
+                              const float* __restrict__ ids, const float* __restrict__ weights,
+                              const float* __restrict__ res, float* __restrict__ out, int H, int I, int K,
+                              float scale, u64 srow = 0, const float* __restrict__ sact = nullptr, int si = 0) {
+    pdl_trigger();
+    int r = blockIdx.x;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    bool has_shared = S != T || Sd != nullptr;
+    int G = (int)(blockDim.x >> 5) - (has_shared ? 1 : 0);
+    __shared__ float part[DOWN_ROW_MAX_WARPS];
+    float v = 0.0f;
+    if (warp == G) {
+        // The shared expert. A float one reads sact, written by the gate/up kernel, which
+        // has finished when this kernel starts (moe_down_q's reason), so it needs no wait; a
+        // T-typed one reads row K of actq, the quantiser's output, after the wait.
+        if constexpr (S != T) {
+            HRowPart<S, DOWN_SHARED_BATCH> sp;
+            sp.load(Sd + (size_t)r * srow, si);
+            v = sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si);
+        } else {
+            v = lane_part_waiting<T>(Sd + (size_t)r * row_bytes, actq + (size_t)K * astride, I);
+        }
+    } else {
+        pdl_wait();
+        const u32* id = (const u32*)ids;
+        int e = (K + G - 1) / G;
+        int s0 = warp * e;
+        int n = min(e, K - s0);
+        // The slots of ranks s0 .. s0 + n (route_copy's order, as moe_down_q).
+        int ks[DOWN_ROW_EXPERTS];
+        #pragma unroll
+        for (int u = 0; u < DOWN_ROW_EXPERTS; u++) ks[u] = u < n ? __float_as_int(ids[2 * K + s0 + u]) : 0;
+        if (T == WT_CT4 && I <= 32 * QK) {
+            v = down_rows_short<DownCt4>(Wd, expert_bytes, row_bytes, actq, astride, id, weights, r, I, ks, n);
+        } else if (T == WT_Q4_K && I <= 4 * QK_K) {
+            v = down_rows_short<DownQ4k>(Wd, expert_bytes, row_bytes, actq, astride, id, weights, r, I, ks, n);
+        } else if (T == WT_Q6_K && I <= 4 * QK_K) {
+            v = down_rows_short<DownQ6k>(Wd, expert_bytes, row_bytes, actq, astride, id, weights, r, I, ks, n);
+        } else {
+            #pragma unroll
+            for (int u = 0; u < DOWN_ROW_EXPERTS; u++) {
+                if (u < n) {
+                    int k = ks[u];
+                    float p = lane_part_q<T>(Wd + (size_t)id[k] * expert_bytes + (size_t)r * row_bytes,
+                                             actq + (size_t)k * astride, I);
+                    v = __fadd_rn(v, __fmul_rn(p, weights[k]));
+                }
+            }
+        }
+    }
+    float y = warp_sum(v);
+    if (lane == 0) part[warp] = y;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int g = 0; g < G; g++) acc = __fadd_rn(acc, part[g]);
+        float o = __fmul_rn(acc, scale);
+        if (has_shared) o = __fadd_rn(o, part[G]);
+        if (res) o = __fadd_rn(res[r], o);
+        out[r] = o;
+    }
 }
 
 // out[r] = W[r] . x for f32 weights (the router) at batch 1: one block of MVF_WARPS warps
@@ -425,6 +585,13 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
         float scale) {                                                                             \
         moe_down_q<T>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res, out, H, I, \
                       K, scale);                                                                   \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * DOWN_ROW_MAX_WARPS) moe_down_r_##name(      \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
+        const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
+        float scale) {                                                                             \
+        moe_down_rows<T>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res, out, H, \
+                         I, K, scale);                                                             \
     }
 MVQ_TYPES(DEFINE_MVQ)
 
@@ -476,6 +643,13 @@ MVH_TYPES(DEFINE_MVH)
         float scale, u64 srow, const float* sact, int si) {                                        \
         moe_down_q<T, S>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res, out, H, \
                          I, K, scale, srow, sact, si);                                             \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * DOWN_ROW_MAX_WARPS) moe_down_mixed_r_##name( \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
+        const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
+        float scale, u64 srow, const float* sact, int si) {                                        \
+        moe_down_rows<T, S>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res, out, \
+                            H, I, K, scale, srow, sact, si);                                       \
     }
 MOE_MIXED(ct4_bf16, WT_CT4, WT_BF16)
 MOE_MIXED(ct4_f16, WT_CT4, WT_F16)

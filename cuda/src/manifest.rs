@@ -216,6 +216,20 @@ manifest! {
     MvSwigluIq4Xs => "mmvq.cu", "mv_swiglu_iq4_xs";
     GateUpQIq4Xs => "mmvq.cu", "moe_gate_up_q_iq4_xs";
     DownQIq4Xs => "mmvq.cu", "moe_down_q_iq4_xs";
+    DownRQ8_0 => "mmvq.cu", "moe_down_r_q8_0";
+    DownRQ4K => "mmvq.cu", "moe_down_r_q4_K";
+    DownRQ6K => "mmvq.cu", "moe_down_r_q6_K";
+    DownRCt4 => "mmvq.cu", "moe_down_r_ct4";
+    DownRIq3Xxs => "mmvq.cu", "moe_down_r_iq3_xxs";
+    DownRIq2Xxs => "mmvq.cu", "moe_down_r_iq2_xxs";
+    DownRIq2S => "mmvq.cu", "moe_down_r_iq2_s";
+    DownRQ5K => "mmvq.cu", "moe_down_r_q5_K";
+    DownRIq4Xs => "mmvq.cu", "moe_down_r_iq4_xs";
+    DownRCt8 => "mmvq.cu", "moe_down_r_ct8";
+    MoeDownMixedRCt4Bf16 => "mmvq.cu", "moe_down_mixed_r_ct4_bf16";
+    MoeDownMixedRCt4F16 => "mmvq.cu", "moe_down_mixed_r_ct4_f16";
+    MoeDownMixedRCt8Bf16 => "mmvq.cu", "moe_down_mixed_r_ct8_bf16";
+    MoeDownMixedRCt8F16 => "mmvq.cu", "moe_down_mixed_r_ct8_f16";
     Mv2Q4KQ6K => "mmvq.cu", "mv2_q4_K_q6_K";
     Mv2Q5KQ6K => "mmvq.cu", "mv2_q5_K_q6_K";
     Mv2Iq4XsQ5K => "mmvq.cu", "mv2_iq4_xs_q5_K";
@@ -351,6 +365,29 @@ impl K {
         let file = MANIFEST[self as usize].1;
         !matches!(file, "gemm.cu" | "gemm_rf.cu" | "gemm_h.cu" | "flash.cu")
             && !matches!(self, K::Spin | K::ReadStream)
+    }
+
+    /// The one-block-per-output-row form of a batch-1 expert down kernel (`mmvq.cu`'s
+    /// `moe_down_rows`: each row's experts spread over the block's warps), or `None`.
+    pub fn down_rows(self) -> Option<K> {
+        use K::*;
+        Some(match self {
+            DownQQ8_0 => DownRQ8_0,
+            DownQQ4K => DownRQ4K,
+            DownQQ6K => DownRQ6K,
+            DownQCt4 => DownRCt4,
+            DownQIq3Xxs => DownRIq3Xxs,
+            DownQIq2Xxs => DownRIq2Xxs,
+            DownQIq2S => DownRIq2S,
+            DownQQ5K => DownRQ5K,
+            DownQIq4Xs => DownRIq4Xs,
+            DownQCt8 => DownRCt8,
+            MoeDownMixedCt4Bf16 => MoeDownMixedRCt4Bf16,
+            MoeDownMixedCt4F16 => MoeDownMixedRCt4F16,
+            MoeDownMixedCt8Bf16 => MoeDownMixedRCt8Bf16,
+            MoeDownMixedCt8F16 => MoeDownMixedRCt8F16,
+            _ => return None,
+        })
     }
 
     /// Whether the kernel starts with `PDL_ENTRY` (`common.cuh`): it waits for the kernel

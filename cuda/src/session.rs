@@ -297,7 +297,8 @@ const NORM_QUANT_THREADS: u32 = 1024;
 const MAX_HEAD_DIM: usize = 256;
 /// Most experts the router kernel handles (`ROUTE_MAX_EXPERTS`).
 const MAX_EXPERTS: usize = 512;
-/// Most experts per token: `moe_down_q` ranks the slots one per lane (`COMBINE_MAX_K` is 64).
+/// Most experts per token: `moe_down_q` holds the ranked slots one per lane (`COMBINE_MAX_K`
+/// is 64).
 const MAX_EXPERTS_USED: usize = 32;
 /// CUDA's limit on the second grid dimension (tokens, or token-slot pairs).
 const MAX_GRID_Y: usize = 65535;
@@ -438,6 +439,12 @@ pub struct CudaSession {
     /// `mv2_*` kernel ([`WType::mv_pair`]: Q4_K_M's Q6_K value projections) is one launch
     /// (the default) or one per type (`LAGOON_CUDA_MV_PAIRS=0`, A/B runs).
     mv_pairs: bool,
+    /// Batch-1 expert down products per warp in the one-block-per-output-row kernels
+    /// (`moe_down_r_*`, `mmvq.cu`'s `moe_down_rows`, `LAGOON_CUDA_DOWN_ROWS=1|2`), or 0 (the
+    /// default) for `moe_down_q`'s one warp per output row. Opt-in because slower: S 2.1
+    /// Q4_K_M tg64 269.3-269.5 t/s with 0 against 253.4-255.3 with 2 and ~206 with 1 (H200,
+    /// interleaved runs; BENCHMARKS.md "Session 18 on the H200").
+    down_rows: usize,
 
     dev: Device,
 }
@@ -701,7 +708,7 @@ impl CudaSession {
             .alloc_zeros::<u8>(actq_len.max(1))
             .during("allocating the expert activation quantisation scratch")?;
         let route_buf = s
-            .alloc_zeros::<f32>(2 * cfg.n_experts_used.max(1))
+            .alloc_zeros::<f32>(3 * cfg.n_experts_used.max(1))
             .during("allocating the expert route copy")?;
         let xq = xq_buf.device_ptr(s).0;
         let actq = actq_buf.device_ptr(s).0;
@@ -773,6 +780,11 @@ impl CudaSession {
             rf96: std::env::var_os("LAGOON_CUDA_RF96").is_some_and(|v| v == "1"),
             rf_ct4: std::env::var_os("LAGOON_CUDA_RF_CT4").is_none_or(|v| v != "0"),
             mv_pairs: env_flag("LAGOON_CUDA_MV_PAIRS", true),
+            down_rows: match std::env::var("LAGOON_CUDA_DOWN_ROWS").as_deref() {
+                Ok("1") => 1,
+                Ok("2") => 2,
+                _ => 0,
+            },
             pdl: match std::env::var_os("LAGOON_CUDA_PDL") {
                 Some(v) if v == "0" => false,
                 Some(v) if v == "1" => true,

@@ -1346,3 +1346,84 @@ fn kv_caches_on_a_head_dim_128_model() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The batch-1 expert down kernels with one block per output row (`moe_down_r_*`, each row's
+/// experts spread over the block's warps, one or two per warp) against `moe_down_q_*` (one
+/// warp per output row): the same sums in another float order, so within a few ulp. Q4_K and
+/// Q6_K at 1024 and 512 columns take the short-row paths (every piece loaded first), 1536
+/// and Q8_0 the generic loop; with and without a shared expert and the residual.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn expert_down_rows_match_one_warp_per_row() {
+    let dev = device();
+    let mut rng = Rng(0xd0_0001);
+    let (h, n_experts, k) = (200usize, 12usize, 10usize);
+    for (ty, i) in [
+        (GgmlType::Q4K, 1024usize),
+        (GgmlType::Q6K, 1024),
+        (GgmlType::Q6K, 512),
+        (GgmlType::Q4K, 1536),
+        (GgmlType::Q8_0, 1024),
+    ] {
+        let wt = wtype_grid(ty, true).unwrap();
+        let down = wt.mvq().unwrap().down;
+        let rows = down.down_rows().expect("a rows form");
+        let row_bytes = ty.row_bytes(i as u64).unwrap();
+        let expert_bytes = row_bytes * h as u64;
+        let (_wb, wp) = upload(&dev, &random_rows(&mut rng, ty, n_experts * h, i));
+        let (_sb, sp) = upload(&dev, &random_rows(&mut rng, ty, h, i));
+        let x: Vec<f32> = (0..(k + 1) * i).map(|_| rng.f()).collect();
+        let (q, stride) = quantize_on_device(&dev, wt.act().unwrap(), &x, i);
+        let (_qb, qp) = upload(&dev, &q);
+        // Ten distinct experts in a shuffled order, as the router's bits.
+        let mut ids: Vec<u32> = (0..n_experts as u32).collect();
+        for j in (1..ids.len()).rev() {
+            ids.swap(j, (rng.next() % (j as u64 + 1)) as usize);
+        }
+        let wts: Vec<f32> = (0..k).map(|_| 0.05 + 0.1 * rng.f().abs()).collect();
+        // As the gate/up kernel leaves route_copy: ids, weights, then the slots in ascending
+        // (id, slot) order.
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_by_key(|&s| (ids[s], s));
+        let idf: Vec<f32> = (ids[..k].iter().map(|&e| f32::from_bits(e)))
+            .chain(wts.iter().copied())
+            .chain(order.iter().map(|&s| f32::from_bits(s as u32)))
+            .collect();
+        let (_ib, ip) = upload(&dev, &idf);
+        let (_tb, tp) = upload(&dev, &wts);
+        let res: Vec<f32> = (0..h).map(|_| rng.f()).collect();
+        let (_rb, rp) = upload(&dev, &res);
+        for (shared, residual) in [(true, true), (false, false)] {
+            let run = |kern: K, grid: u32, block: u32| {
+                let ob = dev.stream.alloc_zeros::<f32>(h).unwrap();
+                let args = [
+                    Arg::P(wp),
+                    Arg::P(expert_bytes),
+                    Arg::P(row_bytes),
+                    Arg::P(if shared { sp } else { 0 }),
+                    Arg::P(qp),
+                    Arg::P(stride as u64),
+                    Arg::P(ip),
+                    Arg::P(tp),
+                    Arg::P(if residual { rp } else { 0 }),
+                    Arg::P(ob.device_ptr(&dev.stream).0),
+                    Arg::I(h as i32),
+                    Arg::I(i as i32),
+                    Arg::I(k as i32),
+                    Arg::F(1.5),
+                ];
+                dev.launch(kern, (grid, 1), block, &args).unwrap();
+                download(&dev, &ob)
+            };
+            let want = run(down, h.div_ceil(4) as u32, 128);
+            assert!(want.iter().all(|v| v.is_finite()) && want.iter().any(|&v| v != 0.0));
+            for per_warp in [1usize, 2] {
+                let warps = k.div_ceil(per_warp) + shared as usize;
+                let got = run(rows, h as u32, 32 * warps as u32);
+                let e = max_rel(&got, &want);
+                println!("down rows {ty} I={i} shared={shared} {per_warp}/warp: max rel {e:.2e}");
+                assert!(e < 1e-5, "{ty} I={i} shared={shared} {per_warp}/warp: {e}");
+            }
+        }
+    }
+}

@@ -480,12 +480,27 @@ impl CudaSession {
                 // The mixed down kernel adds its float shared expert's term before its wait:
                 // the launch before it must wait before it triggers (the quantiser does).
                 debug_assert!(dev.last_launch().is_some_and(K::waits_then_triggers));
-                dev.launch(
-                    down_k,
-                    (blocks(h, 4), 1),
-                    128,
-                    &d_args[..d_args.len() - 3 + n_extra],
-                )?;
+                // One block per output row, its warps taking `down_rows` experts each and one
+                // the shared expert (`moe_down_rows`), where the block fits its 12 warps.
+                let routed_warps = k.div_ceil(self.down_rows.max(1));
+                let warps = routed_warps + (shared.is_some() as usize);
+                match down_k
+                    .down_rows()
+                    .filter(|_| self.down_rows > 0 && warps <= 12)
+                {
+                    Some(rk) => dev.launch(
+                        rk,
+                        (h as u32, 1),
+                        32 * warps as u32,
+                        &d_args[..d_args.len() - 3 + n_extra],
+                    )?,
+                    None => dev.launch(
+                        down_k,
+                        (blocks(h, 4), 1),
+                        128,
+                        &d_args[..d_args.len() - 3 + n_extra],
+                    )?,
+                }
                 Ok(used)
             }
             _ => Ok(0),
