@@ -666,6 +666,16 @@ fn bench_attention(c: &mut Criterion<ThreadCpu>, tables: &[Kernels]) {
     group.finish();
 }
 
+/// Whether `kind` is to be benched in the multi-threaded groups: every kind unless
+/// `LAGOON_BENCH_KINDS` lists names (comma-separated, e.g. `q4_K,q8_0`): each kind's expert
+/// sets are built before criterion's name filter applies, so a filter alone still pays every
+/// kind's setup.
+fn kind_selected(kind: Kind) -> bool {
+    std::env::var("LAGOON_BENCH_KINDS").map_or(true, |v| {
+        v.is_empty() || v.split(',').any(|n| n == kind.name())
+    })
+}
+
 /// Threads for the multi-threaded groups: `LAGOON_BENCH_THREADS`, else every core.
 fn bench_threads() -> usize {
     std::env::var("LAGOON_BENCH_THREADS")
@@ -712,7 +722,7 @@ fn bench_experts_mt(c: &mut Criterion) {
         Kind::G(GgmlType::IQ2S),
     ];
     let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}_{nt}t", k.name()));
-    for kind in kinds {
+    for kind in kinds.into_iter().filter(|&k| kind_selected(k)) {
         let Experts {
             sets,
             set_bytes,
@@ -871,7 +881,10 @@ fn bench_prefill_experts(c: &mut Criterion) {
         Kind::G(GgmlType::Q4K),
         Kind::G(GgmlType::Q8_0),
         Kind::G(GgmlType::IQ4XS),
-    ] {
+    ]
+    .into_iter()
+    .filter(|&k| kind_selected(k))
+    {
         let mut rng = Rng(7);
         let experts: Vec<[Mat; 3]> = (0..E)
             .map(|_| {

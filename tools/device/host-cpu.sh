@@ -11,7 +11,10 @@
 #   cp "$k" .device/bin/kernels-bench && strip --strip-debug .device/bin/kernels-bench
 # then run `tools/device/host-cpu.sh` through the device tool with carry [".device"].
 # THREADS (16), MODEL (/dev/shm/xs21-q4km.gguf) and SYNTH (its synth arguments) override the
-# defaults, e.g. for a dry run on a small machine. Logs in $OUT (or /tmp). About 7 minutes.
+# defaults, e.g. for a dry run on a small machine. VARIANTS: environment settings lagoon's
+# bench runs under, one run each per round (e.g. "LAGOON_CPU_X8=0 LAGOON_CPU_X8=1"; default
+# one plain run); KINDS: the kernel benches' LAGOON_BENCH_KINDS (e.g. q4_K). ROUNDS (2).
+# Logs in $OUT (or /tmp). About 7 minutes.
 set -u
 out=${OUT:-/tmp}
 threads=${THREADS:-16}
@@ -21,7 +24,8 @@ t0=$(date +%s)
 lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 lscpu | grep -E "Model name|^CPU\(s\)"
 lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null | head -1)
-if [ -z "$lb" ] && [ -f .device/llama.cpp.tar.xz ]; then
+# (Built while synth writes the checkpoint.)
+build_llama() {
   rm -rf /tmp/llama.cpp && tar xJf .device/llama.cpp.tar.xz -C /tmp
   (cd /tmp/llama.cpp && cmake -B build -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
      -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
@@ -29,22 +33,27 @@ if [ -z "$lb" ] && [ -f .device/llama.cpp.tar.xz ]; then
      > "$out/llamacpp-cmake.log" 2>&1 \
    && cmake --build build -j"$threads" --target llama-bench > "$out/llamacpp-build.log" 2>&1)
   lap "llama-bench build rc=$?"
-  lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null | head -1)
-fi
+}
+[ -z "$lb" ] && [ -f .device/llama.cpp.tar.xz ] && { build_llama & }
 # shellcheck disable=SC2086
 [ -f "$model" ] || .device/bin/synth $synth_args --threads "$threads" --out "$model" > "$out/synth.log" 2>&1
 lap "synth done ($model)"
-for round in 1 2; do
-  .device/bin/bench --model "$model" -p 512 -n 128 -r 3 --threads "$threads" 2>&1 | grep -E "^\||floor" | tail -3
+wait
+if [ -x .device/bin/kernels-bench ]; then
+  LAGOON_BENCH_KINDS=${KINDS:-} LAGOON_BENCH_THREADS=$threads .device/bin/kernels-bench --bench --warm-up-time 1 --measurement-time 2 \
+    "^(stream_read_${threads}t|expert_gemv_1tok_avx512vnni_${threads}t|prefill_experts)" 2>&1 \
+    | grep -E "^(stream|expert|prefill)|thrpt" | tee "$out/kernels.log"
+  lap "kernels bench"
+fi
+lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null | head -1)
+for round in $(seq "${ROUNDS:-2}"); do
+  for v in ${VARIANTS:-PLAIN=1}; do
+    echo "== $v"
+    env ${v//,/ } .device/bin/bench --model "$model" -p 512 -n 128 -r 3 --threads "$threads" 2>&1 | grep -E "^\||floor" | tail -3
+  done
   lap "lagoon round $round"
   if [ -n "$lb" ]; then
     "$lb" -m "$model" -t "$threads" -p 512 -n 128 -r 3 2>&1 | grep -E "^\|" | tail -3
     lap "llama.cpp round $round"
   fi
 done
-if [ -x .device/bin/kernels-bench ]; then
-  LAGOON_BENCH_THREADS=$threads .device/bin/kernels-bench --bench --warm-up-time 1 --measurement-time 2 \
-    "^(stream_read_${threads}t|expert_gemv_1tok_avx512vnni_${threads}t|prefill_experts)" 2>&1 \
-    | grep -E "^(stream|expert|prefill)|thrpt" | tee "$out/kernels.log"
-  lap "kernels bench"
-fi
