@@ -191,6 +191,15 @@ fn main() -> anyhow::Result<()> {
             CUDA_FLOOR_BYTES >> 20
         );
     }
+    if let Backend::Cpu(cs) = &s
+        && cs.repacked_bytes() > 0
+    {
+        eprintln!(
+            "cpu: {} kernels; Q4_K / IQ4_XS repacked 8 rows at a time: {:.2} GiB (LAGOON_CPU_X8=0 skips it)",
+            cs.kernels_name(),
+            cs.repacked_bytes() as f64 / (1u64 << 30) as f64
+        );
+    }
     let backend = match (device, reference) {
         (Some(d), true) if kv_f16 => format!("cuda:{d} kv {} (reference)", kv.name()),
         (Some(d), true) => format!("cuda:{d} (reference)"),

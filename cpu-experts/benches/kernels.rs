@@ -733,9 +733,10 @@ fn bench_experts_mt(c: &mut Criterion) {
         let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
         let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
         group.throughput(Throughput::Bytes(set_bytes as u64));
-        // Q4_K also through the repacked 8-row kernels (`kernels::x8`, a session's
-        // `LAGOON_CPU_X8=1`); throughput counts the Q4_K bytes (the copies hold 148/144).
-        let x8 = matches!(kind, Kind::G(GgmlType::Q4K)).then(|| {
+        // Q4_K and IQ4_XS also through the repacked 8-row kernels (`kernels::x8`, what a
+        // session uses where the copy fits); throughput counts the stored type's bytes (the
+        // copies hold 148/144 and 138/136 of them).
+        let x8 = matches!(kind, Kind::G(GgmlType::Q4K | GgmlType::IQ4XS)).then(|| {
             let views: Vec<MatRef<'_>> = sets.iter().flatten().map(Mat::view).collect();
             k.clone().with_x8(std::sync::Arc::new(
                 lagoon_cpu::kernels::x8::X8Store::build(&views),
@@ -949,7 +950,7 @@ fn bench_prefill_experts(c: &mut Criterion) {
         // One scratch tile per thread (results are not kept).
         let mut scratch = vec![0f32; nt * max_m * TILE];
         group.throughput(Throughput::Elements((2 * 3 * FFN * HIDDEN * pairs) as u64));
-        let x8 = matches!(kind, Kind::G(GgmlType::Q4K)).then(|| {
+        let x8 = matches!(kind, Kind::G(GgmlType::Q4K | GgmlType::IQ4XS)).then(|| {
             let views: Vec<MatRef<'_>> = experts.iter().flatten().map(Mat::view).collect();
             k.clone().with_x8(std::sync::Arc::new(
                 lagoon_cpu::kernels::x8::X8Store::build(&views),

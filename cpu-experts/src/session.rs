@@ -111,14 +111,14 @@ pub struct Session<'w> {
     opts: SessionOptions,
 }
 
-/// `k` with the model's Q4_K matrices repacked eight rows at a time
-/// ([`crate::kernels::x8::X8Store`]) when `LAGOON_CPU_X8=1`: an opt-in while it is measured
-/// (a second copy of those weights in memory; results the scalar reference's for them).
+/// `k` with the model's Q4_K and IQ4_XS matrices repacked eight rows at a time
+/// ([`crate::kernels::x8::X8Store`]; their products then give the scalar reference's bits).
+/// The copy is a second one of those weights (148 bytes per 144; the mapped originals are not
+/// read again, so a file's pages become reclaimable page cache). `LAGOON_CPU_X8=0` turns it
+/// off, `=1` on; unset, it is made when it takes at most half of the memory available now
+/// (`MemAvailable`, Linux), else skipped (the table's one-row kernels run those matrices).
 fn with_x8(k: Kernels, w: &ModelWeights<'_>) -> Kernels {
     use lagoon_core::laguna::weights::Ffn;
-    if std::env::var_os("LAGOON_CPU_X8").is_none_or(|v| v != "1") {
-        return k;
-    }
     let mut mats = vec![&w.output];
     for l in &w.layers {
         mats.extend([&l.q, &l.k, &l.v, &l.o]);
@@ -139,11 +139,30 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>) -> Kernels {
             }
         }
     }
+    let make = match std::env::var("LAGOON_CPU_X8").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => {
+            let need = crate::kernels::x8::X8Store::planned_bytes(mats.iter().copied());
+            need > 0 && mem_available().is_none_or(|a| need <= a / 2)
+        }
+    };
+    if !make {
+        return k;
+    }
     let store = crate::kernels::x8::X8Store::build(mats);
     if store.is_empty() {
         return k;
     }
     k.with_x8(std::sync::Arc::new(store))
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes (None where there is none to read).
+fn mem_available() -> Option<usize> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl<'w> Session<'w> {
@@ -217,6 +236,12 @@ impl<'w> Session<'w> {
             .kernels
             .as_ref()
             .map_or("reference", |k| k.name())
+    }
+
+    /// Bytes of the 8-row repacked Q4_K / IQ4_XS copies the session's kernels hold (0 without;
+    /// [`crate::kernels::x8::X8Store`], `LAGOON_CPU_X8`).
+    pub fn repacked_bytes(&self) -> usize {
+        self.state.kernels.as_ref().map_or(0, Kernels::x8_bytes)
     }
 
     /// Bytes of KV cache and arena.

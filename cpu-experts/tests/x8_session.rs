@@ -1,5 +1,6 @@
-//! The repacked 8-row Q4_K kernels inside a session (`LAGOON_CPU_X8=1`, which
-//! `Session::new` reads: this binary holds one test, so no other test sees the setting).
+//! The repacked 8-row Q4_K kernels inside a session (on by default where the copy fits;
+//! `LAGOON_CPU_X8=0|1`, which `Session::new` reads: this binary holds one test, so no other
+//! test sees the setting).
 
 #[allow(dead_code)] // (this binary uses the config and raw buffers only)
 mod common;
@@ -29,6 +30,25 @@ fn q4k(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
     w
 }
 
+/// Random IQ4_XS rows (random codes and scale bits; small f16 `d`).
+fn iq4xs(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+    let mut next = move || {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    };
+    let mut w = vec![0u8; rows * cols / 256 * 136];
+    for blk in w.chunks_exact_mut(136) {
+        for b in blk.iter_mut() {
+            *b = next() as u8;
+        }
+        let d = half::f16::from_f32(2e-4 + (next() % 100) as f32 * 1e-6);
+        blk[0..2].copy_from_slice(&d.to_le_bytes());
+    }
+    w
+}
+
 fn logits(
     c: &lagoon_core::config::ModelConfig,
     w: &ModelWeights<'_>,
@@ -38,7 +58,7 @@ fn logits(
     common::session_logits(c, w, toks, ubatch, 2)
 }
 
-/// A model whose attention Q/K/V/gate and MLP matrices are Q4_K with 256-wide rows, run with
+/// A model whose attention Q/K/V/gate and MLP matrices are Q4_K and IQ4_XS with 256-wide rows, run with
 /// the repacked kernels and without: close (the repacked products are the scalar reference's,
 /// a SIMD table's differ from it by f32 rounding) but not the same bits (the setting took
 /// effect), or the same bits when the table is the scalar one (`LAGOON_FORCE_SCALAR=1`);
@@ -52,19 +72,28 @@ fn repacked_q4k_products_in_a_session() {
     c.shared_ffn = 256;
     let store = common::Store::new(&c, Some(3));
     let mut seed = 0x5eed_0008u64;
-    let mut q: std::collections::HashMap<String, Vec<Vec<u8>>> = Default::default();
-    for (name, parts) in &store.bufs {
+    // Q4_K and IQ4_XS (both repacked), alternating over the names in sorted order.
+    let mut q: std::collections::HashMap<String, (GgmlType, Vec<Vec<u8>>)> = Default::default();
+    let mut names: Vec<&String> = store.bufs.keys().collect();
+    names.sort();
+    for name in names {
+        let parts = &store.bufs[name];
         if parts.iter().all(|(r, cc, _)| r % 8 == 0 && cc % 256 == 0) {
+            let ty = [GgmlType::Q4K, GgmlType::IQ4XS][q.len() % 2];
+            let make = if ty == GgmlType::Q4K { q4k } else { iq4xs };
             q.insert(
                 name.clone(),
-                parts
-                    .iter()
-                    .map(|(r, cc, _)| q4k(*r, *cc, &mut seed))
-                    .collect(),
+                (
+                    ty,
+                    parts
+                        .iter()
+                        .map(|(r, cc, _)| make(*r, *cc, &mut seed))
+                        .collect(),
+                ),
             );
         }
     }
-    assert!(q.len() >= 8, "Q4_K matrices: {}", q.len());
+    assert!(q.len() >= 8, "Q4_K / IQ4_XS matrices: {}", q.len());
     let w = ModelWeights::resolve(&c, |name| {
         let parts = store.bufs.get(name)?;
         Some(
@@ -75,8 +104,8 @@ fn repacked_q4k_products_in_a_session() {
                     rows: *r,
                     cols: *cc,
                     enc: match q.get(name) {
-                        Some(qp) => Encoding::Ggml {
-                            ty: GgmlType::Q4K,
+                        Some((ty, qp)) => Encoding::Ggml {
+                            ty: *ty,
                             data: &qp[i],
                         },
                         None => Encoding::Ggml {
@@ -92,10 +121,21 @@ fn repacked_q4k_products_in_a_session() {
     let toks: Vec<u32> = (0..19)
         .map(|i| (i * 37 + 5) % c.vocab_size as u32)
         .collect();
-    let plain = logits(&c, &w, &toks, toks.len());
     // SAFETY: this binary's only test; set before the sessions below read it.
+    unsafe { std::env::set_var("LAGOON_CPU_X8", "0") };
+    let plain = logits(&c, &w, &toks, toks.len());
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("LAGOON_CPU_X8") };
+    // The default: repacked where the copy fits (it does: a few hundred KB).
+    let auto = logits(&c, &w, &toks, toks.len());
+    // SAFETY: as above.
     unsafe { std::env::set_var("LAGOON_CPU_X8", "1") };
     let one = logits(&c, &w, &toks, toks.len());
+    assert_eq!(
+        auto.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        "the default did not repack"
+    );
     assert!(one.iter().all(|v| v.is_finite()));
     let e = common::rel_l2(&one, &plain);
     let table = lagoon_cpu::kernels::Kernels::detect();
@@ -105,7 +145,7 @@ fn repacked_q4k_products_in_a_session() {
         // kernels give.
         assert_eq!(e, 0.0, "repacked vs scalar table: rel L2 {e:.3e}");
     } else {
-        assert!(e > 0.0, "LAGOON_CPU_X8=1 changed nothing");
+        assert!(e > 0.0, "LAGOON_CPU_X8=1 changed nothing against =0");
         assert!(e < 1e-4, "repacked vs table kernels: rel L2 {e:.3e}");
     }
     for ubatch in [1, 4] {

@@ -22,6 +22,7 @@ mod arch;
 pub mod ct;
 pub mod scalar;
 pub mod x8;
+pub mod x8_iq4xs;
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant;
@@ -412,6 +413,11 @@ impl Kernels {
             x8: Some(store),
             ..self
         }
+    }
+
+    /// Bytes of the repacked copies this table's store holds (0 without one).
+    pub fn x8_bytes(&self) -> usize {
+        self.x8.as_ref().map_or(0, |s| s.bytes())
     }
 
     /// The scalar reference kernels.

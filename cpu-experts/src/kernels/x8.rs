@@ -1,8 +1,9 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
-//! row. A session uses them when `LAGOON_CPU_X8=1` ([`X8Store`]; opt-in while it holds a
-//! second copy of the weights). Kernels: AVX2 (`avx2::k4x8`), and AVX512-VNNI on 256 bits
-//! (`avx512::x8`, the same body with `vpdpbusd`) where the CPU has it.
+//! row. Sessions use them by default where the copy fits in memory ([`X8Store`], which also
+//! holds IQ4_XS in [`super::x8_iq4xs`]'s layout; `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
+//! (`avx2::k4x8`), and AVX512-VNNI on 256 bits (`avx512::x8`, the same body with `vpdpbusd`)
+//! where the CPU has it.
 //!
 //! Why: the one-row AVX2 Q4_K kernel spends about 86 instructions per super-block, ~30 of
 //! them on the scale and min unpacking (BENCHMARKS.md, "CPU on a new development VM"), and at
@@ -42,6 +43,7 @@ use lagoon_core::quant::QK_K;
 use lagoon_core::weights::{Encoding, MatRef};
 
 use super::act::Q8KAct;
+use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
 
 /// Bytes of one group of 8 rows per super-block.
 pub const Q4K_X8_BLOCK: usize = 8 * 148;
@@ -90,53 +92,93 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Repacked copies of a model's Q4_K matrices, found by the address of their stored bytes,
-/// and the kernel that reads them: what [`super::Kernels::with_x8`] hands the products of
-/// those matrices to. Opt-in (`LAGOON_CPU_X8=1` in `Session::new`): it holds a second copy
-/// of every Q4_K weight (148 bytes per 144), and its results are the scalar reference's,
-/// not the table's one-row kernel's.
+/// Repacked copies of a model's Q4_K and IQ4_XS matrices (this module's layout and
+/// [`super::x8_iq4xs`]'s), found by the address of their stored bytes, and the kernels that
+/// read them: what [`super::Kernels::with_x8`] hands the products of those matrices to.
+/// `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of
+/// those weights (148 bytes per 144, 138 per 136), whose results are the scalar reference's,
+/// not the table's one-row kernels'.
 pub struct X8Store {
-    map: HashMap<usize, Vec<u8>>,
+    map: HashMap<usize, Packed>,
     dot: DotX8Multi,
+    dot_iq4xs: DotX8Multi,
 }
 
 /// Tokens per call of the store's kernel (a stack array of activation rows).
 const STORE_TOKENS: usize = 16;
 
+/// A repacked matrix: the type it came from and its 8-row groups.
+type Packed = (GgmlType, Vec<u8>);
+
+/// The stored bytes per super-block of a type the store repacks, and of its 8-row groups.
+fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
+    match ty {
+        GgmlType::Q4K => Some((Q4K_BLOCK, Q4K_X8_BLOCK)),
+        GgmlType::IQ4XS => Some((IQ4XS_BLOCK, IQ4XS_X8_BLOCK)),
+        _ => None,
+    }
+}
+
+/// A repackable matrix: key (its bytes' address), type, bytes, rows, columns.
+type Todo<'a> = (usize, GgmlType, &'a [u8], usize, usize);
+
+/// The distinct repackable Q4_K and IQ4_XS matrices of `mats` (by address).
+fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
+    let mut todo = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for m in mats {
+        if let Encoding::Ggml { ty, data } = m.enc
+            && let Some((blk, _)) = block_sizes(ty)
+            && m.rows.is_multiple_of(8)
+            && m.cols.is_multiple_of(QK_K)
+            && data.len() == m.rows * m.cols / QK_K * blk
+            && seen.insert(data.as_ptr() as usize)
+        {
+            todo.push((data.as_ptr() as usize, ty, data, m.rows, m.cols));
+        }
+    }
+    todo
+}
+
 impl X8Store {
-    /// Repacks every Q4_K matrix of `mats` whose rows are a multiple of 8 and columns of 256
-    /// (others are left to the table). Matrices seen twice are repacked once.
+    /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
+    /// Q4_K matrix, 138 per 136 of IQ4_XS): for deciding whether the copy fits before making
+    /// it.
+    pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
+        repackable(mats)
+            .iter()
+            .map(|&(_, ty, _, rows, cols)| {
+                rows / 8 * cols / QK_K * block_sizes(ty).map_or(0, |b| b.1)
+            })
+            .sum()
+    }
+
+    /// Repacks every Q4_K and IQ4_XS matrix of `mats` whose rows are a multiple of 8 and
+    /// columns of 256 (others are left to the table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
         // The distinct Q4_K matrices, then repacked on all cores (a few hundred MB/s per core:
         // a large model's repack is load time).
-        let mut todo: Vec<(usize, &'a [u8], usize, usize)> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for m in mats {
-            if let Encoding::Ggml {
-                ty: GgmlType::Q4K,
-                data,
-            } = m.enc
-                && seen.insert(data.as_ptr() as usize)
-            {
-                todo.push((data.as_ptr() as usize, data, m.rows, m.cols));
-            }
-        }
+        let todo = repackable(mats);
         let n = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(todo.len().max(1));
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let parts: Vec<Vec<(usize, Vec<u8>)>> = std::thread::scope(|s| {
+        let parts: Vec<Vec<(usize, Packed)>> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..n)
                 .map(|_| {
                     s.spawn(|| {
                         let mut done = Vec::new();
                         loop {
                             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(&(key, data, rows, cols)) = todo.get(i) else {
+                            let Some(&(key, ty, data, rows, cols)) = todo.get(i) else {
                                 break done;
                             };
-                            if let Some(p) = repack_q4k_x8(data, rows, cols) {
-                                done.push((key, p));
+                            let p = match ty {
+                                GgmlType::IQ4XS => repack_iq4xs_x8(data, rows, cols),
+                                _ => repack_q4k_x8(data, rows, cols),
+                            };
+                            if let Some(p) = p {
+                                done.push((key, (ty, p)));
                             }
                         }
                     })
@@ -147,10 +189,11 @@ impl X8Store {
                 .map(|h| h.join().unwrap_or_default())
                 .collect()
         });
-        let map: HashMap<usize, Vec<u8>> = parts.into_iter().flatten().collect();
+        let map: HashMap<usize, Packed> = parts.into_iter().flatten().collect();
         X8Store {
             map,
             dot: dot_q4k_x8_multi(),
+            dot_iq4xs: dot_iq4xs_x8_multi(),
         }
     }
 
@@ -166,7 +209,7 @@ impl X8Store {
 
     /// Bytes of the repacked copies.
     pub fn bytes(&self) -> usize {
-        self.map.values().map(Vec::len).sum()
+        self.map.values().map(|(_, p)| p.len()).sum()
     }
 
     /// [`super::Kernels::dot_rows_multi`] for a held matrix and rows `r0 .. r0 + n_rows` in
@@ -183,17 +226,17 @@ impl X8Store {
         out: &mut [f32],
         out_stride: usize,
     ) -> bool {
-        let Encoding::Ggml {
-            ty: GgmlType::Q4K,
-            data,
-        } = w.enc
-        else {
+        let Encoding::Ggml { ty, data } = w.enc else {
+            return false;
+        };
+        let Some((pty, p)) = self.map.get(&(data.as_ptr() as usize)) else {
             return false;
         };
         let (cols, nb) = (w.cols, w.cols / QK_K);
-        let group = nb * Q4K_X8_BLOCK;
-        let Some(p) = self.map.get(&(data.as_ptr() as usize)) else {
-            return false;
+        let (group, dot) = match (ty, *pty) {
+            (GgmlType::Q4K, GgmlType::Q4K) => (nb * Q4K_X8_BLOCK, self.dot),
+            (GgmlType::IQ4XS, GgmlType::IQ4XS) => (nb * IQ4XS_X8_BLOCK, self.dot_iq4xs),
+            _ => return false,
         };
         let ab = super::act::q8k_row_bytes(cols);
         if !r0.is_multiple_of(8)
@@ -214,7 +257,7 @@ impl X8Store {
                 *r = &acts[(c0 + t) * act_stride..][..ab];
             }
             for g in r0 / 8..(r0 + n_rows) / 8 {
-                (self.dot)(&p[g * group..][..group], &refs[..nc], cols, &mut y[..nc]);
+                dot(&p[g * group..][..group], &refs[..nc], cols, &mut y[..nc]);
                 for (t, yt) in y[..nc].iter().enumerate() {
                     let at = (c0 + t) * out_stride + 8 * g - r0;
                     out[at..at + 8].copy_from_slice(yt);
@@ -272,7 +315,7 @@ pub fn dot_q4k_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut 
 }
 
 /// `simd` where this CPU runs it, unless `LAGOON_FORCE_SCALAR=1`; else `scalar`.
-fn fastest<F>(simd: Option<F>, scalar: F) -> F {
+pub(crate) fn fastest<F>(simd: Option<F>, scalar: F) -> F {
     match simd {
         Some(f) if std::env::var_os("LAGOON_FORCE_SCALAR").is_none_or(|v| v != "1") => f,
         _ => scalar,
@@ -281,7 +324,7 @@ fn fastest<F>(simd: Option<F>, scalar: F) -> F {
 
 /// Whether `LAGOON_FORCE_AVX2=1` keeps AVX-512 kernels out (as the table does).
 #[cfg(target_arch = "x86_64")]
-fn no_avx512() -> bool {
+pub(crate) fn no_avx512() -> bool {
     std::env::var_os("LAGOON_FORCE_AVX2").is_some_and(|v| v == "1")
 }
 

@@ -47,3 +47,20 @@ pub(crate) fn q4k_x8_avx2() -> Option<crate::kernels::x8::DotX8> {
 pub(crate) fn q4k_x8_multi_avx2() -> Option<crate::kernels::x8::DotX8Multi> {
     avx2::Avx2Fma::detect().map(avx2::q4k_x8_multi)
 }
+
+/// The repacked 8-row IQ4_XS several-token kernel (`kernels::x8_iq4xs`): AVX512-VNNI's when
+/// `vnni` and the CPU has it, else AVX2's where the CPU runs it.
+pub(crate) fn iq4xs_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) => Some(avx512::x8::iq4xs_x8_multi_fn(p)),
+        None => avx2::Avx2Fma::detect().map(avx2::iq4xs_x8_multi),
+    }
+}
+
+/// The repacked 8-row IQ4_XS one-token kernel (as [`iq4xs_x8_multi`] chooses).
+pub(crate) fn iq4xs_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
+    match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) => Some(avx512::x8::iq4xs_x8_fn(p)),
+        None => avx2::Avx2Fma::detect().map(avx2::iq4xs_x8),
+    }
+}

@@ -13,6 +13,7 @@ mod attend;
 pub(super) mod ct;
 mod float;
 pub(super) mod iq;
+pub(super) mod iq4x8;
 pub(super) mod k16;
 pub(super) mod k4;
 pub(super) mod k4x8;
@@ -45,6 +46,16 @@ pub(crate) fn q4k_x8(_proof: Avx2Fma) -> crate::kernels::x8::DotX8 {
 /// The repacked 8-row Q4_K several-token kernel (`kernels::x8`).
 pub(crate) fn q4k_x8_multi(_proof: Avx2Fma) -> crate::kernels::x8::DotX8Multi {
     k4x8::dot_q4k_x8_multi
+}
+
+/// The repacked 8-row IQ4_XS kernel (`kernels::x8_iq4xs`).
+pub(crate) fn iq4xs_x8(_proof: Avx2Fma) -> crate::kernels::x8::DotX8 {
+    iq4x8::dot_iq4xs_x8
+}
+
+/// The repacked 8-row IQ4_XS several-token kernel (`kernels::x8_iq4xs`).
+pub(crate) fn iq4xs_x8_multi(_proof: Avx2Fma) -> crate::kernels::x8::DotX8Multi {
+    iq4x8::dot_iq4xs_x8_multi
 }
 
 /// The AVX2 table: scalar kernels overridden by every AVX2 kernel that exists.

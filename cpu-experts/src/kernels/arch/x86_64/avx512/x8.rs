@@ -1,4 +1,5 @@
-//! The repacked 8-row Q4_K kernels (`kernels::x8`'s layout, `avx2::k4x8`'s body) on 256 bits
+//! The repacked 8-row Q4_K and IQ4_XS kernels (`kernels::x8`, `kernels::x8_iq4xs`; the bodies
+//! of `avx2::k4x8` and `avx2::iq4x8`). Q4_K: on 256 bits
 //! with AVX512-VNNI: each step's `maddubs` and i16 add become one `vpdpbusd` (u8 nibbles ·
 //! i8 activations, four products summed into each row's i32 lane), and the per-sub-block
 //! `madd` by ones goes. The lanes hold the same exact integers as AVX2's, so the results
@@ -33,4 +34,40 @@ pub(crate) fn q4k_x8_fn(_proof: Avx512Vnni) -> crate::kernels::x8::DotX8 {
 /// The several-token kernel, for a CPU with AVX512-VNNI.
 pub(crate) fn q4k_x8_multi_fn(_proof: Avx512Vnni) -> crate::kernels::x8::DotX8Multi {
     dot_q4k_x8_multi
+}
+
+/// IQ4_XS (`avx2::iq4x8`'s body): the codebook shifted to unsigned and one `vpdpbusd` per step,
+/// the shift's `128·Σa` taken off per super-block.
+mod iq4 {
+    use core::arch::x86_64::*;
+
+    crate::kernels::arch::x86_64::avx2::iq4x8::iq4x8_kernels!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        crate::kernels::arch::x86_64::avx2::iq4x8::iq4nl_lut256(-128),
+        |v| v,
+        |x, p, a, s| _mm256_dpbusd_epi32(x, p, a),
+        |y, s32| _mm256_mullo_epi32(y, s32),
+        true
+    );
+
+    pub(super) fn dot_iq4xs_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
+        // SAFETY: `iq4xs_x8` only needs the features `Avx512Vnni::detect` checks; this is
+        // reachable only through `iq4xs_x8_fn`, which requires an `Avx512Vnni` token.
+        unsafe { iq4xs_x8(p, a, cols, out) }
+    }
+
+    pub(super) fn dot_iq4xs_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
+        // SAFETY: as for `dot_iq4xs_x8` (reachable only through `iq4xs_x8_multi_fn`).
+        unsafe { iq4xs_x8_multi(p, acts, cols, out) }
+    }
+}
+
+/// The one-token IQ4_XS kernel, for a CPU with AVX512-VNNI.
+pub(crate) fn iq4xs_x8_fn(_proof: Avx512Vnni) -> crate::kernels::x8::DotX8 {
+    iq4::dot_iq4xs_x8
+}
+
+/// The several-token IQ4_XS kernel, for a CPU with AVX512-VNNI.
+pub(crate) fn iq4xs_x8_multi_fn(_proof: Avx512Vnni) -> crate::kernels::x8::DotX8Multi {
+    iq4::dot_iq4xs_x8_multi
 }
