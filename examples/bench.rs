@@ -165,6 +165,7 @@ fn main() -> anyhow::Result<()> {
                 all_logits: false,
                 n_threads,
                 reference,
+                repack: None,
             },
         )),
         Some(device) => Backend::Cuda(CudaSession::new(

@@ -279,6 +279,7 @@ fn main() -> anyhow::Result<()> {
                 all_logits: false,
                 n_threads: a.num("threads", 0)?,
                 reference: a.flag("reference"),
+                repack: None,
             },
         )),
         Some(device) => Backend::Cuda(CudaSession::new(

@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
         all_logits: true,
         n_threads,
         reference,
+        repack: None,
     };
     let mut all = Vec::with_capacity(tokens.len() * vocab);
     let device = a.device()?;

@@ -5,7 +5,7 @@
 //! use lagoon::{Checkpoint, Session, SessionOptions};
 //! let ckpt = Checkpoint::open("model.gguf")?;
 //! let weights = lagoon::weights(&ckpt)?;
-//! let mut s = Session::new(&ckpt.config, &weights, SessionOptions { n_ctx: 4096, ubatch: 64, all_logits: false, n_threads: 0, reference: false });
+//! let mut s = Session::new(&ckpt.config, &weights, SessionOptions { n_ctx: 4096, ubatch: 64, all_logits: false, n_threads: 0, reference: false, repack: None });
 //! let logits = s.step(&[2, 100, 200])?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

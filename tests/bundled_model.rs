@@ -136,6 +136,7 @@ fn bundled_model_greedy_matches_transformers() {
                 all_logits: false,
                 n_threads: 0,
                 reference: true,
+                repack: None,
             },
         );
         let mut last = Vec::new();

@@ -49,6 +49,7 @@ fn second_generation_allocates_nothing() {
             all_logits: false,
             n_threads: 1,
             reference: false,
+            repack: None,
         },
     );
     let params = GenerateParams {

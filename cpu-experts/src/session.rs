@@ -28,6 +28,12 @@ pub struct SessionOptions {
     /// Force the scalar reference path: weights decoded to f32, f32 math. Otherwise the
     /// fastest kernels this CPU supports (quantised activations, as llama.cpp does).
     pub reference: bool,
+    /// Whether the Q4_K and IQ4_XS matrices are repacked eight rows at a time at session
+    /// start ([`crate::kernels::x8::X8Store`]: faster products, results the scalar
+    /// reference's bits, a second copy of those weights in memory). `None` (the default):
+    /// as `LAGOON_CPU_X8=0|1` says, and unset, where the copy takes at most half of the
+    /// memory available now.
+    pub repack: Option<bool>,
 }
 
 impl Default for SessionOptions {
@@ -38,6 +44,7 @@ impl Default for SessionOptions {
             all_logits: false,
             n_threads: 0,
             reference: false,
+            repack: None,
         }
     }
 }
@@ -114,10 +121,11 @@ pub struct Session<'w> {
 /// `k` with the model's Q4_K and IQ4_XS matrices repacked eight rows at a time
 /// ([`crate::kernels::x8::X8Store`]; their products then give the scalar reference's bits).
 /// The copy is a second one of those weights (148 bytes per 144; the mapped originals are not
-/// read again, so a file's pages become reclaimable page cache). `LAGOON_CPU_X8=0` turns it
-/// off, `=1` on; unset, it is made when it takes at most half of the memory available now
-/// (`MemAvailable`, Linux), else skipped (the table's one-row kernels run those matrices).
-fn with_x8(k: Kernels, w: &ModelWeights<'_>) -> Kernels {
+/// read again, so a file's pages become reclaimable page cache). `repack`
+/// ([`SessionOptions::repack`]) decides, else `LAGOON_CPU_X8=0|1`; with neither, it is made
+/// when it takes at most half of the memory available now (`MemAvailable`, Linux), else
+/// skipped (the table's one-row kernels run those matrices).
+fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
     use lagoon_core::laguna::weights::Ffn;
     let mut mats = vec![&w.output];
     for l in &w.layers {
@@ -139,10 +147,14 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>) -> Kernels {
             }
         }
     }
-    let make = match std::env::var("LAGOON_CPU_X8").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => {
+    let env = match std::env::var("LAGOON_CPU_X8").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    };
+    let make = match repack.or(env) {
+        Some(b) => b,
+        None => {
             let need = crate::kernels::x8::X8Store::planned_bytes(mats.iter().copied());
             need > 0 && mem_available().is_none_or(|a| need <= a / 2)
         }
@@ -188,7 +200,7 @@ impl<'w> Session<'w> {
         let kernels = if opts.reference {
             None
         } else {
-            Some(with_x8(Kernels::detect(), w))
+            Some(with_x8(Kernels::detect(), w, opts.repack))
         };
         let scratch = Scratch::new(cfg, w, ubatch, max_cap, n_threads, kernels.as_ref());
         let ropes = [

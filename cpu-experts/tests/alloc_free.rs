@@ -46,6 +46,7 @@ fn decode_and_prefill_steps_allocate_nothing() {
             all_logits: false,
             n_threads: 0,
             reference: false,
+            repack: None,
         },
     );
     s.step(&[1, 2, 3, 4, 5, 6, 7]).unwrap();
@@ -70,6 +71,7 @@ fn decode_and_prefill_steps_allocate_nothing() {
                 all_logits: true,
                 n_threads: threads,
                 reference: false,
+                repack: None,
             },
         );
         let toks: Vec<u32> = (0..40)

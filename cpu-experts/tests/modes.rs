@@ -65,6 +65,7 @@ fn bad_steps_are_refused_without_side_effects() {
             all_logits: false,
             n_threads: 0,
             reference: false,
+            repack: None,
         },
     );
     assert!(matches!(s.step(&[]), Err(StepError::BadBatch { .. })));

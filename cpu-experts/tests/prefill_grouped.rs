@@ -292,6 +292,7 @@ fn prefill_is_identical_across_thread_counts() {
                 all_logits: true,
                 n_threads: threads,
                 reference,
+                repack: None,
             },
         );
         let mut out = Vec::new();

@@ -156,4 +156,10 @@ fn repacked_q4k_products_in_a_session() {
     }
     // SAFETY: as above; no session reads it after this.
     unsafe { std::env::remove_var("LAGOON_CPU_X8") };
+    // The option decides without the variable.
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let off = common::session_logits_repack(&c, &w, &toks, toks.len(), 2, Some(false));
+    let on = common::session_logits_repack(&c, &w, &toks, toks.len(), 2, Some(true));
+    assert_eq!(bits(&off), bits(&plain), "repack: Some(false)");
+    assert_eq!(bits(&on), bits(&one), "repack: Some(true)");
 }

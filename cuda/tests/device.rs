@@ -268,6 +268,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                     all_logits: true,
                     n_threads: 0,
                     reference: true,
+                    repack: None,
                 },
             );
             let cpu_logits = cpu.step(&toks).unwrap().to_vec();
@@ -338,6 +339,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                     all_logits: true,
                     n_threads: 0,
                     reference: false,
+                    repack: None,
                 },
             );
             let fast_cpu = cpu_fast.step(&toks).unwrap().to_vec();

@@ -75,6 +75,7 @@ pub fn eval(ckpt: &Checkpoint, toks: &[u32], ubatch: usize, reference: bool) -> 
             all_logits: true,
             n_threads: 0,
             reference,
+            repack: None,
         },
     );
     let mut out = Vec::new();

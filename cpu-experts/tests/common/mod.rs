@@ -196,6 +196,19 @@ pub fn session_logits(
     ubatch: usize,
     n_threads: usize,
 ) -> Vec<f32> {
+    session_logits_repack(c, w, toks, ubatch, n_threads, None)
+}
+
+/// [`session_logits`] with `SessionOptions::repack` set.
+#[allow(dead_code)]
+pub fn session_logits_repack(
+    c: &ModelConfig,
+    w: &ModelWeights<'_>,
+    toks: &[u32],
+    ubatch: usize,
+    n_threads: usize,
+    repack: Option<bool>,
+) -> Vec<f32> {
     let mut s = lagoon_cpu::Session::new(
         c,
         w,
@@ -205,6 +218,7 @@ pub fn session_logits(
             all_logits: true,
             n_threads,
             reference: false,
+            repack,
         },
     );
     let mut out = Vec::new();
