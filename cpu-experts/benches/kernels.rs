@@ -733,10 +733,14 @@ fn bench_experts_mt(c: &mut Criterion) {
         let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
         let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
         group.throughput(Throughput::Bytes(set_bytes as u64));
-        // Q4_K and IQ4_XS also through the repacked 8-row kernels (`kernels::x8`, what a
-        // session uses where the copy fits); throughput counts the stored type's bytes (the
-        // copies hold 148/144 and 138/136 of them).
-        let x8 = matches!(kind, Kind::G(GgmlType::Q4K | GgmlType::IQ4XS)).then(|| {
+        // Q4_K, IQ4_XS and Q6_K also through the repacked 8-row kernels (`kernels::x8`, what
+        // a session uses where the copy fits); throughput counts the stored type's bytes (the
+        // copies hold 148/144, 138/136 and 210/210 of them).
+        let x8 = matches!(
+            kind,
+            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K)
+        )
+        .then(|| {
             let views: Vec<MatRef<'_>> = sets.iter().flatten().map(Mat::view).collect();
             k.clone().with_x8(std::sync::Arc::new(
                 lagoon_cpu::kernels::x8::X8Store::build(&views),
@@ -882,6 +886,7 @@ fn bench_prefill_experts(c: &mut Criterion) {
         Kind::G(GgmlType::Q4K),
         Kind::G(GgmlType::Q8_0),
         Kind::G(GgmlType::IQ4XS),
+        Kind::G(GgmlType::Q6K),
     ]
     .into_iter()
     .filter(|&k| kind_selected(k))
@@ -950,7 +955,11 @@ fn bench_prefill_experts(c: &mut Criterion) {
         // One scratch tile per thread (results are not kept).
         let mut scratch = vec![0f32; nt * max_m * TILE];
         group.throughput(Throughput::Elements((2 * 3 * FFN * HIDDEN * pairs) as u64));
-        let x8 = matches!(kind, Kind::G(GgmlType::Q4K | GgmlType::IQ4XS)).then(|| {
+        let x8 = matches!(
+            kind,
+            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K)
+        )
+        .then(|| {
             let views: Vec<MatRef<'_>> = experts.iter().flatten().map(Mat::view).collect();
             k.clone().with_x8(std::sync::Arc::new(
                 lagoon_cpu::kernels::x8::X8Store::build(&views),

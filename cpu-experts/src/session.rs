@@ -147,6 +147,21 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
             }
         }
     }
+    // Q6_K only when asked for (`LAGOON_CPU_X8_Q6K=1`): its layout wins prefill (2.6x single
+    // thread on an AVX2 VM) but loses one-token decode (−35%) to the table's one-row kernel,
+    // and a session takes one kernel for both (decode and prefill give the same bits).
+    // BENCHMARKS.md, "Session 18".
+    if std::env::var_os("LAGOON_CPU_X8_Q6K").is_none_or(|v| v != "1") {
+        mats.retain(|m| {
+            !matches!(
+                m.enc,
+                lagoon_core::weights::Encoding::Ggml {
+                    ty: lagoon_core::dtype::GgmlType::Q6K,
+                    ..
+                }
+            )
+        });
+    }
     let env = match std::env::var("LAGOON_CPU_X8").as_deref() {
         Ok("0") => Some(false),
         Ok("1") => Some(true),

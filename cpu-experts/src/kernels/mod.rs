@@ -23,6 +23,7 @@ pub mod ct;
 pub mod scalar;
 pub mod x8;
 pub mod x8_iq4xs;
+pub mod x8_q6k;
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant;

@@ -1,7 +1,8 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
 //! row. Sessions use them by default where the copy fits in memory ([`X8Store`], which also
-//! holds IQ4_XS in [`super::x8_iq4xs`]'s layout; `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
+//! holds IQ4_XS and Q6_K in [`super::x8_iq4xs`]'s and [`super::x8_q6k`]'s layouts;
+//! `SessionOptions::repack` or `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
 //! (`avx2::k4x8`), and AVX512-VNNI on 256 bits (`avx512::x8`, the same body with `vpdpbusd`)
 //! where the CPU has it.
 //!
@@ -44,6 +45,7 @@ use lagoon_core::weights::{Encoding, MatRef};
 
 use super::act::Q8KAct;
 use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
+use super::x8_q6k::{Q6K_BLOCK, Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
 
 /// Bytes of one group of 8 rows per super-block.
 pub const Q4K_X8_BLOCK: usize = 8 * 148;
@@ -92,16 +94,18 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Repacked copies of a model's Q4_K and IQ4_XS matrices (this module's layout and
-/// [`super::x8_iq4xs`]'s), found by the address of their stored bytes, and the kernels that
+/// Repacked copies of a model's Q4_K, IQ4_XS and Q6_K matrices (this module's layout,
+/// [`super::x8_iq4xs`]'s and [`super::x8_q6k`]'s), found by the address of their stored
+/// bytes, and the kernels that
 /// read them: what [`super::Kernels::with_x8`] hands the products of those matrices to.
 /// `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of
-/// those weights (148 bytes per 144, 138 per 136), whose results are the scalar reference's,
+/// those weights (148 bytes per 144, 138 per 136, 210 per 210), whose results are the scalar reference's,
 /// not the table's one-row kernels'.
 pub struct X8Store {
     map: HashMap<usize, Packed>,
     dot: DotX8Multi,
     dot_iq4xs: DotX8Multi,
+    dot_q6k: DotX8Multi,
 }
 
 /// Tokens per call of the store's kernel (a stack array of activation rows).
@@ -115,6 +119,7 @@ fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
     match ty {
         GgmlType::Q4K => Some((Q4K_BLOCK, Q4K_X8_BLOCK)),
         GgmlType::IQ4XS => Some((IQ4XS_BLOCK, IQ4XS_X8_BLOCK)),
+        GgmlType::Q6K => Some((Q6K_BLOCK, Q6K_X8_BLOCK)),
         _ => None,
     }
 }
@@ -122,7 +127,7 @@ fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
 /// A repackable matrix: key (its bytes' address), type, bytes, rows, columns.
 type Todo<'a> = (usize, GgmlType, &'a [u8], usize, usize);
 
-/// The distinct repackable Q4_K and IQ4_XS matrices of `mats` (by address).
+/// The distinct repackable Q4_K, IQ4_XS and Q6_K matrices of `mats` (by address).
 fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
     let mut todo = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -142,8 +147,8 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
-    /// Q4_K matrix, 138 per 136 of IQ4_XS): for deciding whether the copy fits before making
-    /// it.
+    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K): for deciding whether the
+    /// copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
         repackable(mats)
             .iter()
@@ -153,8 +158,9 @@ impl X8Store {
             .sum()
     }
 
-    /// Repacks every Q4_K and IQ4_XS matrix of `mats` whose rows are a multiple of 8 and
-    /// columns of 256 (others are left to the table). Matrices seen twice are repacked once.
+    /// Repacks every Q4_K, IQ4_XS and Q6_K matrix of `mats` whose rows are a multiple of 8
+    /// and columns of 256 (others are left to the table). Matrices seen twice are repacked
+    /// once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
         // The distinct Q4_K matrices, then repacked on all cores (a few hundred MB/s per core:
         // a large model's repack is load time).
@@ -175,6 +181,7 @@ impl X8Store {
                             };
                             let p = match ty {
                                 GgmlType::IQ4XS => repack_iq4xs_x8(data, rows, cols),
+                                GgmlType::Q6K => repack_q6k_x8(data, rows, cols),
                                 _ => repack_q4k_x8(data, rows, cols),
                             };
                             if let Some(p) = p {
@@ -194,6 +201,7 @@ impl X8Store {
             map,
             dot: dot_q4k_x8_multi(),
             dot_iq4xs: dot_iq4xs_x8_multi(),
+            dot_q6k: dot_q6k_x8_multi(),
         }
     }
 
@@ -236,6 +244,7 @@ impl X8Store {
         let (group, dot) = match (ty, *pty) {
             (GgmlType::Q4K, GgmlType::Q4K) => (nb * Q4K_X8_BLOCK, self.dot),
             (GgmlType::IQ4XS, GgmlType::IQ4XS) => (nb * IQ4XS_X8_BLOCK, self.dot_iq4xs),
+            (GgmlType::Q6K, GgmlType::Q6K) => (nb * Q6K_X8_BLOCK, self.dot_q6k),
             _ => return false,
         };
         let ab = super::act::q8k_row_bytes(cols);

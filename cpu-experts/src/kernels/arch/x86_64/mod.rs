@@ -64,3 +64,20 @@ pub(crate) fn iq4xs_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
         None => avx2::Avx2Fma::detect().map(avx2::iq4xs_x8),
     }
 }
+
+/// The repacked 8-row Q6_K several-token kernel (`kernels::x8_q6k`), as [`iq4xs_x8_multi`]
+/// chooses.
+pub(crate) fn q6k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) => Some(avx512::x8::q6k_x8_multi_fn(p)),
+        None => avx2::Avx2Fma::detect().map(avx2::q6k_x8_multi),
+    }
+}
+
+/// The repacked 8-row Q6_K one-token kernel, as [`iq4xs_x8_multi`] chooses.
+pub(crate) fn q6k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
+    match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) => Some(avx512::x8::q6k_x8_fn(p)),
+        None => avx2::Avx2Fma::detect().map(avx2::q6k_x8),
+    }
+}

@@ -17,6 +17,7 @@ pub(super) mod iq4x8;
 pub(super) mod k16;
 pub(super) mod k4;
 pub(super) mod k4x8;
+pub(super) mod k6x8;
 mod legacy;
 
 use core::arch::x86_64::*;
@@ -56,6 +57,16 @@ pub(crate) fn iq4xs_x8(_proof: Avx2Fma) -> crate::kernels::x8::DotX8 {
 /// The repacked 8-row IQ4_XS several-token kernel (`kernels::x8_iq4xs`).
 pub(crate) fn iq4xs_x8_multi(_proof: Avx2Fma) -> crate::kernels::x8::DotX8Multi {
     iq4x8::dot_iq4xs_x8_multi
+}
+
+/// The repacked 8-row Q6_K kernel (`kernels::x8_q6k`).
+pub(crate) fn q6k_x8(_proof: Avx2Fma) -> crate::kernels::x8::DotX8 {
+    k6x8::dot_q6k_x8
+}
+
+/// The repacked 8-row Q6_K several-token kernel (`kernels::x8_q6k`).
+pub(crate) fn q6k_x8_multi(_proof: Avx2Fma) -> crate::kernels::x8::DotX8Multi {
+    k6x8::dot_q6k_x8_multi
 }
 
 /// The AVX2 table: scalar kernels overridden by every AVX2 kernel that exists.
