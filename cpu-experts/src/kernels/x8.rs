@@ -314,12 +314,90 @@ pub fn dot_q4k_x8_scalar(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
 /// [`DotX8Multi`] on the scalar kernel, token by token (NaN everywhere when the lengths of
 /// `acts` and `out` differ).
 pub fn dot_q4k_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
+    by_token(dot_q4k_x8_scalar, p, acts, cols, out);
+}
+
+/// A [`DotX8Multi`] made of the one-token kernel `one`, token by token (NaN everywhere when
+/// the lengths of `acts` and `out` differ): the scalar several-token kernels.
+pub(crate) fn by_token(one: DotX8, p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
     if acts.len() != out.len() {
         out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
         return;
     }
     for (a, o) in acts.iter().zip(out) {
-        dot_q4k_x8_scalar(p, a, cols, o);
+        one(p, a, cols, o);
+    }
+}
+
+/// What the 8-row layouts' unit tests share: random data, and the check that every kernel of
+/// a layout gives the scalar reference's bits.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{DotX8Multi, QK_K};
+    use crate::kernels::{ActFormat, Kernels};
+
+    pub(crate) fn rng(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    /// A Q8_K activation row of `cols` random values at `scale`.
+    pub(crate) fn act(seed: &mut u64, cols: usize, scale: f32) -> Vec<u8> {
+        let x: Vec<f32> = (0..cols)
+            .map(|_| ((rng(seed) % 2001) as f32 - 1000.0) * scale)
+            .collect();
+        let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8K, cols)];
+        Kernels::scalar().quantize_act(ActFormat::Q8K, &x, &mut a);
+        a
+    }
+
+    /// A layout under test: random rows, the repack, the scalar reference row dot, the
+    /// bytes of one super-block of a row and of an 8-row group.
+    pub(crate) struct Layout {
+        pub rows: fn(&mut u64, usize, usize) -> Vec<u8>,
+        pub repack: fn(&[u8], usize, usize) -> Option<Vec<u8>>,
+        pub reference: fn(&[u8], &[u8], usize) -> f32,
+        pub block: usize,
+        pub group_block: usize,
+    }
+
+    /// Every kernel of `kernels`, for 1..5 tokens at once over 8–24 rows × 256–3072 columns
+    /// (activations at five scales), gives each row and token the reference's bits.
+    pub(crate) fn check_reference_bits(l: &Layout, kernels: &[(&str, DotX8Multi)], mut seed: u64) {
+        for (n_rows, cols) in [(8usize, 256usize), (16, 1024), (24, 3072)] {
+            let w = (l.rows)(&mut seed, n_rows, cols);
+            let p = (l.repack)(&w, n_rows, cols).unwrap();
+            let rb = cols / QK_K * l.block;
+            let group = cols / QK_K * l.group_block;
+            let acts: Vec<Vec<u8>> = [1e-3f32, 1.0, 1e4, 0.5, 2.0]
+                .iter()
+                .map(|&s| act(&mut seed, cols, s))
+                .collect();
+            for &(name, f) in kernels {
+                for n in 1..=acts.len() {
+                    let refs: Vec<&[u8]> = acts[..n].iter().map(Vec::as_slice).collect();
+                    for (g, pg) in p.chunks_exact(group).enumerate() {
+                        let mut out = vec![[0.0f32; 8]; n];
+                        f(pg, &refs, cols, &mut out);
+                        for (t, o) in out.iter().enumerate() {
+                            for r in 0..8 {
+                                let row = &w[(8 * g + r) * rb..][..rb];
+                                let want = (l.reference)(row, refs[t], cols);
+                                assert_eq!(
+                                    o[r].to_bits(),
+                                    want.to_bits(),
+                                    "{name} {n_rows}x{cols} n={n} t={t} row {}: {} vs {want}",
+                                    8 * g + r,
+                                    o[r]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -362,15 +440,9 @@ pub fn dot_q4k_x8() -> DotX8 {
 
 #[cfg(test)]
 mod tests {
+    use super::testing::{Layout, act, check_reference_bits, rng};
     use super::*;
-    use crate::kernels::{ActFormat, Kernels, scalar};
-
-    fn rng(seed: &mut u64) -> u64 {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    }
+    use crate::kernels::scalar;
 
     /// Random Q4_K rows with finite f16 scales (`dmin` sometimes zero) and random bytes.
     fn rows(seed: &mut u64, rows: usize, cols: usize) -> Vec<u8> {
@@ -387,67 +459,8 @@ mod tests {
         w
     }
 
-    fn act(seed: &mut u64, cols: usize, scale: f32) -> Vec<u8> {
-        let x: Vec<f32> = (0..cols)
-            .map(|_| ((rng(seed) % 2001) as f32 - 1000.0) * scale)
-            .collect();
-        let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8K, cols)];
-        Kernels::scalar().quantize_act(ActFormat::Q8K, &x, &mut a);
-        a
-    }
-
     #[test]
     fn x8_kernels_give_the_scalar_reference_bits() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let kernels: Vec<(&str, DotX8)> = [
-            Some(("scalar", dot_q4k_x8_scalar as DotX8)),
-            #[cfg(target_arch = "x86_64")]
-            super::super::arch::x86_64::q4k_x8_avx2().map(|f| ("avx2", f)),
-            #[cfg(target_arch = "x86_64")]
-            super::super::arch::x86_64::q4k_x8_vnni().map(|f| ("vnni", f)),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        for (n_rows, cols) in [(8usize, 256usize), (16, 1024), (24, 3072)] {
-            let w = rows(&mut seed, n_rows, cols);
-            let p = repack_q4k_x8(&w, n_rows, cols).unwrap();
-            let rb = cols / QK_K * Q4K_BLOCK;
-            for scale in [1e-3f32, 1.0, 1e4] {
-                let a = act(&mut seed, cols, scale);
-                let want: Vec<f32> = w
-                    .chunks_exact(rb)
-                    .map(|row| scalar::vec_dot_q4k_q8k(row, &a, cols))
-                    .collect();
-                for &(name, f) in &kernels {
-                    for (g, pg) in p.chunks_exact(cols / QK_K * Q4K_X8_BLOCK).enumerate() {
-                        let mut out = [0.0f32; 8];
-                        f(pg, &a, cols, &mut out);
-                        for r in 0..8 {
-                            assert_eq!(
-                                out[r].to_bits(),
-                                want[8 * g + r].to_bits(),
-                                "{name} {n_rows}x{cols} row {}: {} vs {}",
-                                8 * g + r,
-                                out[r],
-                                want[8 * g + r]
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn several_token_kernels_give_the_one_token_bits() {
-        let mut seed = 0x1234_5678_9abc_def1u64;
-        let cols = 3072;
-        let w = rows(&mut seed, 8, cols);
-        let p = repack_q4k_x8(&w, 8, cols).unwrap();
-        let acts: Vec<Vec<u8>> = (0..9)
-            .map(|i| act(&mut seed, cols, 10f32.powi(i % 3)))
-            .collect();
         let kernels: Vec<(&str, DotX8Multi)> = [
             Some(("scalar", dot_q4k_x8_multi_scalar as DotX8Multi)),
             #[cfg(target_arch = "x86_64")]
@@ -458,24 +471,27 @@ mod tests {
         .into_iter()
         .flatten()
         .collect();
-        for n in 1..=acts.len() {
-            let refs: Vec<&[u8]> = acts[..n].iter().map(Vec::as_slice).collect();
-            for &(name, f) in &kernels {
-                let mut out = vec![[0.0f32; 8]; n];
-                f(&p, &refs, cols, &mut out);
-                for (t, o) in out.iter().enumerate() {
-                    let mut one = [0.0f32; 8];
-                    dot_q4k_x8_scalar(&p, refs[t], cols, &mut one);
-                    assert_eq!(
-                        o.map(f32::to_bits),
-                        one.map(f32::to_bits),
-                        "{name} n={n} t={t}"
-                    );
-                }
-            }
-        }
+        let layout = Layout {
+            rows,
+            repack: repack_q4k_x8,
+            reference: scalar::vec_dot_q4k_q8k,
+            block: Q4K_BLOCK,
+            group_block: Q4K_X8_BLOCK,
+        };
+        check_reference_bits(&layout, &kernels, 0x9e37_79b9_7f4a_7c15);
+        // The one-token entry points give the same bits as the several-token ones.
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let (n_rows, cols) = (8, 3072);
+        let w = rows(&mut seed, n_rows, cols);
+        let p = repack_q4k_x8(&w, n_rows, cols).unwrap();
+        let a = act(&mut seed, cols, 1.0);
+        let mut one = [0.0f32; 8];
+        dot_q4k_x8()(&p, &a, cols, &mut one);
+        let mut multi = [[0.0f32; 8]];
+        dot_q4k_x8_multi()(&p, &[&a], cols, &mut multi);
+        assert_eq!(one.map(f32::to_bits), multi[0].map(f32::to_bits));
         let mut out = vec![[0.0f32; 8]; 2];
-        dot_q4k_x8_multi()(&p, &[&acts[0]], cols, &mut out);
+        dot_q4k_x8_multi()(&p, &[&a], cols, &mut out);
         assert!(out.iter().flatten().all(|v| v.is_nan()), "lengths differ");
     }
 

@@ -126,13 +126,7 @@ pub fn dot_q6k_x8_scalar(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
 /// [`DotX8Multi`] on the scalar kernel, token by token (NaN everywhere when the lengths of
 /// `acts` and `out` differ).
 pub fn dot_q6k_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
-    if acts.len() != out.len() {
-        out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
-        return;
-    }
-    for (a, o) in acts.iter().zip(out) {
-        dot_q6k_x8_scalar(p, a, cols, o);
-    }
+    super::x8::by_token(dot_q6k_x8_scalar, p, acts, cols, out);
 }
 
 /// The fastest Q6_K [`DotX8Multi`] this CPU runs (AVX512-VNNI, else AVX2, unless forced
@@ -157,14 +151,8 @@ pub fn dot_q6k_x8() -> DotX8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{ActFormat, Kernels, scalar};
-
-    fn rng(seed: &mut u64) -> u64 {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    }
+    use crate::kernels::scalar;
+    use crate::kernels::x8::testing::{Layout, check_reference_bits, rng};
 
     /// Random Q6_K rows: random quants and scales, small positive f16 `d`.
     fn rows(seed: &mut u64, rows: usize, cols: usize) -> Vec<u8> {
@@ -177,15 +165,6 @@ mod tests {
             blk[208..210].copy_from_slice(&d.to_le_bytes());
         }
         w
-    }
-
-    fn act(seed: &mut u64, cols: usize, scale: f32) -> Vec<u8> {
-        let x: Vec<f32> = (0..cols)
-            .map(|_| ((rng(seed) % 2001) as f32 - 1000.0) * scale)
-            .collect();
-        let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8K, cols)];
-        Kernels::scalar().quantize_act(ActFormat::Q8K, &x, &mut a);
-        a
     }
 
     fn kernels() -> Vec<(&'static str, DotX8Multi)> {
@@ -205,39 +184,14 @@ mod tests {
 
     #[test]
     fn q6k_x8_kernels_give_the_scalar_reference_bits() {
-        let mut seed = 0x6a09_e667_f3bc_c909u64;
-        for (n_rows, cols) in [(8usize, 256usize), (16, 1024), (24, 3072)] {
-            let w = rows(&mut seed, n_rows, cols);
-            let p = repack_q6k_x8(&w, n_rows, cols).unwrap();
-            let rb = cols / QK_K * Q6K_BLOCK;
-            let group = cols / QK_K * Q6K_X8_BLOCK;
-            let acts: Vec<Vec<u8>> = [1e-3f32, 1.0, 1e4, 0.5, 2.0]
-                .iter()
-                .map(|&s| act(&mut seed, cols, s))
-                .collect();
-            for (name, f) in kernels() {
-                for n in 1..=acts.len() {
-                    let refs: Vec<&[u8]> = acts[..n].iter().map(Vec::as_slice).collect();
-                    for (g, pg) in p.chunks_exact(group).enumerate() {
-                        let mut out = vec![[0.0f32; 8]; n];
-                        f(pg, &refs, cols, &mut out);
-                        for (t, o) in out.iter().enumerate() {
-                            for r in 0..8 {
-                                let row = &w[(8 * g + r) * rb..][..rb];
-                                let want = scalar::vec_dot_q6k_q8k(row, refs[t], cols);
-                                assert_eq!(
-                                    o[r].to_bits(),
-                                    want.to_bits(),
-                                    "{name} {n_rows}x{cols} n={n} t={t} row {}: {} vs {want}",
-                                    8 * g + r,
-                                    o[r]
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let layout = Layout {
+            rows,
+            repack: repack_q6k_x8,
+            reference: scalar::vec_dot_q6k_q8k,
+            block: Q6K_BLOCK,
+            group_block: Q6K_X8_BLOCK,
+        };
+        check_reference_bits(&layout, &kernels(), 0x6a09_e667_f3bc_c909u64);
     }
 
     #[test]

@@ -35,41 +35,13 @@ macro_rules! iq4x8_kernels {
         use $crate::kernels::arch::x86_64::avx2::{ld128, ld256};
         use $crate::kernels::x8_iq4xs::IQ4XS_X8_BLOCK;
 
-        #[target_feature(enable = $feat)]
-        fn iq4xs_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
-            iq4xs_x8_multi(p, &[a], cols, core::slice::from_mut(out));
-        }
-
-        /// Eight rows × `acts.len()` tokens; NaN in every output when `p` or an activation is
-        /// not of `cols` columns, or the lengths differ.
-        #[target_feature(enable = $feat)]
-        fn iq4xs_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
-            let nb = cols / 256;
-            let ok = p.len() == nb * IQ4XS_X8_BLOCK
-                && acts.len() == out.len()
-                && acts.iter().all(|a| Q8KAct::new(a, cols).is_some());
-            if !ok {
-                out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
-                return;
-            }
-            let mut t0 = 0;
-            while t0 < acts.len() {
-                let (a, o) = (&acts[t0..], &mut out[t0..]);
-                let act = |t: usize| Q8KAct::new(a[t], cols).unwrap();
-                t0 += match a.len() {
-                    1 => iq4_tokens::<1>(p, [act(0)], o.first_chunk_mut().unwrap()),
-                    2 => iq4_tokens::<2>(p, [act(0), act(1)], o.first_chunk_mut().unwrap()),
-                    3 => {
-                        iq4_tokens::<3>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap())
-                    }
-                    _ => iq4_tokens::<{ x8b::X8_TOKENS }>(
-                        p,
-                        core::array::from_fn(act),
-                        o.first_chunk_mut().unwrap(),
-                    ),
-                };
-            }
-        }
+        $crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
+            $feat,
+            iq4xs_x8,
+            iq4xs_x8_multi,
+            iq4_tokens,
+            IQ4XS_X8_BLOCK
+        );
 
         /// The eight rows' scales of sub-block `j` as i32 lanes.
         #[inline]

@@ -34,6 +34,50 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
 /// each).
 pub(crate) const X8_TOKENS: usize = 4;
 
+/// Defines the one-token kernel `$one` and the several-token `$multi` of an 8-row layout
+/// whose groups are `$block` bytes per super-block, around its T-token pass `$tokens` (one
+/// pass over the group for T tokens, returning T), with the target features `$feat`. `$multi`
+/// gives NaN in every output when `p` or an activation is not of `cols` columns, or the
+/// lengths differ, and otherwise takes the tokens up to `X8_TOKENS` at a time (each weight
+/// load and unpacking shared by them; each token's result that of the one-token pass).
+macro_rules! x8_driver {
+    ($feat:literal, $one:ident, $multi:ident, $tokens:ident, $block:expr) => {
+        #[target_feature(enable = $feat)]
+        fn $one(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
+            $multi(p, &[a], cols, core::slice::from_mut(out));
+        }
+
+        #[target_feature(enable = $feat)]
+        fn $multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
+            use $crate::kernels::act::Q8KAct;
+            let nb = cols / 256;
+            let ok = p.len() == nb * $block
+                && acts.len() == out.len()
+                && acts.iter().all(|a| Q8KAct::new(a, cols).is_some());
+            if !ok {
+                out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
+                return;
+            }
+            let mut t0 = 0;
+            while t0 < acts.len() {
+                let (a, o) = (&acts[t0..], &mut out[t0..]);
+                let act = |t: usize| Q8KAct::new(a[t], cols).unwrap();
+                t0 += match a.len() {
+                    1 => $tokens::<1>(p, [act(0)], o.first_chunk_mut().unwrap()),
+                    2 => $tokens::<2>(p, [act(0), act(1)], o.first_chunk_mut().unwrap()),
+                    3 => $tokens::<3>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap()),
+                    _ => $tokens::<{ $crate::kernels::arch::x86_64::avx2::k4x8::X8_TOKENS }>(
+                        p,
+                        core::array::from_fn(act),
+                        o.first_chunk_mut().unwrap(),
+                    ),
+                };
+            }
+        }
+    };
+}
+pub(crate) use x8_driver;
+
 /// Defines the 8-row kernels `q4k_x8` (one token) and `q4k_x8_multi` (several) with the
 /// target features `$feat`. Per weight load and token, `|$x, $w, $a| $step` adds the
 /// products of the eight rows' four nibbles `$w` (u8) and the token's four broadcast bytes
@@ -47,41 +91,13 @@ macro_rules! x8_kernels {
         use $crate::kernels::arch::x86_64::avx2::{ld128, ld256};
         use $crate::kernels::x8::Q4K_X8_BLOCK;
 
-        #[target_feature(enable = $feat)]
-        fn q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
-            q4k_x8_multi(p, &[a], cols, core::slice::from_mut(out));
-        }
-
-        /// Eight rows × `acts.len()` tokens (`out[t]` for token t): the one-token kernel's
-        /// steps, each weight load and nibble split shared by up to `X8_TOKENS` tokens at a
-        /// time. NaN in every output when `p` or an activation is not of `cols` columns, or
-        /// the lengths differ.
-        #[target_feature(enable = $feat)]
-        fn q4k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
-            let nb = cols / 256;
-            let ok = p.len() == nb * Q4K_X8_BLOCK
-                && acts.len() == out.len()
-                && acts.iter().all(|a| Q8KAct::new(a, cols).is_some());
-            if !ok {
-                out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
-                return;
-            }
-            let mut t0 = 0;
-            while t0 < acts.len() {
-                let (a, o) = (&acts[t0..], &mut out[t0..]);
-                let act = |t: usize| Q8KAct::new(a[t], cols).unwrap();
-                t0 += match a.len() {
-                    1 => tokens::<1>(p, [act(0)], o.first_chunk_mut().unwrap()),
-                    2 => tokens::<2>(p, [act(0), act(1)], o.first_chunk_mut().unwrap()),
-                    3 => tokens::<3>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap()),
-                    _ => tokens::<{ x8b::X8_TOKENS }>(
-                        p,
-                        core::array::from_fn(act),
-                        o.first_chunk_mut().unwrap(),
-                    ),
-                };
-            }
-        }
+        $crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
+            $feat,
+            q4k_x8,
+            q4k_x8_multi,
+            tokens,
+            Q4K_X8_BLOCK
+        );
 
         /// The eight rows' scales of sub-block `j` as i32 lanes.
         #[inline]

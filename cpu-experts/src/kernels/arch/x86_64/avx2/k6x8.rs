@@ -32,39 +32,13 @@ macro_rules! k6x8_kernels {
         use $crate::kernels::arch::x86_64::avx2::{ld128, ld256};
         use $crate::kernels::x8_q6k::Q6K_X8_BLOCK;
 
-        #[target_feature(enable = $feat)]
-        fn q6k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
-            q6k_x8_multi(p, &[a], cols, core::slice::from_mut(out));
-        }
-
-        /// Eight rows × `acts.len()` tokens; NaN in every output when `p` or an activation is
-        /// not of `cols` columns, or the lengths differ.
-        #[target_feature(enable = $feat)]
-        fn q6k_x8_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
-            let nb = cols / 256;
-            let ok = p.len() == nb * Q6K_X8_BLOCK
-                && acts.len() == out.len()
-                && acts.iter().all(|a| Q8KAct::new(a, cols).is_some());
-            if !ok {
-                out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
-                return;
-            }
-            let mut t0 = 0;
-            while t0 < acts.len() {
-                let (a, o) = (&acts[t0..], &mut out[t0..]);
-                let act = |t: usize| Q8KAct::new(a[t], cols).unwrap();
-                t0 += match a.len() {
-                    1 => k6_tokens::<1>(p, [act(0)], o.first_chunk_mut().unwrap()),
-                    2 => k6_tokens::<2>(p, [act(0), act(1)], o.first_chunk_mut().unwrap()),
-                    3 => k6_tokens::<3>(p, core::array::from_fn(act), o.first_chunk_mut().unwrap()),
-                    _ => k6_tokens::<{ x8b::X8_TOKENS }>(
-                        p,
-                        core::array::from_fn(act),
-                        o.first_chunk_mut().unwrap(),
-                    ),
-                };
-            }
-        }
+        $crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
+            $feat,
+            q6k_x8,
+            q6k_x8_multi,
+            k6_tokens,
+            Q6K_X8_BLOCK
+        );
 
         /// The eight rows' scales of sub-block `j` as i8 → i16 (8 lanes of 128 bits).
         #[inline]
