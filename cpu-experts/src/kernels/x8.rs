@@ -504,4 +504,47 @@ mod tests {
         dot_q4k_x8()(&[0; Q4K_X8_BLOCK - 1], &[0; 256 + 4 + 32], 256, &mut out);
         assert!(out.iter().all(|v| v.is_nan()));
     }
+
+    /// The store repacks what `planned_bytes` counts (every repackable type once, ragged and
+    /// other types left out) and answers for those matrices only, with the layout's bits.
+    #[test]
+    fn store_holds_what_it_planned_and_serves_only_those() {
+        use lagoon_core::dtype::GgmlType;
+        let mut seed = 0x00dd_ba11_u64;
+        let (cols, n) = (512usize, 16usize);
+        let q4 = rows(&mut seed, n, cols);
+        let iq4 = vec![0x11u8; n * cols / QK_K * IQ4XS_BLOCK];
+        let q6 = vec![0x22u8; n * cols / QK_K * Q6K_BLOCK];
+        let ragged = rows(&mut seed, 12, cols);
+        let f32s = vec![0u8; 4 * n * cols];
+        let m = |ty, rows, data| MatRef {
+            rows,
+            cols,
+            enc: Encoding::Ggml { ty, data },
+        };
+        let mats = [
+            m(GgmlType::Q4K, n, &q4[..]),
+            m(GgmlType::Q4K, n, &q4[..]), // the same matrix twice: once
+            m(GgmlType::IQ4XS, n, &iq4[..]),
+            m(GgmlType::Q6K, n, &q6[..]),
+            m(GgmlType::Q4K, 12, &ragged[..]),
+            m(GgmlType::F32, n, &f32s[..]),
+        ];
+        let want = n / 8 * cols / QK_K * (Q4K_X8_BLOCK + IQ4XS_X8_BLOCK + Q6K_X8_BLOCK);
+        assert_eq!(X8Store::planned_bytes(&mats), want);
+        let store = X8Store::build(&mats);
+        assert_eq!((store.len(), store.bytes()), (3, want));
+        let a = act(&mut seed, cols, 1.0);
+        let mut out = vec![0.0f32; 8];
+        assert!(store.dot_rows_multi(&mats[0], 8, 8, &a, a.len(), 1, &mut out, 8));
+        let rb = cols / QK_K * Q4K_BLOCK;
+        for (r, o) in out.iter().enumerate() {
+            let want = scalar::vec_dot_q4k_q8k(&q4[(8 + r) * rb..][..rb], &a, cols);
+            assert_eq!(o.to_bits(), want.to_bits(), "row {}", 8 + r);
+        }
+        // Not held, or not whole groups of 8 rows: left to the table.
+        assert!(!store.dot_rows_multi(&mats[4], 0, 8, &a, a.len(), 1, &mut out, 8));
+        assert!(!store.dot_rows_multi(&mats[5], 0, 8, &a, a.len(), 1, &mut out, 8));
+        assert!(!store.dot_rows_multi(&mats[0], 4, 8, &a, a.len(), 1, &mut out, 8));
+    }
 }
