@@ -425,9 +425,11 @@ __device__ __forceinline__ float down_rows_short(const u8* __restrict__ Wd, u64 
 // 16.4 µs for Q4_K's 17.7 MB, 24.6 for Q6_K's 25.8 MB, ncu session 17); here the grid is
 // several waves of short warps and the block scheduler overlaps them. The float rounding
 // differs from moe_down_q's by a few ulp (partial sums per warp). Measured slower, so
-// opt-in (LAGOON_CUDA_DOWN_ROWS=1|2): S 2.1 Q4_K_M tg64 254 t/s with two experts per warp,
-// ~206 with one, against moe_down_q's 269 (H200, session 18). Not profiled; likely the
-// block barrier, the per-warp prologue, and fewer resident warps (108 registers for Q6_K).
+// opt-in (LAGOON_CUDA_DOWN_ROWS=1|2): S 2.1 Q4_K_M tg64 with two experts per warp 240-241
+// t/s and with one 205-208, against moe_down_q's 253-254 in the same call; after the slot
+// order moved to the gate/up kernel, two per warp 253-255 against 269 (H200, session 18).
+// Not profiled; candidates: the block barrier and thread 0's serial sum, a prologue per
+// warp, fewer resident warps (108 registers for Q6_K).
 template <int T, int S = T>
 __device__ void moe_down_rows(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                               const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,

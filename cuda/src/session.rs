@@ -442,8 +442,9 @@ pub struct CudaSession {
     /// Batch-1 expert down products per warp in the one-block-per-output-row kernels
     /// (`moe_down_r_*`, `mmvq.cu`'s `moe_down_rows`, `LAGOON_CUDA_DOWN_ROWS=1|2`), or 0 (the
     /// default) for `moe_down_q`'s one warp per output row. Opt-in because slower: S 2.1
-    /// Q4_K_M tg64 269.3-269.5 t/s with 0 against 253.4-255.3 with 2 and ~206 with 1 (H200,
-    /// interleaved runs; BENCHMARKS.md "Session 18 on the H200").
+    /// Q4_K_M tg64 269.3-269.5 t/s with 0 against 253.4-255.3 with 2; before the slot order
+    /// moved to the gate/up kernel, 252.8-254.0 with 0, 239.7-241.0 with 2 and 205.0-207.7
+    /// with 1 (H200, interleaved runs; BENCHMARKS.md "Session 18").
     down_rows: usize,
 
     dev: Device,
