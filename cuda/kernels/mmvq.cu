@@ -418,8 +418,8 @@ __device__ __forceinline__ float down_rows_short(const u8* __restrict__ Wd, u64 
 // warp reads one or two expert rows instead of all K: grid H (one block per output row) of
 // G routed warps (+ one for the shared expert when there is one), warp g taking the slots of
 // ranks [e·g, e·g + e), e = ceil(K / G) <= DOWN_ROW_EXPERTS, ranked by (id, slot) as
-// moe_combine orders them (route_copy's order, as moe_down_q). The warps' sums are added in warp order in shared memory: out =
-// res + (scale · Σ_g warp_g + shared). Why: moe_down_q's one warp per output row read all
+// moe_combine orders them (route_copy's order, as moe_down_q). The warps' sums are added in
+// warp order in shared memory: out = res + (scale · Σ_g warp_g + shared). Why: moe_down_q's one warp per output row read all
 // ~11 expert rows in two or three rounds of loads with every warp of the grid resident at
 // once, so the rounds' load and compute phases alternated across the whole device (S 2.1:
 // 16.4 µs for Q4_K's 17.7 MB, 24.6 for Q6_K's 25.8 MB, ncu session 17); here the grid is

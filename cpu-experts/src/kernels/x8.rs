@@ -353,6 +353,24 @@ pub(crate) mod testing {
         a
     }
 
+    /// A family's several-token kernels to test: the scalar one, and where this CPU runs
+    /// them AVX2's (`arch(false)`) and AVX512-VNNI's (`arch(true)`).
+    pub(crate) fn kernels(
+        scalar: DotX8Multi,
+        #[cfg(target_arch = "x86_64")] arch: fn(bool) -> Option<DotX8Multi>,
+    ) -> Vec<(&'static str, DotX8Multi)> {
+        #[allow(unused_mut)]
+        let mut k = vec![("scalar", scalar)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            k.extend(arch(false).map(|f| ("avx2", f)));
+            if crate::kernels::arch::x86_64::avx512_table().is_some() {
+                k.extend(arch(true).map(|f| ("vnni", f)));
+            }
+        }
+        k
+    }
+
     /// A layout under test: random rows, the repack, the scalar reference row dot, the
     /// bytes of one super-block of a row and of an 8-row group.
     pub(crate) struct Layout {
@@ -415,32 +433,33 @@ pub(crate) fn no_avx512() -> bool {
     std::env::var_os("LAGOON_FORCE_AVX2").is_some_and(|v| v == "1")
 }
 
-/// The fastest [`DotX8Multi`] this CPU runs (AVX512-VNNI, else AVX2, where detected;
-/// `LAGOON_FORCE_AVX2=1` skips the former, `LAGOON_FORCE_SCALAR=1` both).
+/// The fastest kernel of an 8-row family this CPU runs: `$arch(vnni)` of
+/// `arch::x86_64` (AVX512-VNNI unless `LAGOON_FORCE_AVX2=1`, else AVX2) where detected, else
+/// `$scalar`, which `LAGOON_FORCE_SCALAR=1` forces.
+macro_rules! x8_pick {
+    ($arch:ident, $scalar:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        let simd = $crate::kernels::arch::x86_64::$arch(!$crate::kernels::x8::no_avx512());
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd = None;
+        $crate::kernels::x8::fastest(simd, $scalar)
+    }};
+}
+pub(crate) use x8_pick;
+
+/// The fastest [`DotX8Multi`] this CPU runs ([`x8_pick!`]).
 pub fn dot_q4k_x8_multi() -> DotX8Multi {
-    #[cfg(target_arch = "x86_64")]
-    let simd = super::arch::x86_64::q4k_x8_multi_vnni()
-        .filter(|_| !no_avx512())
-        .or_else(super::arch::x86_64::q4k_x8_multi_avx2);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = None;
-    fastest(simd, dot_q4k_x8_multi_scalar)
+    x8_pick!(q4k_x8_multi, dot_q4k_x8_multi_scalar)
 }
 
 /// The fastest [`DotX8`] this CPU runs (as [`dot_q4k_x8_multi`] chooses).
 pub fn dot_q4k_x8() -> DotX8 {
-    #[cfg(target_arch = "x86_64")]
-    let simd = super::arch::x86_64::q4k_x8_vnni()
-        .filter(|_| !no_avx512())
-        .or_else(super::arch::x86_64::q4k_x8_avx2);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = None;
-    fastest(simd, dot_q4k_x8_scalar)
+    x8_pick!(q4k_x8, dot_q4k_x8_scalar)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::testing::{Layout, act, check_reference_bits, rng};
+    use super::testing::{Layout, act, check_reference_bits, kernels, rng};
     use super::*;
     use crate::kernels::scalar;
 
@@ -461,16 +480,11 @@ mod tests {
 
     #[test]
     fn x8_kernels_give_the_scalar_reference_bits() {
-        let kernels: Vec<(&str, DotX8Multi)> = [
-            Some(("scalar", dot_q4k_x8_multi_scalar as DotX8Multi)),
+        let kernels = kernels(
+            dot_q4k_x8_multi_scalar,
             #[cfg(target_arch = "x86_64")]
-            super::super::arch::x86_64::q4k_x8_multi_avx2().map(|f| ("avx2", f)),
-            #[cfg(target_arch = "x86_64")]
-            super::super::arch::x86_64::q4k_x8_multi_vnni().map(|f| ("vnni", f)),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+            super::super::arch::x86_64::q4k_x8_multi,
+        );
         let layout = Layout {
             rows,
             repack: repack_q4k_x8,

@@ -118,30 +118,21 @@ pub fn dot_iq4xs_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &mu
     super::x8::by_token(dot_iq4xs_x8_scalar, p, acts, cols, out);
 }
 
-/// The fastest IQ4_XS [`DotX8Multi`] this CPU runs (as [`super::x8::dot_q4k_x8_multi`]
-/// chooses: AVX512-VNNI, else AVX2, unless forced down).
+/// The fastest IQ4_XS [`DotX8Multi`] this CPU runs ([`super::x8::x8_pick!`]).
 pub fn dot_iq4xs_x8_multi() -> DotX8Multi {
-    #[cfg(target_arch = "x86_64")]
-    let simd = super::arch::x86_64::iq4xs_x8_multi(!super::x8::no_avx512());
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = None;
-    super::x8::fastest(simd, dot_iq4xs_x8_multi_scalar)
+    super::x8::x8_pick!(iq4xs_x8_multi, dot_iq4xs_x8_multi_scalar)
 }
 
 /// The fastest one-token IQ4_XS [`DotX8`] this CPU runs.
 pub fn dot_iq4xs_x8() -> DotX8 {
-    #[cfg(target_arch = "x86_64")]
-    let simd = super::arch::x86_64::iq4xs_x8(!super::x8::no_avx512());
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = None;
-    super::x8::fastest(simd, dot_iq4xs_x8_scalar)
+    super::x8::x8_pick!(iq4xs_x8, dot_iq4xs_x8_scalar)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernels::scalar;
-    use crate::kernels::x8::testing::{Layout, check_reference_bits, rng};
+    use crate::kernels::x8::testing::{Layout, check_reference_bits, kernels, rng};
 
     /// Random IQ4_XS rows: random codes and scale bits, small positive f16 `d`.
     fn rows(seed: &mut u64, rows: usize, cols: usize) -> Vec<u8> {
@@ -156,21 +147,6 @@ mod tests {
         w
     }
 
-    fn kernels() -> Vec<(&'static str, DotX8Multi)> {
-        [
-            Some(("scalar", dot_iq4xs_x8_multi_scalar as DotX8Multi)),
-            #[cfg(target_arch = "x86_64")]
-            crate::kernels::arch::x86_64::iq4xs_x8_multi(false).map(|f| ("avx2", f)),
-            #[cfg(target_arch = "x86_64")]
-            crate::kernels::arch::x86_64::iq4xs_x8_multi(true)
-                .filter(|_| crate::kernels::arch::x86_64::avx512_table().is_some())
-                .map(|f| ("vnni", f)),
-        ]
-        .into_iter()
-        .flatten()
-        .collect()
-    }
-
     #[test]
     fn iq4xs_x8_kernels_give_the_scalar_reference_bits() {
         let layout = Layout {
@@ -180,7 +156,15 @@ mod tests {
             block: IQ4XS_BLOCK,
             group_block: IQ4XS_X8_BLOCK,
         };
-        check_reference_bits(&layout, &kernels(), 0x51ed_27a3_99c1_0f4bu64);
+        check_reference_bits(
+            &layout,
+            &kernels(
+                dot_iq4xs_x8_multi_scalar,
+                #[cfg(target_arch = "x86_64")]
+                crate::kernels::arch::x86_64::iq4xs_x8_multi,
+            ),
+            0x51ed_27a3_99c1_0f4bu64,
+        );
     }
 
     #[test]

@@ -27,29 +27,26 @@ pub(crate) fn avx512_table() -> Option<Table> {
     avx512::Avx512Vnni::detect().map(avx512::table)
 }
 
-/// The AVX512-VNNI (256-bit) repacked 8-row Q4_K kernel (`kernels::x8`), where the CPU runs
-/// it.
-pub(crate) fn q4k_x8_vnni() -> Option<crate::kernels::x8::DotX8> {
-    avx512::Avx512Vnni::detect().map(avx512::x8::q4k_x8_fn)
+/// The repacked 8-row Q4_K several-token kernel (`kernels::x8`): AVX512-VNNI's when `vnni`
+/// and the CPU has it, else AVX2's where the CPU runs it. (The IQ4_XS and Q6_K families below
+/// choose the same way.)
+pub(crate) fn q4k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) => Some(avx512::x8::q4k_x8_multi_fn(p)),
+        None => avx2::Avx2Fma::detect().map(avx2::q4k_x8_multi),
+    }
 }
 
-/// The AVX512-VNNI repacked 8-row Q4_K several-token kernel, where the CPU runs it.
-pub(crate) fn q4k_x8_multi_vnni() -> Option<crate::kernels::x8::DotX8Multi> {
-    avx512::Avx512Vnni::detect().map(avx512::x8::q4k_x8_multi_fn)
+/// The repacked 8-row Q4_K one-token kernel, as [`q4k_x8_multi`] chooses.
+pub(crate) fn q4k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
+    match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) => Some(avx512::x8::q4k_x8_fn(p)),
+        None => avx2::Avx2Fma::detect().map(avx2::q4k_x8),
+    }
 }
 
-/// The AVX2 repacked 8-row Q4_K kernel (`kernels::x8`), where the CPU runs it.
-pub(crate) fn q4k_x8_avx2() -> Option<crate::kernels::x8::DotX8> {
-    avx2::Avx2Fma::detect().map(avx2::q4k_x8)
-}
-
-/// The AVX2 repacked 8-row Q4_K several-token kernel, where the CPU runs it.
-pub(crate) fn q4k_x8_multi_avx2() -> Option<crate::kernels::x8::DotX8Multi> {
-    avx2::Avx2Fma::detect().map(avx2::q4k_x8_multi)
-}
-
-/// The repacked 8-row IQ4_XS several-token kernel (`kernels::x8_iq4xs`): AVX512-VNNI's when
-/// `vnni` and the CPU has it, else AVX2's where the CPU runs it.
+/// The repacked 8-row IQ4_XS several-token kernel (`kernels::x8_iq4xs`), as
+/// [`q4k_x8_multi`] chooses.
 pub(crate) fn iq4xs_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
         Some(p) => Some(avx512::x8::iq4xs_x8_multi_fn(p)),
@@ -57,7 +54,7 @@ pub(crate) fn iq4xs_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Mult
     }
 }
 
-/// The repacked 8-row IQ4_XS one-token kernel (as [`iq4xs_x8_multi`] chooses).
+/// The repacked 8-row IQ4_XS one-token kernel (as [`q4k_x8_multi`] chooses).
 pub(crate) fn iq4xs_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
         Some(p) => Some(avx512::x8::iq4xs_x8_fn(p)),
@@ -74,7 +71,7 @@ pub(crate) fn q6k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi>
     }
 }
 
-/// The repacked 8-row Q6_K one-token kernel, as [`iq4xs_x8_multi`] chooses.
+/// The repacked 8-row Q6_K one-token kernel, as [`q4k_x8_multi`] chooses.
 pub(crate) fn q6k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
         Some(p) => Some(avx512::x8::q6k_x8_fn(p)),
