@@ -198,6 +198,14 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // lane piece (DownQ4k: eight lanes per 144-byte super-block, one super-block each;
 // DownCt4: one 20-byte block per lane): on (the lane has a piece), load, part (its term).
 #define DOWN_BATCH 6
+// The same for Q6_K rows (DownQ6k), or 0 (the default) for the generic loop (lane_part_q).
+// Measured slower on the H200 (S 2.1 Q4_K_M tg64, interleaved in one call: the loop 264.8 /
+// 266.4 t/s; batches of 2, 4, 6 at 258.0, 257.6 / 256.1, 257.0; 128-168 registers against
+// the loop's 80, so 16 or fewer warps per SM instead of 24). A lab switch:
+// LAGOON_CUDA_DEFINES=DOWN_Q6K_BATCH=N.
+#ifndef DOWN_Q6K_BATCH
+#define DOWN_Q6K_BATCH 0
+#endif
 // Pieces of a float shared expert's down row held from before the wait (moe_down_q): S 2.1's
 // 1024-wide bf16 row is four per lane.
 #define DOWN_SHARED_BATCH 4
@@ -227,9 +235,61 @@ struct DownCt4 {
     }
 };
 
+// DownQ6k: a Q6_K expert row's lane piece when each lane has at most one (I <= 4 QK_K):
+// q6k_part's ql and qh windows (five aligned words each, funnel-shifted in part) and its two
+// scale bytes, fetched before any piece is computed.
+struct DownQ6k {
+    u32 ql[5], qh[5];
+    u32 shl, shh;
+    int s0, s1;
+    float d;
+    static __device__ __forceinline__ bool on(int lane, int I) { return (lane >> 3) < I / QK_K; }
+    static __device__ __forceinline__ int blocks(int I) { return I / QK_K; }
+    __device__ __forceinline__ void load(const u8* __restrict__ row, int lane) {
+        const u8* blk = row + (size_t)(lane >> 3) * 210;
+        int p = lane & 7, n = p >> 2, e = (p >> 1) & 1, h = p & 1;
+        const u8* pl = blk + 64 * n + 32 * e + 16 * h;
+        const u8* ph = blk + 128 + 32 * n + 16 * h;
+        const u32* wl = (const u32*)((size_t)pl & ~(size_t)3);
+        const u32* wh = (const u32*)((size_t)ph & ~(size_t)3);
+        shl = 8u * (u32)((size_t)pl & 3);
+        shh = 8u * (u32)((size_t)ph & 3);
+        #pragma unroll
+        for (int k = 0; k < 5; k++) {
+            ql[k] = __ldg(wl + k);
+            qh[k] = __ldg(wh + k);
+        }
+        int jlo = 8 * n + 2 * e + h;
+        const signed char* sc = (const signed char*)(blk + 192);
+        s0 = (int)__ldg(sc + jlo);
+        s1 = (int)__ldg(sc + jlo + 4);
+        d = f16_to_f32(__ldg((const unsigned short*)(blk + 208)));
+    }
+    // lane_part_q6k's term for this piece: (d_a·d)·sumi.
+    __device__ __forceinline__ float part(const u8* __restrict__ a, int lane, int I, int) const {
+        int b = lane >> 3, p = lane & 7, n = p >> 2, e = (p >> 1) & 1, h = p & 1;
+        const u8* aq = a + (size_t)b * QK_K;
+        const short* bs = q8k_bsums(a, I) + 16 * b;
+        u32 lo[4], hi[4];
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 l = __funnelshift_r(ql[k], ql[k + 1], shl), q = __funnelshift_r(qh[k], qh[k + 1], shh);
+            lo[k] = (l & 0x0F0F0F0Fu) | (((q >> (2 * e)) & 0x03030303u) << 4);
+            hi[k] = ((l >> 4) & 0x0F0F0F0Fu) | (((q >> (2 * e + 4)) & 0x03030303u) << 4);
+        }
+        int jlo = 8 * n + 2 * e + h, jhi = jlo + 4;
+        int4 alo = *(const int4*)(aq + 16 * jlo);
+        int4 ahi = *(const int4*)(aq + 16 * jhi);
+        int dlo = dp4a4(lo, alo, 0) - 32 * (int)bs[jlo];
+        int dhi = dp4a4(hi, ahi, 0) - 32 * (int)bs[jhi];
+        int sumi = s0 * dlo + s1 * dhi;
+        return __fmul_rn(__fmul_rn(q8k_d(a, I)[b], d), (float)sumi);
+    }
+};
+
 // The lane's share: scale · Σ_k weights[k] · part_k, plus the shared expert's part (Sd, its
 // activation in row K of actq) when Sd is given.
-template <class F>
+template <class F, int B = DOWN_BATCH>
 __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                                 const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
                                                 const u32* __restrict__ id, const float* __restrict__ weights, int r,
@@ -240,11 +300,11 @@ __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 e
     F ls;
     if (Sd && on) ls.load(Sd + (size_t)r * row_bytes, lane);
     float acc = 0.0f;
-    for (int s0 = 0; s0 < K; s0 += DOWN_BATCH) {
-        F l[DOWN_BATCH];
-        int ks[DOWN_BATCH];
+    for (int s0 = 0; s0 < K; s0 += B) {
+        F l[B];
+        int ks[B];
         #pragma unroll
-        for (int u = 0; u < DOWN_BATCH; u++) {
+        for (int u = 0; u < B; u++) {
             if (s0 + u < K) {
                 int k = __shfl_sync(0xffffffffu, order, s0 + u);
                 ks[u] = k;
@@ -252,7 +312,7 @@ __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 e
             }
         }
         #pragma unroll
-        for (int u = 0; u < DOWN_BATCH; u++) {
+        for (int u = 0; u < B; u++) {
             if (s0 + u < K) {
                 int k = ks[u];
                 float part = on ? l[u].part(actq + (size_t)k * astride, lane, I, nb) : 0.0f;
@@ -313,6 +373,9 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         v = moe_down_short<DownCt4>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
     } else if (T == WT_Q4_K && I <= 4 * QK_K) {
         v = moe_down_short<DownQ4k>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+    } else if (T == WT_Q6_K && DOWN_Q6K_BATCH > 0 && I <= 4 * QK_K) {
+        v = moe_down_short<DownQ6k, (DOWN_Q6K_BATCH > 0 ? DOWN_Q6K_BATCH : 1)>(Wd, expert_bytes, row_bytes, St, actq,
+                                                                               astride, id, weights, r, I, K, scale, order);
     } else {
         float acc = 0.0f;
         #pragma unroll 4
@@ -331,58 +394,6 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     if (res) y = __fadd_rn(res[r], y);
     if (lane == 0) out[r] = y;
 }
-
-// DownQ6k: a Q6_K expert row's lane piece when each lane has at most one (I <= 4 QK_K):
-// q6k_part's ql and qh windows (five aligned words each, funnel-shifted in part) and its two
-// scale bytes, fetched before any piece is computed.
-struct DownQ6k {
-    u32 ql[5], qh[5];
-    u32 shl, shh;
-    int s0, s1;
-    float d;
-    static __device__ __forceinline__ bool on(int lane, int I) { return (lane >> 3) < I / QK_K; }
-    static __device__ __forceinline__ int blocks(int I) { return I / QK_K; }
-    __device__ __forceinline__ void load(const u8* __restrict__ row, int lane) {
-        const u8* blk = row + (size_t)(lane >> 3) * 210;
-        int p = lane & 7, n = p >> 2, e = (p >> 1) & 1, h = p & 1;
-        const u8* pl = blk + 64 * n + 32 * e + 16 * h;
-        const u8* ph = blk + 128 + 32 * n + 16 * h;
-        const u32* wl = (const u32*)((size_t)pl & ~(size_t)3);
-        const u32* wh = (const u32*)((size_t)ph & ~(size_t)3);
-        shl = 8u * (u32)((size_t)pl & 3);
-        shh = 8u * (u32)((size_t)ph & 3);
-        #pragma unroll
-        for (int k = 0; k < 5; k++) {
-            ql[k] = __ldg(wl + k);
-            qh[k] = __ldg(wh + k);
-        }
-        int jlo = 8 * n + 2 * e + h;
-        const signed char* sc = (const signed char*)(blk + 192);
-        s0 = (int)__ldg(sc + jlo);
-        s1 = (int)__ldg(sc + jlo + 4);
-        d = f16_to_f32(__ldg((const unsigned short*)(blk + 208)));
-    }
-    // lane_part_q6k's term for this piece: (d_a·d)·sumi.
-    __device__ __forceinline__ float part(const u8* __restrict__ a, int lane, int I, int) const {
-        int b = lane >> 3, p = lane & 7, n = p >> 2, e = (p >> 1) & 1, h = p & 1;
-        const u8* aq = a + (size_t)b * QK_K;
-        const short* bs = q8k_bsums(a, I) + 16 * b;
-        u32 lo[4], hi[4];
-        #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 l = __funnelshift_r(ql[k], ql[k + 1], shl), q = __funnelshift_r(qh[k], qh[k + 1], shh);
-            lo[k] = (l & 0x0F0F0F0Fu) | (((q >> (2 * e)) & 0x03030303u) << 4);
-            hi[k] = ((l >> 4) & 0x0F0F0F0Fu) | (((q >> (2 * e + 4)) & 0x03030303u) << 4);
-        }
-        int jlo = 8 * n + 2 * e + h, jhi = jlo + 4;
-        int4 alo = *(const int4*)(aq + 16 * jlo);
-        int4 ahi = *(const int4*)(aq + 16 * jhi);
-        int dlo = dp4a4(lo, alo, 0) - 32 * (int)bs[jlo];
-        int dhi = dp4a4(hi, ahi, 0) - 32 * (int)bs[jhi];
-        int sumi = s0 * dlo + s1 * dhi;
-        return __fmul_rn(__fmul_rn(q8k_d(a, I)[b], d), (float)sumi);
-    }
-};
 
 // Experts per warp in moe_down_rows (at most; the host picks how many warps share K).
 #define DOWN_ROW_EXPERTS 2

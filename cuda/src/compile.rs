@@ -103,6 +103,35 @@ pub fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
+/// `-D` options from `LAGOON_CUDA_DEFINES` (`NAME=VALUE` or `NAME`, comma-separated): a
+/// kernel-lab switch, so one binary can time a kernel's compile-time variants (a batch size,
+/// a path) in one device call; part of the PTX cache key. Items that are not C identifiers
+/// (optionally `=` a value of letters, digits, `_`, `.`, `-`) are ignored, so the variable
+/// cannot smuggle in other compiler options.
+pub fn lab_defines() -> Vec<String> {
+    defines_from(std::env::var("LAGOON_CUDA_DEFINES").ok().as_deref().unwrap_or(""))
+}
+
+fn defines_from(spec: &str) -> Vec<String> {
+    let ident = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let value = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    };
+    spec.split(',')
+        .map(str::trim)
+        .filter(|d| match d.split_once('=') {
+            Some((n, v)) => ident(n) && value(v),
+            None => ident(d),
+        })
+        .map(|d| format!("-D{d}"))
+        .collect()
+}
+
 /// 64-bit FNV-1a: a stable hash for the cache key (std's hasher may change between
 /// releases).
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -144,11 +173,21 @@ pub fn compile(
     let include = include_dir();
     let (major, minor) = nvrtc_version();
     let version = format!("{major}.{minor}");
+    // Only the defines this source mentions, so a lab switch recompiles (and re-keys) only
+    // the files it concerns.
+    let defines: Vec<String> = lab_defines()
+        .into_iter()
+        .filter(|d| {
+            let name = d[2..].split('=').next().unwrap_or("");
+            full.contains(name)
+        })
+        .collect();
     let key = fnv1a(&[
         full.as_bytes(),
         arch.as_bytes(),
         version.as_bytes(),
         OPTIONS.join(" ").as_bytes(),
+        defines.join(" ").as_bytes(),
     ]);
     let stem = file.trim_end_matches(".cu");
     let cached = cache.map(|d| d.join(format!("{stem}-{arch}-{key:016x}.ptx")));
@@ -159,6 +198,7 @@ pub fn compile(
     }
     let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
     options.push(format!("--gpu-architecture={arch}"));
+    options.extend(defines);
     let opts = CompileOptions {
         include_paths: vec![include.display().to_string()],
         options,
@@ -201,6 +241,16 @@ mod tests {
         assert!(!s.contains("#include \"common.cuh\""));
         assert!(s.contains("#include <cuda_fp16.h>"));
         assert!(s.ends_with("int x;\n"));
+    }
+
+    #[test]
+    fn lab_defines_take_only_names_and_plain_values() {
+        assert_eq!(
+            defines_from("DOWN_Q6K_BATCH=4, FOO ,x=-1.5"),
+            ["-DDOWN_Q6K_BATCH=4", "-DFOO", "-Dx=-1.5"]
+        );
+        assert!(defines_from("").is_empty());
+        assert!(defines_from("A=1 --use_fast_math,2X,B=,C=a b,D=$(x)").is_empty());
     }
 
     #[test]
