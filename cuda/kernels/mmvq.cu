@@ -7,6 +7,25 @@
 #define MV_WARPS 4
 #define MV_MATS 4
 
+// Lab switches (LAGOON_CUDA_DEFINES=NAME=N): the least blocks per SM the one-token mat-vecs
+// (MV_LB), the expert gate/up (GATE_UP_LB) and the expert down kernels (DOWN_LB) are compiled
+// for, __launch_bounds__'s second argument, which caps their registers. Unset: no cap.
+#if defined(MV_MIN_BLOCKS) && MV_MIN_BLOCKS > 1
+#define MV_LB __launch_bounds__(32 * MV_WARPS, MV_MIN_BLOCKS)
+#else
+#define MV_LB __launch_bounds__(32 * MV_WARPS)
+#endif
+#if defined(GATE_UP_MIN_BLOCKS) && GATE_UP_MIN_BLOCKS > 1
+#define GATE_UP_LB __launch_bounds__(32 * MV_WARPS, GATE_UP_MIN_BLOCKS)
+#else
+#define GATE_UP_LB __launch_bounds__(32 * MV_WARPS)
+#endif
+#if defined(DOWN_MIN_BLOCKS) && DOWN_MIN_BLOCKS > 1
+#define DOWN_LB __launch_bounds__(32 * MV_WARPS, DOWN_MIN_BLOCKS)
+#else
+#define DOWN_LB __launch_bounds__(32 * MV_WARPS)
+#endif
+
 // Up to MV_MATS products of one input: out_m[r] = W_m[r] . a (+ res_m[r] when res_m is not
 // null: a residual add fused in, as `res + y`). The matrices' rows are laid end to end over
 // the grid: ceil(sum rows / MV_WARPS) blocks of 32 * MV_WARPS, one warp per row.
@@ -569,7 +588,7 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
 // The mat-vec kernels every batch-1 type has: up to MV_MATS products of one input, and a
 // SwiGLU MLP's gate and up (SWIGLU: mv_swiglu, or mv_swiglu_split for float weights).
 #define DEFINE_MV(name, T, SWIGLU)                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_##name(                        \
+    extern "C" __global__ void MV_LB mv_##name(                        \
         const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
         int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
         float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
@@ -585,14 +604,14 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
 
 #define DEFINE_MVQ(name, T)                                                                        \
     DEFINE_MV(name, T, mv_swiglu)                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_q_##name(             \
+    extern "C" __global__ void GATE_UP_LB moe_gate_up_q_##name(             \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
         const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
         int H, int K, int early) {                                                                 \
         moe_gate_up_q<T>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, \
                          I, H, K, early);                                                          \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_q_##name(                \
+    extern "C" __global__ void DOWN_LB moe_down_q_##name(                \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
         const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
         float scale) {                                                                             \
@@ -613,7 +632,7 @@ MVQ_TYPES(DEFINE_MVQ)
 // and Q5_K_M (Q6_K attn_v on the use_more_bits layers), IQ4_XS (Q5_K attn_v).
 #define MV2_PAIRS(X) X(q4_K_q6_K, WT_Q4_K, WT_Q6_K) X(q5_K_q6_K, WT_Q5_K, WT_Q6_K) X(iq4_xs_q5_K, WT_IQ4_XS, WT_Q5_K)
 #define DEFINE_MV2(name, T, U)                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv2_##name(                       \
+    extern "C" __global__ void MV_LB mv2_##name(                       \
         const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
         int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
         float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
@@ -643,14 +662,14 @@ MVH_TYPES(DEFINE_MVH)
 // products and the add after them need no launches of their own. si: the shared expert's
 // width, which may differ from the routed experts' I.
 #define MOE_MIXED(name, T, S)                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gate_up_mixed_##name(         \
+    extern "C" __global__ void GATE_UP_LB moe_gate_up_mixed_##name(         \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
         const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
         int H, int K, int early, u64 srow, const float* xf, int si) {                              \
         moe_gate_up_q<T, S>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, \
                             act, I, H, K, early, srow, xf, si);                                    \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_down_mixed_##name(            \
+    extern "C" __global__ void DOWN_LB moe_down_mixed_##name(            \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
         const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
         float scale, u64 srow, const float* sact, int si) {                                        \

@@ -103,18 +103,26 @@ pub fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
-/// `-D` options from `LAGOON_CUDA_DEFINES` (`NAME=VALUE` or `NAME`, comma-separated): a
+/// `-D` options from `LAGOON_CUDA_DEFINES` (`NAME=VALUE` or `NAME`, separated by commas or
+/// semicolons): a
 /// kernel-lab switch, so one binary can time a kernel's compile-time variants (a batch size,
 /// a path) in one device call; part of the PTX cache key. Items that are not C identifiers
 /// (optionally `=` a value of letters, digits, `_`, `.`, `-`) are ignored, so the variable
 /// cannot smuggle in other compiler options.
 pub fn lab_defines() -> Vec<String> {
-    defines_from(std::env::var("LAGOON_CUDA_DEFINES").ok().as_deref().unwrap_or(""))
+    defines_from(
+        std::env::var("LAGOON_CUDA_DEFINES")
+            .ok()
+            .as_deref()
+            .unwrap_or(""),
+    )
 }
 
 fn defines_from(spec: &str) -> Vec<String> {
     let ident = |s: &str| {
-        s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        s.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
     };
     let value = |s: &str| {
@@ -122,7 +130,7 @@ fn defines_from(spec: &str) -> Vec<String> {
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
     };
-    spec.split(',')
+    spec.split([',', ';'])
         .map(str::trim)
         .filter(|d| match d.split_once('=') {
             Some((n, v)) => ident(n) && value(v),
@@ -246,8 +254,8 @@ mod tests {
     #[test]
     fn lab_defines_take_only_names_and_plain_values() {
         assert_eq!(
-            defines_from("DOWN_Q6K_BATCH=4, FOO ,x=-1.5"),
-            ["-DDOWN_Q6K_BATCH=4", "-DFOO", "-Dx=-1.5"]
+            defines_from("DOWN_Q6K_BATCH=4, FOO ,x=-1.5;Y=2"),
+            ["-DDOWN_Q6K_BATCH=4", "-DFOO", "-Dx=-1.5", "-DY=2"]
         );
         assert!(defines_from("").is_empty());
         assert!(defines_from("A=1 --use_fast_math,2X,B=,C=a b,D=$(x)").is_empty());

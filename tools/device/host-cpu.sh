@@ -13,7 +13,9 @@
 # THREADS (16), MODEL (/dev/shm/xs21-q4km.gguf) and SYNTH (its synth arguments) override the
 # defaults, e.g. for a dry run on a small machine. VARIANTS: environment settings lagoon's
 # bench runs under, one run each per round (e.g. "LAGOON_CPU_X8=0 LAGOON_CPU_X8=1"; default
-# one plain run); KINDS: the kernel benches' LAGOON_BENCH_KINDS (e.g. q4_K). ROUNDS (2).
+# one plain run); KINDS: the kernel benches' LAGOON_BENCH_KINDS (e.g. q4_K); KVARIANTS,
+# KROUNDS, KFILTER: below. ROUNDS (2); TESTS: a staged test binary and its filter, run first
+# (e.g. "test-lagoon_cpu x8").
 # Logs in $OUT (or /tmp). About 7 minutes.
 set -u
 out=${OUT:-/tmp}
@@ -23,6 +25,12 @@ synth_args=${SYNTH:---preset xs-2.1 --types q4_k_m}
 t0=$(date +%s)
 lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 lscpu | grep -E "Model name|^CPU\(s\)"
+if [ -n "${TESTS:-}" ]; then
+  # shellcheck disable=SC2086
+  set -- $TESTS
+  ".device/bin/$1" "${@:2}" 2>&1 | tee "$out/tests.log" | grep -E "^test |test result" | tail -30
+  lap "tests"
+fi
 lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null | head -1)
 # (Built while synth writes the checkpoint.)
 build_llama() {
@@ -39,10 +47,19 @@ build_llama() {
 [ -f "$model" ] || .device/bin/synth $synth_args --threads "$threads" --out "$model" > "$out/synth.log" 2>&1
 lap "synth done ($model)"
 wait
+# KVARIANTS: environment settings the kernel benches run under, one run each per KROUNDS round
+# (default one plain run); KFILTER: their criterion filter (default: the stream read, the
+# 16-thread one-token GEMV and the grouped prefill).
 if [ -x .device/bin/kernels-bench ]; then
-  LAGOON_BENCH_KINDS=${KINDS:-} LAGOON_BENCH_THREADS=$threads .device/bin/kernels-bench --bench --warm-up-time 1 --measurement-time 2 \
-    "^(stream_read_${threads}t|expert_gemv_1tok_avx512vnni_${threads}t|prefill_experts)" 2>&1 \
-    | grep -E "^(stream|expert|prefill)|thrpt" | tee "$out/kernels.log"
+  for kround in $(seq "${KROUNDS:-1}"); do
+    for kv in ${KVARIANTS:-PLAIN=1}; do
+      echo "== kernels $kv (round $kround)"
+      env ${kv//,/ } LAGOON_BENCH_KINDS=${KINDS:-} LAGOON_BENCH_THREADS=$threads .device/bin/kernels-bench --bench \
+        --warm-up-time 1 --measurement-time 2 \
+        "${KFILTER:-^(stream_read_${threads}t|expert_gemv_1tok_avx512vnni_${threads}t|prefill_experts)}" 2>&1 \
+        | grep -E "^(stream|expert|prefill)|thrpt" | tee -a "$out/kernels.log"
+    done
+  done
   lap "kernels bench"
 fi
 lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null | head -1)

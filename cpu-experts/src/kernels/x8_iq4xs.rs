@@ -156,15 +156,16 @@ mod tests {
             block: IQ4XS_BLOCK,
             group_block: IQ4XS_X8_BLOCK,
         };
-        check_reference_bits(
-            &layout,
-            &kernels(
-                dot_iq4xs_x8_multi_scalar,
-                #[cfg(target_arch = "x86_64")]
-                crate::kernels::arch::x86_64::iq4xs_x8_multi,
-            ),
-            0x51ed_27a3_99c1_0f4bu64,
+        #[allow(unused_mut)]
+        let mut k = kernels(
+            dot_iq4xs_x8_multi_scalar,
+            #[cfg(target_arch = "x86_64")]
+            crate::kernels::arch::x86_64::iq4xs_x8_multi,
         );
+        // Both AVX-512 forms, whatever LAGOON_CPU_X8_ZMM says.
+        #[cfg(target_arch = "x86_64")]
+        k.extend(crate::kernels::arch::x86_64::iq4xs_x8_avx512_multi());
+        check_reference_bits(&layout, &k, 0x51ed_27a3_99c1_0f4bu64);
     }
 
     #[test]

@@ -39,6 +39,7 @@
 mod ct;
 mod float;
 mod iq;
+pub(super) mod iq4x8z;
 mod k16;
 pub(super) mod k4;
 mod q8_0;
