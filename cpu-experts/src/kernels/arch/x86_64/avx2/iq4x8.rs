@@ -123,31 +123,10 @@ macro_rules! iq4x8_kernels {
                     }
                 }
                 if $offset {
-                    // Rows' (ls_2p, ls_2p+1) as i16 pairs, and per token the block sums of its
-                    // sub-blocks paired the same way: Σ_j ls_j·Σa_j by four `madd`s.
-                    let mut lsp = [_mm256_setzero_si256(); 4];
-                    for (pi, l) in lsp.iter_mut().enumerate() {
-                        let e = _mm_cvtepi8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(
-                            *x8b::arr::<8>(o, 16 + 16 * pi),
-                        )));
-                        let f = _mm_cvtepi8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(
-                            *x8b::arr::<8>(o, 24 + 16 * pi),
-                        )));
-                        *l = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
-                    }
+                    // Σ_j ls_j·Σa_j per row and token, times 128.
+                    let lsp = $crate::kernels::arch::x86_64::avx2::iq4x8::scale_pairs(o);
                     for t in 0..T {
-                        let bsums = a[t].bsums.as_flattened().as_chunks::<16>().0;
-                        let bsp = _mm_hadd_epi16(ld128(&bsums[2 * b]), ld128(&bsums[2 * b + 1]));
-                        let pairs = [
-                            _mm_extract_epi32::<0>(bsp),
-                            _mm_extract_epi32::<1>(bsp),
-                            _mm_extract_epi32::<2>(bsp),
-                            _mm_extract_epi32::<3>(bsp),
-                        ];
-                        let mut m = _mm256_setzero_si256();
-                        for (l, &pair) in lsp.iter().zip(&pairs) {
-                            m = _mm256_add_epi32(m, _mm256_madd_epi16(*l, _mm256_set1_epi32(pair)));
-                        }
+                        let m = x8b::pairs_dot_bsums(&lsp, &a[t], b);
                         sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32::<7>(m));
                     }
                 }
@@ -169,6 +148,21 @@ macro_rules! iq4x8_kernels {
     };
 }
 pub(crate) use iq4x8_kernels;
+
+/// The eight rows' sub-block scales of one repacked super-block `o` as `(ls_2p, ls_2p+1)`
+/// i16 pairs, `p` = 0..4 (for [`super::k4x8::pairs_dot_bsums`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn scale_pairs(o: &[u8; crate::kernels::x8_iq4xs::IQ4XS_X8_BLOCK]) -> [__m256i; 4] {
+    let lo8 = |i: usize| _mm_cvtsi64_si128(i64::from_le_bytes(*super::k4x8::arr::<8>(o, i)));
+    let mut lsp = [_mm256_setzero_si256(); 4];
+    for (p, l) in lsp.iter_mut().enumerate() {
+        let e = _mm_cvtepi8_epi16(lo8(16 + 16 * p));
+        let f = _mm_cvtepi8_epi16(lo8(24 + 16 * p));
+        *l = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
+    }
+    lsp
+}
 
 /// The IQ4_NL codebook in both 128-bit halves, shifted by `add` (0: signed values; 128: the
 /// unsigned form `vpdpbusd` takes).

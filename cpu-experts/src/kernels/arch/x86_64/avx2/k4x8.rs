@@ -30,6 +30,32 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
     v[o..o + N].try_into().unwrap()
 }
 
+/// Each row's `Σ_j x_j·Σa_j` over the eight sub-blocks j of super-block `b` of the token `a`
+/// (`Σa_j`: its two block sums of 16 added, as i16), where `pairs[p]` holds the eight rows'
+/// `(x_2p, x_2p+1)` as i16 pairs: four `madd`s. Exact in i32 for 6-bit `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn pairs_dot_bsums(
+    pairs: &[__m256i; 4],
+    a: &crate::kernels::act::Q8KAct<'_>,
+    b: usize,
+) -> __m256i {
+    // bs_j = bsum[2j] + bsum[2j + 1] as i16, the pair (bs_2p, bs_2p+1) in i32 lane p.
+    let bsums = a.bsums.as_flattened().as_chunks::<16>().0;
+    let bsp = _mm_hadd_epi16(super::ld128(&bsums[2 * b]), super::ld128(&bsums[2 * b + 1]));
+    let lanes = [
+        _mm_extract_epi32::<0>(bsp),
+        _mm_extract_epi32::<1>(bsp),
+        _mm_extract_epi32::<2>(bsp),
+        _mm_extract_epi32::<3>(bsp),
+    ];
+    let mut m = _mm256_setzero_si256();
+    for (p, &pair) in pairs.iter().zip(&lanes) {
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(*p, _mm256_set1_epi32(pair)));
+    }
+    m
+}
+
 /// Tokens one pass takes (register budget: two 16-bit or 32-bit and one f32 accumulator
 /// each).
 pub(crate) const X8_TOKENS: usize = 4;
@@ -173,21 +199,7 @@ macro_rules! x8_kernels {
                 let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
                 let dmin = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 16)));
                 for t in 0..T {
-                    // bs_j = bsum[2j] + bsum[2j + 1] as i16, the pair (bs_2p, bs_2p+1) in
-                    // i32 lane p.
-                    let bsums = a[t].bsums.as_flattened().as_chunks::<16>().0;
-                    let bsp = _mm_hadd_epi16(ld128(&bsums[2 * b]), ld128(&bsums[2 * b + 1]));
-                    let pairs = [
-                        _mm_extract_epi32::<0>(bsp),
-                        _mm_extract_epi32::<1>(bsp),
-                        _mm_extract_epi32::<2>(bsp),
-                        _mm_extract_epi32::<3>(bsp),
-                    ];
-                    let mut summ = _mm256_setzero_si256();
-                    for (mp, &pair) in m.iter().zip(&pairs) {
-                        summ =
-                            _mm256_add_epi32(summ, _mm256_madd_epi16(*mp, _mm256_set1_epi32(pair)));
-                    }
+                    let summ = x8b::pairs_dot_bsums(&m, &a[t], b);
                     let da = _mm256_set1_ps(a[t].d(b));
                     acc[t] = _mm256_add_ps(
                         acc[t],

@@ -27,7 +27,7 @@
 use core::arch::x86_64::*;
 
 use crate::kernels::act::Q8KAct;
-use crate::kernels::arch::x86_64::avx2::iq4x8::iq4nl_lut256;
+use crate::kernels::arch::x86_64::avx2::iq4x8::{iq4nl_lut256, scale_pairs};
 use crate::kernels::arch::x86_64::avx2::k4x8 as x8b;
 use crate::kernels::arch::x86_64::avx2::ld128;
 use crate::kernels::x8_iq4xs::IQ4XS_X8_BLOCK;
@@ -98,29 +98,13 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
             }
         }
         // Rows' (ls_2p, ls_2p+1) as i16 pairs, for the offset term (as the 256-bit form).
-        let mut lsp = [_mm256_setzero_si256(); 4];
-        for (pi, l) in lsp.iter_mut().enumerate() {
-            let e = _mm_cvtepi8_epi16(lo8(o, 16 + 16 * pi));
-            let f = _mm_cvtepi8_epi16(lo8(o, 24 + 16 * pi));
-            *l = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
-        }
+        let lsp = scale_pairs(o);
         let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
         for t in 0..T {
             // Lane pairs (2r, 2r + 1) added in each 64-bit lane, then narrowed to row r.
             let s = sumi[t];
             let rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64::<32>(s)));
-            let bsums = a[t].bsums.as_flattened().as_chunks::<16>().0;
-            let bsp = _mm_hadd_epi16(ld128(&bsums[2 * b]), ld128(&bsums[2 * b + 1]));
-            let pairs = [
-                _mm_extract_epi32::<0>(bsp),
-                _mm_extract_epi32::<1>(bsp),
-                _mm_extract_epi32::<2>(bsp),
-                _mm_extract_epi32::<3>(bsp),
-            ];
-            let mut m = _mm256_setzero_si256();
-            for (l, &pair) in lsp.iter().zip(&pairs) {
-                m = _mm256_add_epi32(m, _mm256_madd_epi16(*l, _mm256_set1_epi32(pair)));
-            }
+            let m = x8b::pairs_dot_bsums(&lsp, &a[t], b);
             let sumi = _mm256_sub_epi32(rows, _mm256_slli_epi32::<7>(m));
             let da = _mm256_set1_ps(a[t].d(b));
             acc[t] = _mm256_add_ps(
