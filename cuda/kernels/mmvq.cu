@@ -25,6 +25,26 @@
 #else
 #define DOWN_LB __launch_bounds__(32 * MV_WARPS)
 #endif
+// moe_down_q's bounds per type (DOWN_LB_<name>): DOWN_LB, except that Q4_K's is compiled for
+// six blocks per SM unless DOWN_MIN_BLOCKS is given. Uncapped it took 126 registers (four
+// blocks, 16 warps per SM: S 2.1's 3,072 rows in 1.45 waves); for six it takes 80 and spills
+// 76 bytes (one wave). Measured on the H200, S 2.1 Q4_K_M tg64 interleaved in one call:
+// 263.9 / 266.0 t/s uncapped, 275.7 / 280.9 capped (+5%); capping the gate/up kernel too (116
+// -> 90 registers, five blocks) gave 269.0 / 270.5 alone and 274.0 with the down cap.
+#if defined(DOWN_MIN_BLOCKS)
+#define DOWN_LB_q4_K DOWN_LB
+#else
+#define DOWN_LB_q4_K __launch_bounds__(32 * MV_WARPS, 6)
+#endif
+#define DOWN_LB_q8_0 DOWN_LB
+#define DOWN_LB_q6_K DOWN_LB
+#define DOWN_LB_ct4 DOWN_LB
+#define DOWN_LB_iq3_xxs DOWN_LB
+#define DOWN_LB_iq2_xxs DOWN_LB
+#define DOWN_LB_iq2_s DOWN_LB
+#define DOWN_LB_q5_K DOWN_LB
+#define DOWN_LB_iq4_xs DOWN_LB
+#define DOWN_LB_ct8 DOWN_LB
 
 // Up to MV_MATS products of one input: out_m[r] = W_m[r] . a (+ res_m[r] when res_m is not
 // null: a residual add fused in, as `res + y`). The matrices' rows are laid end to end over
@@ -611,7 +631,7 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
         moe_gate_up_q<T>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, \
                          I, H, K, early);                                                          \
     }                                                                                              \
-    extern "C" __global__ void DOWN_LB moe_down_q_##name(                \
+    extern "C" __global__ void DOWN_LB_##name moe_down_q_##name(                \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
         const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
         float scale) {                                                                             \
