@@ -32,7 +32,8 @@ pub struct SessionOptions {
     /// start ([`crate::kernels::x8::X8Store`]: faster products, results the scalar
     /// reference's bits, a second copy of those weights in memory). `None` (the default):
     /// as `LAGOON_CPU_X8=0|1` says, and unset, where the copy takes at most half of the
-    /// memory available now.
+    /// memory available now and the CPU is not an AMD one with AVX512-VNNI
+    /// ([`crate::kernels::x8::repack_by_default`]).
     pub repack: Option<bool>,
 }
 
@@ -123,8 +124,9 @@ pub struct Session<'w> {
 /// The copy is a second one of those weights (148 bytes per 144; the mapped originals are not
 /// read again, so a file's pages become reclaimable page cache). `repack`
 /// ([`SessionOptions::repack`]) decides, else `LAGOON_CPU_X8=0|1`; with neither, it is made
-/// when it takes at most half of the memory available now (`MemAvailable`, Linux), else
-/// skipped (the table's one-row kernels run those matrices).
+/// where [`crate::kernels::x8::repack_by_default`] says so for this CPU (not on AMD CPUs with
+/// AVX512-VNNI) and it takes at most half of the memory available now (`MemAvailable`,
+/// Linux), else skipped (the table's one-row kernels run those matrices).
 fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
     use lagoon_core::laguna::weights::Ffn;
     let mut mats = vec![&w.output];
@@ -171,7 +173,9 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
         Some(b) => b,
         None => {
             let need = crate::kernels::x8::X8Store::planned_bytes(mats.iter().copied());
-            need > 0 && mem_available().is_none_or(|a| need <= a / 2)
+            crate::kernels::x8::repack_by_default()
+                && need > 0
+                && mem_available().is_none_or(|a| need <= a / 2)
         }
     };
     if !make {

@@ -419,6 +419,16 @@ pub(crate) mod testing {
     }
 }
 
+/// Whether sessions repack by default on this CPU (`SessionOptions::repack` and
+/// `LAGOON_CPU_X8` override): yes, except on AMD CPUs with AVX512-VNNI, where the one-row
+/// kernels decode faster (`arch::x86_64::x8_by_default`).
+pub fn repack_by_default() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::arch::x86_64::x8_by_default();
+    #[cfg(not(target_arch = "x86_64"))]
+    true
+}
+
 /// `simd` where this CPU runs it, unless `LAGOON_FORCE_SCALAR=1`; else `scalar`.
 pub(crate) fn fastest<F>(simd: Option<F>, scalar: F) -> F {
     match simd {
@@ -480,11 +490,15 @@ mod tests {
 
     #[test]
     fn x8_kernels_give_the_scalar_reference_bits() {
-        let kernels = kernels(
+        #[allow(unused_mut)]
+        let mut kernels = kernels(
             dot_q4k_x8_multi_scalar,
             #[cfg(target_arch = "x86_64")]
             super::super::arch::x86_64::q4k_x8_multi,
         );
+        // Both AVX-512 forms, whatever LAGOON_CPU_X8_ZMM says.
+        #[cfg(target_arch = "x86_64")]
+        kernels.extend(super::super::arch::x86_64::q4k_x8_avx512_multi());
         let layout = Layout {
             rows,
             repack: repack_q4k_x8,

@@ -27,11 +27,37 @@ pub(crate) fn avx512_table() -> Option<Table> {
     avx512::Avx512Vnni::detect().map(avx512::table)
 }
 
+/// Whether a session repacks its Q4_K / IQ4_XS rows eight at a time by default on this CPU:
+/// everywhere except on AMD CPUs whose table runs the AVX512-VNNI kernels (Zen 4 / Zen 5). On
+/// a 2-core Zen 5 VM the repack cost one-token decode 28% (XS.2 8 layers Q4_K_M, tg128 52.8 /
+/// 52.8 t/s without it, 37.7 / 38.4 with; pp512 +32%), against +8-24% decode on the 16-core
+/// Sapphire Rapids host and about even on an AMD AVX2-only VM (BENCHMARKS.md, sessions 18 and
+/// 19). Why the repacked kernels lose there is not known yet (the 512-bit form, with half the
+/// vector ops, decodes no faster, so the ALU work is not it).
+pub(crate) fn x8_by_default() -> bool {
+    let vnni = avx512::Avx512Vnni::detect().is_some() && !crate::kernels::x8::no_avx512();
+    !(vnni && is_amd())
+}
+
+/// Whether the CPU's vendor string (CPUID leaf 0) is AMD's.
+fn is_amd() -> bool {
+    let r = core::arch::x86_64::__cpuid(0);
+    let mut v = [0u8; 12];
+    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+    &v == b"AuthenticAMD"
+}
+
 /// The repacked 8-row Q4_K several-token kernel (`kernels::x8`): AVX512-VNNI's when `vnni`
 /// and the CPU has it, else AVX2's where the CPU runs it. (The IQ4_XS and Q6_K families below
 /// choose the same way.)
+/// With AVX512-VNNI, the 512-bit kernels (`avx512::k4x8z`) only with `LAGOON_CPU_X8_ZMM=1`:
+/// on a 2-core Zen 5 VM they measured no faster than the 256-bit ones (BENCHMARKS.md,
+/// "Session 19"), and they have not been measured on the 16-core host.
 pub(crate) fn q4k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) if zmm_forced() => Some(avx512::k4x8z::q4k_x8z_multi_fn(p)),
         Some(p) => Some(avx512::x8::q4k_x8_multi_fn(p)),
         None => avx2::Avx2Fma::detect().map(avx2::q4k_x8_multi),
     }
@@ -40,9 +66,34 @@ pub(crate) fn q4k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi>
 /// The repacked 8-row Q4_K one-token kernel, as [`q4k_x8_multi`] chooses.
 pub(crate) fn q4k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) if zmm_forced() => Some(avx512::k4x8z::q4k_x8z_fn(p)),
         Some(p) => Some(avx512::x8::q4k_x8_fn(p)),
         None => avx2::Avx2Fma::detect().map(avx2::q4k_x8),
     }
+}
+
+/// Whether the 8-row families may take their 512-bit kernels: `LAGOON_CPU_X8_ZMM=0` keeps
+/// every family on 256 bits, `=1` puts every family that has a 512-bit form on it, and
+/// unset, only those measured to win (IQ4_XS, with VBMI).
+fn zmm() -> bool {
+    std::env::var_os("LAGOON_CPU_X8_ZMM").is_none_or(|v| v != "0")
+}
+
+/// `LAGOON_CPU_X8_ZMM=1` (see [`zmm`]).
+fn zmm_forced() -> bool {
+    std::env::var_os("LAGOON_CPU_X8_ZMM").is_some_and(|v| v == "1")
+}
+
+/// Both AVX-512 Q4_K 8-row several-token kernels where the CPU runs them, whatever
+/// `LAGOON_CPU_X8_ZMM` says (tests).
+#[cfg(test)]
+pub(crate) fn q4k_x8_avx512_multi() -> Vec<(&'static str, crate::kernels::x8::DotX8Multi)> {
+    avx512::Avx512Vnni::detect().map_or_else(Vec::new, |p| {
+        vec![
+            ("vnni256", avx512::x8::q4k_x8_multi_fn(p)),
+            ("zmm", avx512::k4x8z::q4k_x8z_multi_fn(p)),
+        ]
+    })
 }
 
 /// The repacked 8-row IQ4_XS several-token kernel (`kernels::x8_iq4xs`), as
@@ -62,10 +113,7 @@ pub(crate) fn iq4xs_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Mult
 /// The 512-bit IQ4_XS 8-row kernels' proof, where the CPU has VBMI and `LAGOON_CPU_X8_ZMM`
 /// is not `0`.
 fn iq4_zmm(p: avx512::Avx512Vnni) -> Option<avx512::iq4x8z::Vbmi> {
-    if std::env::var_os("LAGOON_CPU_X8_ZMM").is_some_and(|v| v == "0") {
-        return None;
-    }
-    avx512::iq4x8z::Vbmi::detect(p)
+    avx512::iq4x8z::Vbmi::detect(p).filter(|_| zmm())
 }
 
 /// Both AVX-512 IQ4_XS 8-row several-token kernels where the CPU runs them, whatever

@@ -45,8 +45,8 @@ crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
 
 /// Eight activation bytes (`b[0..8]`) broadcast to every 64-bit lane.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn bcast8(b: &[i8]) -> __m512i {
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn bcast8(b: &[i8]) -> __m512i {
     let b: &[i8; 8] = b[..8].try_into().unwrap();
     // SAFETY: `b` is 8 readable bytes; `read_unaligned` accepts any alignment.
     _mm512_set1_epi64(unsafe { core::ptr::read_unaligned(b.as_ptr().cast::<i64>()) })
@@ -54,9 +54,25 @@ fn bcast8(b: &[i8]) -> __m512i {
 
 /// Bytes `o..o + 8` of `v` in the low half of a vector.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-fn lo8(v: &[u8], o: usize) -> __m128i {
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn lo8(v: &[u8], o: usize) -> __m128i {
     _mm_cvtsi64_si128(i64::from_le_bytes(*x8b::arr::<8>(v, o)))
+}
+
+/// A 64-byte load of two steps (row r's step-k dword at r, step k + 1's at 8 + r) with the
+/// steps interleaved: row r's dwords to lanes 2r and 2r + 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn ld_steps(v: &[u8], o: usize) -> __m512i {
+    let inter = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    _mm512_permutexvar_epi32(inter, ld512(x8b::arr::<64>(v, o)))
+}
+
+/// Lane pairs (2r, 2r + 1) added, to row r's i32 lane (exact while the sums fit).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn fold_pairs(s: __m512i) -> __m256i {
+    _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64::<32>(s)))
 }
 
 /// One pass over the group's super-blocks for T tokens; returns T.
@@ -65,8 +81,6 @@ fn lo8(v: &[u8], o: usize) -> __m128i {
 fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T]) -> usize {
     // The unsigned codebook in all four 128-bit lanes (vpermb reads index bits 0-5).
     let lut = _mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4nl_lut256(-128)));
-    // Row r's step-k dword (r) and step-(k+1) dword (8 + r) to lanes 2r and 2r + 1.
-    let inter = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     let mut acc = [_mm256_setzero_ps(); T];
     for (b, o) in p.as_chunks::<IQ4XS_X8_BLOCK>().0.iter().enumerate() {
         let mut qa: [&[i8]; T] = [&[]; T];
@@ -80,10 +94,7 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
             let s32 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(s8, s8));
             let mut sj = [_mm512_setzero_si512(); T];
             for kp in 0..2 {
-                let w = _mm512_permutexvar_epi32(
-                    inter,
-                    ld512(x8b::arr::<64>(o, 80 + 128 * j + 64 * kp)),
-                );
+                let w = ld_steps(o, 80 + 128 * j + 64 * kp);
                 let vl = _mm512_permutexvar_epi8(w, lut);
                 let vh = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(w), lut);
                 for t in 0..T {
@@ -101,9 +112,7 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
         let lsp = scale_pairs(o);
         let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
         for t in 0..T {
-            // Lane pairs (2r, 2r + 1) added in each 64-bit lane, then narrowed to row r.
-            let s = sumi[t];
-            let rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64::<32>(s)));
+            let rows = fold_pairs(sumi[t]);
             let m = x8b::pairs_dot_bsums(&lsp, &a[t], b);
             let sumi = _mm256_sub_epi32(rows, _mm256_slli_epi32::<7>(m));
             let da = _mm256_set1_ps(a[t].d(b));

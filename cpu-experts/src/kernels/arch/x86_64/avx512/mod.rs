@@ -42,6 +42,7 @@ mod iq;
 pub(super) mod iq4x8z;
 mod k16;
 pub(super) mod k4;
+pub(super) mod k4x8z;
 mod q8_0;
 mod vnni256;
 pub(super) mod x8;

@@ -1,0 +1,120 @@
+//! Q4_K × Q8_K for eight repacked rows (`kernels::x8`'s layout, unchanged) on 512 bits with
+//! AVX512-VNNI: `iq4x8z`'s construction for the unsigned Q4_K nibbles.
+//!
+//! Per 64-byte load (steps k and k + 1 of a chunk): one `vpermd` interleaves the two steps'
+//! dwords (`iq4x8z::ld_steps`), a mask and a shift-and-mask give the nibbles of sub-blocks 2c
+//! and 2c + 1, and per token two `vpdpbusd` against 8-byte broadcasts of the activation (its
+//! bytes of step k then k + 1, adjacent in Q8_K order). The 256-bit forms (`avx2::k4x8`'s
+//! body) spend three ALU ops per 32 bytes on the nibbles and two `vpdpbusd` per token; here
+//! 2.5 and one. Each sub-block's lane pairs are multiplied by the rows' scales (duplicated
+//! into both lanes of a pair) and summed over the super-block, folded to the eight rows once
+//! per super-block (exact i32: each lane's sub-block sum is at most 16·15·128 in magnitude,
+//! times a 6-bit scale, over eight sub-blocks), then the mins and the scalar reference's f32
+//! steps as in the 256-bit forms: the same bits.
+
+use core::arch::x86_64::*;
+
+use crate::kernels::act::Q8KAct;
+use crate::kernels::arch::x86_64::avx2::k4x8 as x8b;
+use crate::kernels::arch::x86_64::avx2::ld128;
+use crate::kernels::x8::Q4K_X8_BLOCK;
+
+use super::iq4x8z::{bcast8, fold_pairs, ld_steps, lo8};
+
+crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    q4k_x8z,
+    q4k_x8z_multi,
+    tokens,
+    Q4K_X8_BLOCK
+);
+
+/// The eight rows' scales of sub-block `j`, each in both lanes of its pair.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn scales2(o: &[u8; Q4K_X8_BLOCK], j: usize) -> __m512i {
+    let s8 = lo8(o, 32 + 8 * j);
+    _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(s8, s8))
+}
+
+/// One pass over the group's super-blocks for T tokens; returns T.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T]) -> usize {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, o) in p.as_chunks::<Q4K_X8_BLOCK>().0.iter().enumerate() {
+        let mut qa: [&[i8]; T] = [&[]; T];
+        for (q, at) in qa.iter_mut().zip(&a) {
+            *q = &at.qs[256 * b..][..256];
+        }
+        let mut sumi = [_mm512_setzero_si512(); T];
+        for c in 0..4 {
+            let mut lo = [_mm512_setzero_si512(); T];
+            let mut hi = [_mm512_setzero_si512(); T];
+            for kp in 0..4 {
+                let w = ld_steps(o, 160 + 256 * c + 64 * kp);
+                let wl = _mm512_and_si512(w, m4);
+                let wh = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                for t in 0..T {
+                    let al = bcast8(&qa[t][64 * c + 8 * kp..]);
+                    let ah = bcast8(&qa[t][64 * c + 32 + 8 * kp..]);
+                    lo[t] = _mm512_dpbusd_epi32(lo[t], wl, al);
+                    hi[t] = _mm512_dpbusd_epi32(hi[t], wh, ah);
+                }
+            }
+            let (sl, sh) = (scales2(o, 2 * c), scales2(o, 2 * c + 1));
+            for t in 0..T {
+                let p =
+                    _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sl), _mm512_mullo_epi32(hi[t], sh));
+                sumi[t] = _mm512_add_epi32(sumi[t], p);
+            }
+        }
+        // Rows' (m_2p, m_2p+1) as i16 pairs (as the 256-bit forms).
+        let mut m = [_mm256_setzero_si256(); 4];
+        for (pi, mp) in m.iter_mut().enumerate() {
+            *mp = _mm256_cvtepu8_epi16(ld128(x8b::arr::<16>(o, 96 + 16 * pi)));
+        }
+        let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
+        let dmin = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 16)));
+        for t in 0..T {
+            let rows = fold_pairs(sumi[t]);
+            let summ = x8b::pairs_dot_bsums(&m, &a[t], b);
+            let da = _mm256_set1_ps(a[t].d(b));
+            acc[t] = _mm256_add_ps(
+                acc[t],
+                _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(rows)),
+            );
+            acc[t] = _mm256_sub_ps(
+                acc[t],
+                _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(summ)),
+            );
+        }
+    }
+    for (o, v) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
+    }
+    T
+}
+
+fn dot_q4k_x8z(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
+    // SAFETY: `q4k_x8z` only needs the features `Avx512Vnni::detect` checks; this is
+    // reachable only through `q4k_x8z_fn`, which requires an `Avx512Vnni` token.
+    unsafe { q4k_x8z(p, a, cols, out) }
+}
+
+fn dot_q4k_x8z_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
+    // SAFETY: as for `dot_q4k_x8z` (reachable only through `q4k_x8z_multi_fn`).
+    unsafe { q4k_x8z_multi(p, acts, cols, out) }
+}
+
+/// The one-token kernel, for a CPU with AVX512-VNNI.
+pub(crate) fn q4k_x8z_fn(_proof: super::Avx512Vnni) -> crate::kernels::x8::DotX8 {
+    dot_q4k_x8z
+}
+
+/// The several-token kernel, for a CPU with AVX512-VNNI.
+pub(crate) fn q4k_x8z_multi_fn(_proof: super::Avx512Vnni) -> crate::kernels::x8::DotX8Multi {
+    dot_q4k_x8z_multi
+}
