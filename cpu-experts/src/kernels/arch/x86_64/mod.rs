@@ -30,7 +30,7 @@ pub(crate) fn avx512_table() -> Option<Table> {
 /// Whether a session repacks its Q4_K / IQ4_XS rows eight at a time by default on this CPU:
 /// everywhere except on AMD CPUs whose table runs the AVX512-VNNI kernels (Zen 4 / Zen 5). On
 /// a 2-core Zen 5 VM the repack cost one-token decode 28% (XS.2 8 layers Q4_K_M, tg128 52.8 /
-/// 52.8 t/s without it, 37.7 / 38.4 with; pp512 +32%), against +8-24% decode on the 16-core
+/// 52.8 t/s without it, 37.7 / 38.4 with; pp512 +32%), against +0-15% decode on the 16-core
 /// Sapphire Rapids host and about even on an AMD AVX2-only VM (BENCHMARKS.md, sessions 18 and
 /// 19). Why the repacked kernels lose there is not known yet (the 512-bit form, with half the
 /// vector ops, decodes no faster, so the ALU work is not it).
