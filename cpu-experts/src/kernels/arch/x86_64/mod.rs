@@ -32,8 +32,9 @@ pub(crate) fn avx512_table() -> Option<Table> {
 /// a 2-core Zen 5 VM the repack cost one-token decode 28% (XS.2 8 layers Q4_K_M, tg128 52.8 /
 /// 52.8 t/s without it, 37.7 / 38.4 with; pp512 +32%), against +0-15% decode on the 16-core
 /// Sapphire Rapids host and about even on an AMD AVX2-only VM (BENCHMARKS.md, sessions 18 and
-/// 19). Why the repacked kernels lose there is not known yet (the 512-bit form, with half the
-/// vector ops, decodes no faster, so the ALU work is not it).
+/// 19). Why decode loses there is not known yet: the 512-bit form, with half the vector ops,
+/// decodes no faster, and one thread's x8 kernel from DRAM is about even with the one-row
+/// kernel, so it is neither the ALU work nor the kernel's reads alone.
 pub(crate) fn x8_by_default() -> bool {
     let vnni = avx512::Avx512Vnni::detect().is_some() && !crate::kernels::x8::no_avx512();
     !(vnni && is_amd())

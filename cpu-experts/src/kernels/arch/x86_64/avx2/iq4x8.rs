@@ -32,7 +32,7 @@ macro_rules! iq4x8_kernels {
      |$y:ident, $s32:ident| $fin:expr, $offset:literal) => {
         use $crate::kernels::act::Q8KAct;
         use $crate::kernels::arch::x86_64::avx2::k4x8 as x8b;
-        use $crate::kernels::arch::x86_64::avx2::{ld128, ld256};
+        use $crate::kernels::arch::x86_64::avx2::ld256;
         use $crate::kernels::x8_iq4xs::IQ4XS_X8_BLOCK;
 
         $crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
@@ -47,10 +47,7 @@ macro_rules! iq4x8_kernels {
         #[inline]
         #[target_feature(enable = $feat)]
         fn iq4_scales(o: &[u8; IQ4XS_X8_BLOCK], j: usize) -> __m256i {
-            _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*x8b::arr::<8>(
-                o,
-                16 + 8 * j,
-            ))))
+            _mm256_cvtepi8_epi32(x8b::lo8(o, 16 + 8 * j))
         }
 
         /// One pass over the group's super-blocks for T tokens; returns T.
@@ -122,27 +119,11 @@ macro_rules! iq4x8_kernels {
                         sumi[t] = _mm256_add_epi32(sumi[t], c);
                     }
                 }
-                if $offset {
-                    // Σ_j ls_j·Σa_j per row and token, times 128.
-                    let lsp = $crate::kernels::arch::x86_64::avx2::iq4x8::scale_pairs(o);
-                    for t in 0..T {
-                        let m = x8b::pairs_dot_bsums(&lsp, &a[t], b);
-                        sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32::<7>(m));
-                    }
-                }
-                let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
-                for t in 0..T {
-                    let da = _mm256_set1_ps(a[t].d(b));
-                    acc[t] = _mm256_add_ps(
-                        acc[t],
-                        _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sumi[t])),
-                    );
-                }
+                $crate::kernels::arch::x86_64::avx2::iq4x8::iq4_finish(
+                    o, &a, b, sumi, $offset, &mut acc,
+                );
             }
-            for (o, v) in out.iter_mut().zip(acc) {
-                // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-            }
+            x8b::store_rows(out, acc);
             T
         }
     };
@@ -153,15 +134,45 @@ pub(crate) use iq4x8_kernels;
 /// i16 pairs, `p` = 0..4 (for [`super::k4x8::pairs_dot_bsums`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn scale_pairs(o: &[u8; crate::kernels::x8_iq4xs::IQ4XS_X8_BLOCK]) -> [__m256i; 4] {
-    let lo8 = |i: usize| _mm_cvtsi64_si128(i64::from_le_bytes(*super::k4x8::arr::<8>(o, i)));
+fn scale_pairs(o: &[u8; crate::kernels::x8_iq4xs::IQ4XS_X8_BLOCK]) -> [__m256i; 4] {
     let mut lsp = [_mm256_setzero_si256(); 4];
     for (p, l) in lsp.iter_mut().enumerate() {
-        let e = _mm_cvtepi8_epi16(lo8(16 + 16 * p));
-        let f = _mm_cvtepi8_epi16(lo8(24 + 16 * p));
+        let e = _mm_cvtepi8_epi16(super::k4x8::lo8(o, 16 + 16 * p));
+        let f = _mm_cvtepi8_epi16(super::k4x8::lo8(o, 24 + 16 * p));
         *l = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
     }
     lsp
+}
+
+/// The end of an IQ4_XS group's super-block `b` for T tokens, given each token's exact
+/// `sumi` (Σ_j ls_j·Σ v·a per row, with the codebook shifted by 128 when `offset`): the
+/// shift's `128·Σ_j ls_j·Σa_j` taken off when `offset`, then the scalar reference's f32 step
+/// `acc += (d·d_a)·sumi`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn iq4_finish<const T: usize>(
+    o: &[u8; crate::kernels::x8_iq4xs::IQ4XS_X8_BLOCK],
+    a: &[crate::kernels::act::Q8KAct<'_>; T],
+    b: usize,
+    mut sumi: [__m256i; T],
+    offset: bool,
+    acc: &mut [__m256; T],
+) {
+    if offset {
+        let lsp = scale_pairs(o);
+        for t in 0..T {
+            let m = super::k4x8::pairs_dot_bsums(&lsp, &a[t], b);
+            sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32::<7>(m));
+        }
+    }
+    let d = _mm256_cvtph_ps(super::ld128(super::k4x8::arr::<16>(o, 0)));
+    for t in 0..T {
+        let da = _mm256_set1_ps(a[t].d(b));
+        acc[t] = _mm256_add_ps(
+            acc[t],
+            _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sumi[t])),
+        );
+    }
 }
 
 /// The IQ4_NL codebook in both 128-bit halves, shifted by `add` (0: signed values; 128: the

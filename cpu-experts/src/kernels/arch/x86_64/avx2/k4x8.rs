@@ -30,6 +30,59 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
     v[o..o + N].try_into().unwrap()
 }
 
+/// Bytes `o..o + 8` of `v` in the low half of a vector (a row group's eight scale bytes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn lo8(v: &[u8], o: usize) -> __m128i {
+    _mm_cvtsi64_si128(i64::from_le_bytes(*arr::<8>(v, o)))
+}
+
+/// Stores each token's eight row results.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn store_rows<const T: usize>(out: &mut [[f32; 8]; T], acc: [__m256; T]) {
+    for (o, v) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
+    }
+}
+
+/// The end of a Q4_K group's super-block `$b` (`$o`, its repacked bytes) for the tokens `$a`,
+/// given each token's exact `$sumi` (Σ_j sc_j·Σ q·a per row): the mins term from the rows'
+/// (m_2p, m_2p+1) pairs and the token's block sums, then the scalar reference's f32 steps,
+/// `acc += (d_a·d)·sumi; acc −= (d_a·dmin)·summ`, into `$acc`. A macro, not a function, so
+/// that it is inlined into every kernel instance (a `#[target_feature]` function cannot be
+/// `#[inline(always)]`, and as one it stayed a call in two of them).
+macro_rules! q4k_finish {
+    ($o:expr, $a:expr, $b:expr, $sumi:expr, $acc:expr) => {{
+        use $crate::kernels::arch::x86_64::avx2::k4x8 as x8f;
+        use $crate::kernels::arch::x86_64::avx2::ld128 as ld128f;
+        let (o, b) = ($o, $b);
+        // (Closures do not inherit the target features: an intrinsic inside
+        // `array::from_fn`'s closure became a call per element.)
+        let mut m = [_mm256_setzero_si256(); 4];
+        for (pi, mp) in m.iter_mut().enumerate() {
+            *mp = _mm256_cvtepu8_epi16(ld128f(x8f::arr::<16>(o, 96 + 16 * pi)));
+        }
+        let d = _mm256_cvtph_ps(ld128f(x8f::arr::<16>(o, 0)));
+        let dmin = _mm256_cvtph_ps(ld128f(x8f::arr::<16>(o, 16)));
+        for (t, (acc, sumi)) in $acc.iter_mut().zip($sumi).enumerate() {
+            let at = &$a[t];
+            let summ = x8f::pairs_dot_bsums(&m, at, b);
+            let da = _mm256_set1_ps(at.d(b));
+            *acc = _mm256_add_ps(
+                *acc,
+                _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(sumi)),
+            );
+            *acc = _mm256_sub_ps(
+                *acc,
+                _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(summ)),
+            );
+        }
+    }};
+}
+pub(crate) use q4k_finish;
+
 /// Each row's `Σ_j x_j·Σa_j` over the eight sub-blocks j of super-block `b` of the token `a`
 /// (`Σa_j`: its two block sums of 16 added, as i16), where `pairs[p]` holds the eight rows'
 /// `(x_2p, x_2p+1)` as i16 pairs: four `madd`s. Exact in i32 for 6-bit `x`.
@@ -114,7 +167,7 @@ macro_rules! x8_kernels {
     ($feat:literal, |$x:ident, $w:ident, $a:ident| $step:expr, |$y:ident, $ones:ident| $fin:expr) => {
         use $crate::kernels::act::Q8KAct;
         use $crate::kernels::arch::x86_64::avx2::k4x8 as x8b;
-        use $crate::kernels::arch::x86_64::avx2::{ld128, ld256};
+        use $crate::kernels::arch::x86_64::avx2::ld256;
         use $crate::kernels::x8::Q4K_X8_BLOCK;
 
         $crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
@@ -129,10 +182,7 @@ macro_rules! x8_kernels {
         #[inline]
         #[target_feature(enable = $feat)]
         fn scales(o: &[u8; Q4K_X8_BLOCK], j: usize) -> __m256i {
-            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*x8b::arr::<8>(
-                o,
-                32 + 8 * j,
-            ))))
+            _mm256_cvtepu8_epi32(x8b::lo8(o, 32 + 8 * j))
         }
 
         /// One pass over the group's super-blocks for T tokens; returns T.
@@ -189,32 +239,9 @@ macro_rules! x8_kernels {
                         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
                     }
                 }
-                // Rows' (m_2p, m_2p+1) as i16 pairs. (Closures do not inherit the target
-                // features: an intrinsic inside `array::from_fn`'s closure became a call per
-                // element.)
-                let mut m = [_mm256_setzero_si256(); 4];
-                for (pi, mp) in m.iter_mut().enumerate() {
-                    *mp = _mm256_cvtepu8_epi16(ld128(x8b::arr::<16>(o, 96 + 16 * pi)));
-                }
-                let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
-                let dmin = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 16)));
-                for t in 0..T {
-                    let summ = x8b::pairs_dot_bsums(&m, &a[t], b);
-                    let da = _mm256_set1_ps(a[t].d(b));
-                    acc[t] = _mm256_add_ps(
-                        acc[t],
-                        _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(sumi[t])),
-                    );
-                    acc[t] = _mm256_sub_ps(
-                        acc[t],
-                        _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(summ)),
-                    );
-                }
+                $crate::kernels::arch::x86_64::avx2::k4x8::q4k_finish!(o, a, b, sumi, acc);
             }
-            for (o, v) in out.iter_mut().zip(acc) {
-                // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-            }
+            x8b::store_rows(out, acc);
             T
         }
     };

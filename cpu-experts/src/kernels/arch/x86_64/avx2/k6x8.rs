@@ -44,10 +44,7 @@ macro_rules! k6x8_kernels {
         #[inline]
         #[target_feature(enable = $feat)]
         fn k6_scales16(o: &[u8; Q6K_X8_BLOCK], j: usize) -> __m128i {
-            _mm_cvtepi8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(*x8b::arr::<8>(
-                o,
-                16 + 8 * j,
-            ))))
+            _mm_cvtepi8_epi16(x8b::lo8(o, 16 + 8 * j))
         }
 
         /// One pass over the group's super-blocks for T tokens; returns T.
@@ -156,10 +153,7 @@ macro_rules! k6x8_kernels {
                     acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(da, zero), zero));
                 }
             }
-            for (o, v) in out.iter_mut().zip(acc) {
-                // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-            }
+            x8b::store_rows(out, acc);
             T
         }
     };

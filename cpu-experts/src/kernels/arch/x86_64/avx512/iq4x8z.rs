@@ -27,9 +27,8 @@
 use core::arch::x86_64::*;
 
 use crate::kernels::act::Q8KAct;
-use crate::kernels::arch::x86_64::avx2::iq4x8::{iq4nl_lut256, scale_pairs};
+use crate::kernels::arch::x86_64::avx2::iq4x8::{iq4_finish, iq4nl_lut256};
 use crate::kernels::arch::x86_64::avx2::k4x8 as x8b;
-use crate::kernels::arch::x86_64::avx2::ld128;
 use crate::kernels::x8_iq4xs::IQ4XS_X8_BLOCK;
 
 use super::ld512;
@@ -50,13 +49,6 @@ pub(super) fn bcast8(b: &[i8]) -> __m512i {
     let b: &[i8; 8] = b[..8].try_into().unwrap();
     // SAFETY: `b` is 8 readable bytes; `read_unaligned` accepts any alignment.
     _mm512_set1_epi64(unsafe { core::ptr::read_unaligned(b.as_ptr().cast::<i64>()) })
-}
-
-/// Bytes `o..o + 8` of `v` in the low half of a vector.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) fn lo8(v: &[u8], o: usize) -> __m128i {
-    _mm_cvtsi64_si128(i64::from_le_bytes(*x8b::arr::<8>(v, o)))
 }
 
 /// A 64-byte load of two steps (row r's step-k dword at r, step k + 1's at 8 + r) with the
@@ -90,7 +82,7 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
         let mut sumi = [_mm512_setzero_si512(); T];
         for j in 0..8 {
             // The rows' scales, each in both lanes of its pair.
-            let s8 = lo8(o, 16 + 8 * j);
+            let s8 = x8b::lo8(o, 16 + 8 * j);
             let s32 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(s8, s8));
             let mut sj = [_mm512_setzero_si512(); T];
             for kp in 0..2 {
@@ -108,24 +100,15 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
                 sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(sj[t], s32));
             }
         }
-        // Rows' (ls_2p, ls_2p+1) as i16 pairs, for the offset term (as the 256-bit form).
-        let lsp = scale_pairs(o);
-        let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
-        for t in 0..T {
-            let rows = fold_pairs(sumi[t]);
-            let m = x8b::pairs_dot_bsums(&lsp, &a[t], b);
-            let sumi = _mm256_sub_epi32(rows, _mm256_slli_epi32::<7>(m));
-            let da = _mm256_set1_ps(a[t].d(b));
-            acc[t] = _mm256_add_ps(
-                acc[t],
-                _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sumi)),
-            );
+        // The lane pairs folded to the rows, then the 256-bit forms' end (with the
+        // codebook's shift taken off).
+        let mut rows = [_mm256_setzero_si256(); T];
+        for (r, s) in rows.iter_mut().zip(sumi) {
+            *r = fold_pairs(s);
         }
+        iq4_finish(o, &a, b, rows, true, &mut acc);
     }
-    for (o, v) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-    }
+    x8b::store_rows(out, acc);
     T
 }
 

@@ -6,7 +6,7 @@
 //! and 2c + 1, and per token two `vpdpbusd` against 8-byte broadcasts of the activation (its
 //! bytes of step k then k + 1, adjacent in Q8_K order). The 256-bit forms (`avx2::k4x8`'s
 //! body) spend three ALU ops per 32 bytes on the nibbles and two `vpdpbusd` per token; here
-//! 2.5 and one. Each sub-block's lane pairs are multiplied by the rows' scales (duplicated
+//! two (the `vpermd`, two masks and a shift per 64 bytes) and one. Each sub-block's lane pairs are multiplied by the rows' scales (duplicated
 //! into both lanes of a pair) and summed over the super-block, folded to the eight rows once
 //! per super-block (exact i32: each lane's sub-block sum is at most 16·15·128 in magnitude,
 //! times a 6-bit scale, over eight sub-blocks), then the mins and the scalar reference's f32
@@ -16,10 +16,9 @@ use core::arch::x86_64::*;
 
 use crate::kernels::act::Q8KAct;
 use crate::kernels::arch::x86_64::avx2::k4x8 as x8b;
-use crate::kernels::arch::x86_64::avx2::ld128;
 use crate::kernels::x8::Q4K_X8_BLOCK;
 
-use super::iq4x8z::{bcast8, fold_pairs, ld_steps, lo8};
+use super::iq4x8z::{bcast8, fold_pairs, ld_steps};
 
 crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
@@ -33,7 +32,7 @@ crate::kernels::arch::x86_64::avx2::k4x8::x8_driver!(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn scales2(o: &[u8; Q4K_X8_BLOCK], j: usize) -> __m512i {
-    let s8 = lo8(o, 32 + 8 * j);
+    let s8 = x8b::lo8(o, 32 + 8 * j);
     _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(s8, s8))
 }
 
@@ -70,31 +69,14 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
                 sumi[t] = _mm512_add_epi32(sumi[t], p);
             }
         }
-        // Rows' (m_2p, m_2p+1) as i16 pairs (as the 256-bit forms).
-        let mut m = [_mm256_setzero_si256(); 4];
-        for (pi, mp) in m.iter_mut().enumerate() {
-            *mp = _mm256_cvtepu8_epi16(ld128(x8b::arr::<16>(o, 96 + 16 * pi)));
+        // The lane pairs folded to the rows, then the 256-bit forms' end.
+        let mut rows = [_mm256_setzero_si256(); T];
+        for (r, s) in rows.iter_mut().zip(sumi) {
+            *r = fold_pairs(s);
         }
-        let d = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 0)));
-        let dmin = _mm256_cvtph_ps(ld128(x8b::arr::<16>(o, 16)));
-        for t in 0..T {
-            let rows = fold_pairs(sumi[t]);
-            let summ = x8b::pairs_dot_bsums(&m, &a[t], b);
-            let da = _mm256_set1_ps(a[t].d(b));
-            acc[t] = _mm256_add_ps(
-                acc[t],
-                _mm256_mul_ps(_mm256_mul_ps(da, d), _mm256_cvtepi32_ps(rows)),
-            );
-            acc[t] = _mm256_sub_ps(
-                acc[t],
-                _mm256_mul_ps(_mm256_mul_ps(da, dmin), _mm256_cvtepi32_ps(summ)),
-            );
-        }
+        crate::kernels::arch::x86_64::avx2::k4x8::q4k_finish!(o, a, b, rows, acc);
     }
-    for (o, v) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-    }
+    x8b::store_rows(out, acc);
     T
 }
 
