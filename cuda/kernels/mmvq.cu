@@ -27,8 +27,8 @@
 #endif
 // moe_down_q's bounds per type (DOWN_LB_<name>): DOWN_LB, except that Q4_K's is compiled for
 // six blocks per SM unless DOWN_MIN_BLOCKS is given. Uncapped it took 126 registers (four
-// blocks, 16 warps per SM: S 2.1's 3,072 rows in 1.45 waves); for six it takes 80 and spills
-// 76 bytes (one wave). Measured on the H200, S 2.1 Q4_K_M tg64 interleaved in one call:
+// blocks, 16 warps per SM: S 2.1's 3,072 rows in 1.45 waves); for six it takes 80 and spilled
+// 76 bytes (one wave; no spill since the four-lane pieces, moe_down_pairs). Measured on the H200, S 2.1 Q4_K_M tg64 interleaved in one call:
 // 263.9 / 266.0 t/s uncapped, 275.7 / 280.9 capped (+5%); capping the gate/up kernel too (116
 // -> 90 registers, five blocks) gave 269.0 / 270.5 alone and 274.0 with the down cap.
 #if defined(DOWN_MIN_BLOCKS)
@@ -364,6 +364,160 @@ __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 e
     return v;
 }
 
+// Down rows of at most 4 QK_K (S 2.1's I = 1024) of Q4_K or Q6_K with four lanes per
+// super-block, so a half warp covers one expert's row and the two halves take two experts at
+// once: lane (h, b, g) = (lane / 16, (lane / 4) % 4, lane % 4) takes 64 weights of
+// super-block b of entry 2j + h in round j. The entries are the shared expert's row (first,
+// when there is one) and the routed rows in route_copy's order. Why: with eight lanes per
+// super-block a lane's piece was 32 weights for ~109 SASS instructions (Q4_K; sass.sh: 64-bit
+// addresses, the scales unpacked per 32 weights, the activation's addresses per piece), and
+// ncu found the kernel issue-bound (0.47 warp instructions per scheduler cycle with every read
+// an L2 hit). Here a Q4_K piece is 64 weights for ~114 (the one-token mat-vec's q4k_load4 /
+// q4k_acc4). Each lane adds its weighted pieces in entry order and the warp is reduced once,
+// so the rounding differs from the eight-lane paths' by a few ulp.
+// Measured on the H200 (session 20; ncu on an 8-layer S 2.1 Q4_K_M, tg64 on the full one):
+// - Q4_K: 12.8-12.9 µs per launch against 14.5-14.8 (3.15 M instructions against 5.02 M);
+//   tg64 281.8-283.4 t/s against 276.4-279.6 in the same calls. On by default.
+// - Q6_K: 23.1 µs against 16.8 (4.20 M instructions against 6.65 M): at 96 registers five
+//   blocks per SM instead of six, and its three unaligned windows per piece are fifteen word
+//   loads; capped at six blocks it was still slower end to end. Off by default
+//   (DOWN_Q6K_PAIRS=1 turns it on; it passed the device tests while it was the default).
+// - Not kept: an L2 bulk prefetch of the later ranks' rows at the start (13.8-14.2 µs), and
+//   the Q4_K pieces staged in shared memory by per-lane cp.async with 2, 4 or 6 rounds in
+//   flight (16.2, 19.0, 20.2 µs: the more in flight, the slower).
+// DOWN_Q4K_PAIRS=0 (LAGOON_CUDA_DEFINES) keeps the eight-lane Q4_K path.
+#ifndef DOWN_Q4K_PAIRS
+#define DOWN_Q4K_PAIRS 1
+#endif
+#ifndef DOWN_Q6K_PAIRS
+#define DOWN_Q6K_PAIRS 0
+#endif
+// Rounds (two entries each) whose pieces are loaded before any is computed.
+#ifndef DOWN_Q6K_PAIR_BATCH
+#define DOWN_Q6K_PAIR_BATCH 2
+#endif
+
+// A piece's activation offsets within an activation row (act.cu's Q8_K layout), constant per
+// lane: the quants, the super-block's d, its bsums.
+struct PairOffs {
+    u32 q, d, bs;
+};
+
+struct PairQ4k {
+    static constexpr int BLOCK = 144;
+    static constexpr int BATCH = 3;  // S 2.1's 11 entries in two batches, 36 registers of pieces
+    Q4kLoad4 l;
+    static __device__ __forceinline__ PairOffs offs(int b, int g, int I) {
+        return {(u32)(b * QK_K), (u32)(I + 4 * b), (u32)(I + 4 * (I / QK_K) + 32 * b)};
+    }
+    __device__ __forceinline__ void load(const u8* __restrict__ blk, int g) { l = q4k_load4(blk, g); }
+    __device__ __forceinline__ float part(const u8* __restrict__ a, const PairOffs& o, int g) const {
+        return q4k_acc4(0.0f, l, g, a + o.q, (const short*)(a + o.bs), *(const float*)(a + o.d));
+    }
+};
+
+// Q6_K piece g = (n, t) = (g / 2, g % 2) of a super-block: elements 128n + 32G + 16t + [0, 16)
+// for G = 0..3 (ggml's dequantize_row_q6_K: ql byte 64n + 16t + l holds groups 0 (low nibble)
+// and 2 (high), byte 64n + 32 + 16t + l groups 1 and 3; qh byte 32n + 16t + l their top two
+// bits at shifts 2G), with scale bytes 8n + 2G + t. Super-blocks are 210 bytes, so the three
+// 16-byte runs are read as five-word windows (one shift for all three) and the scales byte by
+// byte. sumi = Σ_G sc_G (Σ u·a − 32 bsum_G); the piece's term is (d_a·d)·sumi.
+struct PairQ6k {
+    static constexpr int BLOCK = 210;
+    static constexpr int BATCH = DOWN_Q6K_PAIR_BATCH;
+    u32 wa[5], wb[5], wh[5];
+    u32 sh;
+    int sc[4];
+    unsigned short d;
+    static __device__ __forceinline__ PairOffs offs(int b, int g, int I) {
+        int n = g >> 1, t = g & 1;
+        return {(u32)(b * QK_K + 128 * n + 16 * t), (u32)(I + 4 * b), (u32)(I + 4 * (I / QK_K) + 32 * b + 16 * n)};
+    }
+    __device__ __forceinline__ void load(const u8* __restrict__ blk, int g) {
+        int n = g >> 1, t = g & 1;
+        const u8* pa = blk + 64 * n + 16 * t;
+        const u32* w = (const u32*)((size_t)pa & ~(size_t)3);
+        sh = 8u * (u32)((size_t)pa & 3);
+        // pa + 32 and blk + 128 + 32n + 16t are pa plus multiples of 4: the same shift.
+        const u32* wq = w + 8;
+        const u32* wq2 = (const u32*)((size_t)(blk + 128 + 32 * n + 16 * t) & ~(size_t)3);
+        #pragma unroll
+        for (int k = 0; k < 5; k++) {
+            wa[k] = __ldg(w + k);
+            wb[k] = __ldg(wq + k);
+            wh[k] = __ldg(wq2 + k);
+        }
+        const signed char* s = (const signed char*)(blk + 192 + 8 * n + t);
+        #pragma unroll
+        for (int G = 0; G < 4; G++) sc[G] = (int)__ldg(s + 2 * G);
+        d = __ldg((const unsigned short*)(blk + 208));
+    }
+    __device__ __forceinline__ float part(const u8* __restrict__ a, const PairOffs& o, int g) const {
+        int t = g & 1;
+        const int4* aq = (const int4*)(a + o.q);
+        // bsums 8n .. 8n + 8 of the super-block as words (4-byte aligned for any I: the
+        // bsums start at I + 4 I / QK_K).
+        const u32* bp = (const u32*)(a + o.bs);
+        u32 bw[4] = {bp[0], bp[1], bp[2], bp[3]};
+        int sumi = 0;
+        #pragma unroll
+        for (int G = 0; G < 4; G++) {
+            u32 w[4];
+            #pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u32 l = __funnelshift_r((G & 1) ? wb[k] : wa[k], (G & 1) ? wb[k + 1] : wa[k + 1], sh);
+                u32 q = __funnelshift_r(wh[k], wh[k + 1], sh);
+                u32 nib = (G & 2) ? (l >> 4) & 0x0F0F0F0Fu : l & 0x0F0F0F0Fu;
+                w[k] = nib | (((q >> (2 * G)) & 0x03030303u) << 4);
+            }
+            int bsum = t ? ((int)bw[G] >> 16) : (int)(short)(bw[G] & 0xFFFF);
+            sumi += sc[G] * (dp4a4(w, aq[2 * G], 0) - 32 * bsum);
+        }
+        return __fmul_rn(__fmul_rn(*(const float*)(a + o.d), f16_to_f32(d)), (float)sumi);
+    }
+};
+
+template <class F>
+__device__ __forceinline__ float moe_down_pairs(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
+                                                const u8* __restrict__ St, const u8* __restrict__ actq, u64 astride,
+                                                const u32* __restrict__ id, const float* __restrict__ weights, int r,
+                                                int I, int K, float scale, int order) {
+    constexpr int B = F::BATCH;
+    int lane = threadIdx.x & 31;
+    int h = lane >> 4, b = (lane >> 2) & 3, g = lane & 3;
+    bool on = b < I / QK_K;
+    int s0 = St ? 1 : 0;
+    int n = K + s0;
+    size_t roff = (size_t)r * row_bytes + (size_t)b * F::BLOCK;
+    PairOffs o = F::offs(b, g, I);
+    float acc = 0.0f, accs = 0.0f;
+    for (int e0 = 0; e0 < n; e0 += 2 * B) {
+        F l[B];
+        int ks[B];
+        #pragma unroll
+        for (int u = 0; u < B; u++) {
+            int e = e0 + 2 * u + h;
+            // Every lane shuffles (the source lane is the entry's rank, any value when e is
+            // the shared entry or past the end).
+            int k = __shfl_sync(0xffffffffu, order, (e - s0) & 31);
+            ks[u] = e < s0 ? K : k;
+            if (on && e < n) l[u].load((e < s0 ? St : Wd + (size_t)id[k] * expert_bytes) + roff, g);
+        }
+        #pragma unroll
+        for (int u = 0; u < B; u++) {
+            int e = e0 + 2 * u + h;
+            if (on && e < n) {
+                int k = ks[u];
+                // 32-bit row offset: the K + 1 activation rows are a few KB.
+                float p = l[u].part(actq + (u32)k * (u32)astride, o, g);
+                if (e < s0) accs = p;
+                else acc = __fadd_rn(acc, __fmul_rn(p, weights[k]));
+            }
+        }
+    }
+    return __fadd_rn(__fmul_rn(acc, scale), accs);
+}
+
 // out[r] = scale * sum_k weights[k] * (down_{ids[k]}[r] . act[k]), the experts taken in
 // ascending (id, slot) order as moe_combine does: ids is route_copy, whose [2K, 3K) holds
 // the slots in that order (moe_gate_up_q writes it). With Sd (the shared expert's down, its
@@ -410,6 +564,10 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     float v;
     if (T == WT_CT4 && I <= 32 * QK) {
         v = moe_down_short<DownCt4>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+    } else if (T == WT_Q4_K && DOWN_Q4K_PAIRS && I <= 4 * QK_K) {
+        v = moe_down_pairs<PairQ4k>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+    } else if (T == WT_Q6_K && DOWN_Q6K_PAIRS && I <= 4 * QK_K) {
+        v = moe_down_pairs<PairQ6k>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
     } else if (T == WT_Q4_K && I <= 4 * QK_K) {
         v = moe_down_short<DownQ4k>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
     } else if (T == WT_Q6_K && DOWN_Q6K_BATCH > 0 && I <= 4 * QK_K) {
