@@ -32,8 +32,8 @@ pub struct SessionOptions {
     /// start ([`crate::kernels::x8::X8Store`]: faster products, results the scalar
     /// reference's bits, a second copy of those weights in memory). `None` (the default):
     /// as `LAGOON_CPU_X8=0|1` says, and unset, where the copy takes at most half of the
-    /// memory available now and the CPU is not an AMD one with AVX512-VNNI
-    /// ([`crate::kernels::x8::repack_by_default`]).
+    /// memory available now and [`crate::kernels::x8::repack_by_default`] says so for this
+    /// CPU.
     pub repack: Option<bool>,
 }
 
@@ -124,8 +124,7 @@ pub struct Session<'w> {
 /// The copy is a second one of those weights (148 bytes per 144; the mapped originals are not
 /// read again, so a file's pages become reclaimable page cache). `repack`
 /// ([`SessionOptions::repack`]) decides, else `LAGOON_CPU_X8=0|1`; with neither, it is made
-/// where [`crate::kernels::x8::repack_by_default`] says so for this CPU (not on AMD CPUs with
-/// AVX512-VNNI) and it takes at most half of the memory available now (`MemAvailable`,
+/// where [`crate::kernels::x8::repack_by_default`] says so for this CPU and it takes at most half of the memory available now (`MemAvailable`,
 /// Linux), else skipped (the table's one-row kernels run those matrices).
 fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
     use lagoon_core::laguna::weights::Ffn;
@@ -163,6 +162,13 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
                 }
             )
         });
+    }
+    // int4 compressed-tensors rows only when asked for (`LAGOON_CPU_X8_CT4=1`): on the 2-core
+    // Zen 5 VM their 8-row kernel's expert GEMV (16.1 GiB/s, two threads) does not yet beat
+    // the one-row kernel's (17.4-22.3), and it is unmeasured on the 16-core host
+    // (BENCHMARKS.md, "Session 20").
+    if std::env::var_os("LAGOON_CPU_X8_CT4").is_none_or(|v| v != "1") {
+        mats.retain(|m| !matches!(m.enc, lagoon_core::weights::Encoding::Ct(_)));
     }
     let env = match std::env::var("LAGOON_CPU_X8").as_deref() {
         Ok("0") => Some(false),

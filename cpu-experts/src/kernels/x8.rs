@@ -41,9 +41,12 @@ use std::collections::HashMap;
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant::QK_K;
+use lagoon_core::quant::ct::CtMatrix;
 use lagoon_core::weights::{Encoding, MatRef};
 
-use super::act::Q8KAct;
+use super::act::{Q8_0Act, Q8KAct};
+use super::ct;
+use super::x8_ct4::{Ct4Act, Ct4Geom, DotCt4X8, dot_ct4_x8, repack_ct4_x8};
 use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
 use super::x8_q6k::{Q6K_BLOCK, Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
 
@@ -106,13 +109,27 @@ pub struct X8Store {
     dot: DotX8Multi,
     dot_iq4xs: DotX8Multi,
     dot_q6k: DotX8Multi,
+    dot_ct4: DotCt4X8,
 }
 
 /// Tokens per call of the store's kernel (a stack array of activation rows).
 const STORE_TOKENS: usize = 16;
 
-/// A repacked matrix: the type it came from and its 8-row groups.
-type Packed = (GgmlType, Vec<u8>);
+/// A repacked matrix: the ggml type it came from, or the int4 rows' shape
+/// ([`super::x8_ct4`]), and its 8-row groups.
+enum Packed {
+    Ggml(GgmlType, Vec<u8>),
+    /// With the address of the scales it was made from (a matrix is served only with them).
+    Ct4(Ct4Geom, usize, Vec<u8>),
+}
+
+impl Packed {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Packed::Ggml(_, p) | Packed::Ct4(_, _, p) => p,
+        }
+    }
+}
 
 /// The stored bytes per super-block of a type the store repacks, and of its 8-row groups.
 fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
@@ -124,22 +141,81 @@ fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
     }
 }
 
-/// A repackable matrix: key (its bytes' address), type, bytes, rows, columns.
-type Todo<'a> = (usize, GgmlType, &'a [u8], usize, usize);
+/// A repackable matrix: key (its bytes' address), what it is, rows.
+struct Todo<'a> {
+    key: usize,
+    what: TodoKind<'a>,
+    rows: usize,
+}
 
-/// The distinct repackable Q4_K, IQ4_XS and Q6_K matrices of `mats` (by address).
+enum TodoKind<'a> {
+    /// Type, bytes, columns.
+    Ggml(GgmlType, &'a [u8], usize),
+    /// Codes, scales, shape.
+    Ct4(&'a [u8], &'a [u8], Ct4Geom),
+}
+
+impl Todo<'_> {
+    /// Bytes of the repacked copy.
+    fn planned(&self) -> usize {
+        match self.what {
+            TodoKind::Ggml(ty, _, cols) => {
+                self.rows / 8 * cols / QK_K * block_sizes(ty).map_or(0, |b| b.1)
+            }
+            TodoKind::Ct4(_, _, g) => self.rows / 8 * g.group_bytes(),
+        }
+    }
+}
+
+/// The int4 shape of `m` when the store can take it: pack-quantized int4 in column order,
+/// symmetric, one scale per row and group of a multiple of 32 columns (group or channel
+/// strategy), rows a multiple of 8, and a CPU with the vector kernel.
+fn ct4_geom(m: &CtMatrix<'_>, rows: usize) -> Option<Ct4Geom> {
+    let p = ct::plan(m)?;
+    let ok = p.codes == ct::Codes::Nib4
+        && m.layout.zero.is_none()
+        && !p.tensor
+        && p.rows_per_grid_row == 1
+        && rows.is_multiple_of(8)
+        && p.grid_cols == m.layout.cols.div_ceil(p.run)
+        && super::x8_ct4::simd();
+    ok.then(|| Ct4Geom::new(m.layout.cols, p.run, m.layout.scale_dtype))
+        .flatten()
+}
+
+/// The distinct repackable Q4_K, IQ4_XS, Q6_K and int4 matrices of `mats` (by address).
 fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
     let mut todo = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for m in mats {
-        if let Encoding::Ggml { ty, data } = m.enc
-            && let Some((blk, _)) = block_sizes(ty)
-            && m.rows.is_multiple_of(8)
-            && m.cols.is_multiple_of(QK_K)
-            && data.len() == m.rows * m.cols / QK_K * blk
-            && seen.insert(data.as_ptr() as usize)
-        {
-            todo.push((data.as_ptr() as usize, ty, data, m.rows, m.cols));
+        match m.enc {
+            Encoding::Ggml { ty, data } => {
+                if let Some((blk, _)) = block_sizes(ty)
+                    && m.rows.is_multiple_of(8)
+                    && m.cols.is_multiple_of(QK_K)
+                    && data.len() == m.rows * m.cols / QK_K * blk
+                    && seen.insert(data.as_ptr() as usize)
+                {
+                    todo.push(Todo {
+                        key: data.as_ptr() as usize,
+                        what: TodoKind::Ggml(ty, data, m.cols),
+                        rows: m.rows,
+                    });
+                }
+            }
+            Encoding::Ct(c) => {
+                if let Some(g) = ct4_geom(&c, m.rows)
+                    && c.weight.len() == m.rows * g.cols / 2
+                    && c.scale.len() == m.rows * g.groups() * g.sd.size()
+                    && seen.insert(c.weight.as_ptr() as usize)
+                {
+                    todo.push(Todo {
+                        key: c.weight.as_ptr() as usize,
+                        what: TodoKind::Ct4(c.weight, c.scale, g),
+                        rows: m.rows,
+                    });
+                }
+            }
         }
     }
     todo
@@ -150,12 +226,7 @@ impl X8Store {
     /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K): for deciding whether the
     /// copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
-        repackable(mats)
-            .iter()
-            .map(|&(_, ty, _, rows, cols)| {
-                rows / 8 * cols / QK_K * block_sizes(ty).map_or(0, |b| b.1)
-            })
-            .sum()
+        repackable(mats).iter().map(Todo::planned).sum()
     }
 
     /// Repacks every Q4_K, IQ4_XS and Q6_K matrix of `mats` whose rows are a multiple of 8
@@ -176,16 +247,22 @@ impl X8Store {
                         let mut done = Vec::new();
                         loop {
                             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(&(key, ty, data, rows, cols)) = todo.get(i) else {
+                            let Some(t) = todo.get(i) else {
                                 break done;
                             };
-                            let p = match ty {
-                                GgmlType::IQ4XS => repack_iq4xs_x8(data, rows, cols),
-                                GgmlType::Q6K => repack_q6k_x8(data, rows, cols),
-                                _ => repack_q4k_x8(data, rows, cols),
+                            let rows = t.rows;
+                            let p = match t.what {
+                                TodoKind::Ggml(ty, data, cols) => match ty {
+                                    GgmlType::IQ4XS => repack_iq4xs_x8(data, rows, cols),
+                                    GgmlType::Q6K => repack_q6k_x8(data, rows, cols),
+                                    _ => repack_q4k_x8(data, rows, cols),
+                                }
+                                .map(|p| Packed::Ggml(ty, p)),
+                                TodoKind::Ct4(w, sc, g) => repack_ct4_x8(w, sc, rows, &g)
+                                    .map(|p| Packed::Ct4(g, sc.as_ptr() as usize, p)),
                             };
                             if let Some(p) = p {
-                                done.push((key, (ty, p)));
+                                done.push((t.key, p));
                             }
                         }
                     })
@@ -202,6 +279,7 @@ impl X8Store {
             dot: dot_q4k_x8_multi(),
             dot_iq4xs: dot_iq4xs_x8_multi(),
             dot_q6k: dot_q6k_x8_multi(),
+            dot_ct4: dot_ct4_x8(),
         }
     }
 
@@ -217,7 +295,7 @@ impl X8Store {
 
     /// Bytes of the repacked copies.
     pub fn bytes(&self) -> usize {
-        self.map.values().map(|(_, p)| p.len()).sum()
+        self.map.values().map(|p| p.bytes().len()).sum()
     }
 
     /// [`super::Kernels::dot_rows_multi`] for a held matrix and rows `r0 .. r0 + n_rows` in
@@ -234,10 +312,14 @@ impl X8Store {
         out: &mut [f32],
         out_stride: usize,
     ) -> bool {
-        let Encoding::Ggml { ty, data } = w.enc else {
-            return false;
+        let (ty, data) = match w.enc {
+            Encoding::Ggml { ty, data } => (ty, data),
+            Encoding::Ct(c) => {
+                return self
+                    .dot_ct4_rows(w, &c, r0, n_rows, acts, act_stride, n_act, out, out_stride);
+            }
         };
-        let Some((pty, p)) = self.map.get(&(data.as_ptr() as usize)) else {
+        let Some(Packed::Ggml(pty, p)) = self.map.get(&(data.as_ptr() as usize)) else {
             return false;
         };
         let (cols, nb) = (w.cols, w.cols / QK_K);
@@ -269,6 +351,115 @@ impl X8Store {
                 dot(&p[g * group..][..group], &refs[..nc], cols, &mut y[..nc]);
                 for (t, yt) in y[..nc].iter().enumerate() {
                     let at = (c0 + t) * out_stride + 8 * g - r0;
+                    out[at..at + 8].copy_from_slice(yt);
+                }
+            }
+        }
+        true
+    }
+
+    /// [`X8Store::dot_rows_multi`] for an int4 compressed-tensors matrix: each token's
+    /// per-block `Σ q` once per call ([`super::x8_ct4::block_sums`]), then the 8-row kernel
+    /// over the groups.
+    #[allow(clippy::too_many_arguments)]
+    fn dot_ct4_rows(
+        &self,
+        w: &MatRef<'_>,
+        c: &CtMatrix<'_>,
+        r0: usize,
+        n_rows: usize,
+        acts: &[u8],
+        act_stride: usize,
+        n_act: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) -> bool {
+        let Some(Packed::Ct4(g, sp, p)) = self.map.get(&(c.weight.as_ptr() as usize)) else {
+            return false;
+        };
+        // The same codes with other scales or zero points are not this copy.
+        if *sp != c.scale.as_ptr() as usize
+            || c.layout.zero.is_some()
+            || c.layout.scale_dtype != g.sd
+        {
+            return false;
+        }
+        let ab = super::act::q8_0_row_bytes(g.cols);
+        let nb = g.blocks();
+        if g.cols != w.cols
+            || !r0.is_multiple_of(8)
+            || !n_rows.is_multiple_of(8)
+            || p.len() != w.rows / 8 * g.group_bytes()
+            || r0 + n_rows > w.rows
+            || n_act == 0
+            || (n_act - 1) * act_stride + ab > acts.len()
+            || (n_act - 1) * out_stride + n_rows > out.len()
+        {
+            return false;
+        }
+        let gb = g.group_bytes();
+        // The block sums in a per-thread buffer that grows once (no allocation, and no
+        // zeroing of a worst-case stack array, per call).
+        thread_local! {
+            static SUMS: core::cell::RefCell<Vec<i32>> = const { core::cell::RefCell::new(Vec::new()) };
+        }
+        SUMS.with_borrow_mut(|sums| {
+            if sums.len() < STORE_TOKENS * nb {
+                sums.resize(STORE_TOKENS * nb, 0);
+            }
+            self.ct4_chunks(
+                g, p, gb, r0, n_rows, acts, act_stride, n_act, out, out_stride, sums,
+            )
+        })
+    }
+
+    /// [`X8Store::dot_ct4_rows`]'s tokens in chunks of [`STORE_TOKENS`] (`sums`: room for
+    /// their block sums).
+    #[allow(clippy::too_many_arguments)]
+    fn ct4_chunks(
+        &self,
+        g: &Ct4Geom,
+        p: &[u8],
+        gb: usize,
+        r0: usize,
+        n_rows: usize,
+        acts: &[u8],
+        act_stride: usize,
+        n_act: usize,
+        out: &mut [f32],
+        out_stride: usize,
+        sums: &mut [i32],
+    ) -> bool {
+        let (nb, ab) = (g.blocks(), super::act::q8_0_row_bytes(g.cols));
+        let mut y = [[0.0f32; 8]; STORE_TOKENS];
+        for c0 in (0..n_act).step_by(STORE_TOKENS) {
+            let nc = STORE_TOKENS.min(n_act - c0);
+            let mut parsed: [Option<Q8_0Act<'_>>; STORE_TOKENS] = [None; STORE_TOKENS];
+            for (t, (pa, s)) in parsed[..nc]
+                .iter_mut()
+                .zip(sums.chunks_exact_mut(nb))
+                .enumerate()
+            {
+                *pa = Q8_0Act::new(&acts[(c0 + t) * act_stride..][..ab], g.cols);
+                let Some(a) = pa else {
+                    return false;
+                };
+                super::x8_ct4::block_sums(a.qs, s);
+            }
+            let mut cact: [Option<Ct4Act<'_>>; STORE_TOKENS] = [None; STORE_TOKENS];
+            for ((ca, pa), s) in cact[..nc]
+                .iter_mut()
+                .zip(&parsed)
+                .zip(sums.chunks_exact(nb))
+            {
+                *ca = pa.map(|a| Ct4Act { a, bsum: s });
+            }
+            let refs: [Ct4Act<'_>; STORE_TOKENS] =
+                core::array::from_fn(|t| cact[t.min(nc - 1)].expect("parsed above"));
+            for gi in r0 / 8..(r0 + n_rows) / 8 {
+                (self.dot_ct4)(&p[gi * gb..][..gb], g, &refs[..nc], &mut y[..nc]);
+                for (t, yt) in y[..nc].iter().enumerate() {
+                    let at = (c0 + t) * out_stride + 8 * gi - r0;
                     out[at..at + 8].copy_from_slice(yt);
                 }
             }
@@ -420,8 +611,9 @@ pub(crate) mod testing {
 }
 
 /// Whether sessions repack by default on this CPU (`SessionOptions::repack` and
-/// `LAGOON_CPU_X8` override): yes, except on AMD CPUs with AVX512-VNNI, where the one-row
-/// kernels decode faster (`arch::x86_64::x8_by_default`).
+/// `LAGOON_CPU_X8` override): yes, except on AMD CPUs with AVX512-VNNI when the 8-row
+/// kernels' software prefetch is turned off, where the one-row kernels decode faster
+/// (`arch::x86_64::x8_by_default`).
 pub fn repack_by_default() -> bool {
     #[cfg(target_arch = "x86_64")]
     return super::arch::x86_64::x8_by_default();
@@ -574,5 +766,86 @@ mod tests {
         assert!(!store.dot_rows_multi(&mats[4], 0, 8, &a, a.len(), 1, &mut out, 8));
         assert!(!store.dot_rows_multi(&mats[5], 0, 8, &a, a.len(), 1, &mut out, 8));
         assert!(!store.dot_rows_multi(&mats[0], 4, 8, &a, a.len(), 1, &mut out, 8));
+    }
+
+    /// Symmetric int4 group-32 compressed-tensors rows: held where the CPU has the vector
+    /// kernel, and then every row and token gets `kernels::ct`'s scalar row kernel's bits;
+    /// asymmetric ones are left to the table.
+    #[test]
+    fn store_takes_symmetric_int4_rows_where_the_vector_kernel_runs() {
+        use lagoon_core::quant::ct::{
+            CtKind, CtLayout, CtStrategy, PackOrder, ScaleDtype, ZeroPoint,
+        };
+        let mut seed = 0x0c74_1234_u64;
+        let (rows_n, cols) = (24usize, 1024usize);
+        let layout = |symmetric: bool| CtLayout {
+            kind: CtKind::packed_int(4, CtStrategy::Group(32), symmetric, PackOrder::Dense),
+            rows: rows_n,
+            cols,
+            scale_dtype: ScaleDtype::Bf16,
+            zero: (!symmetric).then_some(ZeroPoint::Packed),
+        };
+        let l = layout(true);
+        let weight: Vec<u8> = (0..l.weight_bytes())
+            .map(|_| rng(&mut seed) as u8)
+            .collect();
+        let scale: Vec<u8> = (0..rows_n * cols / 32)
+            .flat_map(|_| {
+                half::bf16::from_f32(((rng(&mut seed) % 200) as f32 + 1.0) * 1e-4).to_le_bytes()
+            })
+            .collect();
+        let la = layout(false);
+        let zero = vec![0x88u8; la.zero_bytes()];
+        let sym = CtMatrix::new(l, &weight, &scale, &[]).unwrap();
+        let asym = CtMatrix::new(la, &weight, &scale, &zero).unwrap();
+        let m = |c| MatRef {
+            rows: rows_n,
+            cols,
+            enc: Encoding::Ct(c),
+        };
+        let mats = [m(sym), m(asym)];
+        let store = X8Store::build(&mats);
+        if !super::super::x8_ct4::simd() {
+            assert!(store.is_empty());
+            return;
+        }
+        assert_eq!(store.len(), 1, "the symmetric matrix only");
+        assert_eq!(store.bytes(), rows_n / 8 * (cols / 32) * (128 + 16));
+        let k = crate::kernels::Kernels::scalar();
+        let ab = crate::kernels::Kernels::act_row_bytes(crate::kernels::ActFormat::Q8_0, cols);
+        let acts: Vec<u8> = (0..3)
+            .flat_map(|t| {
+                let x: Vec<f32> = (0..cols)
+                    .map(|_| ((rng(&mut seed) % 2001) as f32 - 1000.0) * (t + 1) as f32)
+                    .collect();
+                let mut a = vec![0u8; ab];
+                k.quantize_act(crate::kernels::ActFormat::Q8_0, &x, &mut a);
+                a
+            })
+            .collect();
+        let mut out = vec![0.0f32; 3 * 16];
+        assert!(store.dot_rows_multi(&mats[0], 8, 16, &acts, ab, 3, &mut out, 16));
+        let rb = cols / 2;
+        let sb = cols / 32 * 2;
+        for t in 0..3 {
+            for r in 0..16 {
+                let row = 8 + r;
+                let want = crate::kernels::ct::vec_dot_ct_nib4_q8_0(
+                    &weight[row * rb..][..rb],
+                    &scale[row * sb..][..sb],
+                    ScaleDtype::Bf16,
+                    32,
+                    &acts[t * ab..][..ab],
+                    cols,
+                );
+                assert_eq!(
+                    out[16 * t + r].to_bits(),
+                    want.to_bits(),
+                    "token {t} row {row}"
+                );
+            }
+        }
+        assert!(!store.dot_rows_multi(&mats[1], 0, 8, &acts, ab, 1, &mut out, 8));
+        assert!(!store.dot_rows_multi(&mats[0], 4, 8, &acts, ab, 1, &mut out, 8));
     }
 }

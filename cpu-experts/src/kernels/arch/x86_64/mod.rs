@@ -28,20 +28,21 @@ pub(crate) fn avx512_table() -> Option<Table> {
 }
 
 /// Whether a session repacks its Q4_K / IQ4_XS rows eight at a time by default on this CPU:
-/// everywhere except on AMD CPUs whose table runs the AVX512-VNNI kernels (Zen 4 / Zen 5). On
-/// a 2-core Zen 5 VM the repack cost one-token decode 28% (XS.2 8 layers Q4_K_M, tg128 52.8 /
-/// 52.8 t/s without it, 37.7 / 38.4 with; pp512 +32%), against +0-15% decode on the 16-core
-/// Sapphire Rapids host and about even on an AMD AVX2-only VM (BENCHMARKS.md, sessions 18 and
-/// 19). Why decode loses there is not known yet: the 512-bit form, with half the vector ops,
-/// decodes no faster, and one thread's x8 kernel from DRAM is about even with the one-row
-/// kernel, so it is neither the ALU work nor the kernel's reads alone.
+/// everywhere, except on AMD CPUs whose table runs the AVX512-VNNI kernels (Zen 4 / Zen 5)
+/// when the 8-row kernels' software prefetch is off (`LAGOON_CPU_X8_PREFETCH=0`). On a 2-core
+/// Zen 5 VM without the prefetch the repack cost one-token decode 28% (XS.2 8 layers Q4_K_M,
+/// tg128 52.8 / 52.8 t/s without it, 37.7 / 38.4 with; sessions 18 and 19): the hardware
+/// prefetchers left the x8 kernel at 8.4 GiB/s from DRAM on one thread against the one-row
+/// kernel's 13.0. With the prefetch (`avx2::k4x8::prefetch_ahead`, on by default on AMD CPUs)
+/// the same VM decodes tg128 at 49.3-56.8 t/s with the repack against 38.8-54.1 without, and
+/// prefills pp512 at 237-286 against 193-230 (session 20, BENCHMARKS.md).
 pub(crate) fn x8_by_default() -> bool {
     let vnni = avx512::Avx512Vnni::detect().is_some() && !crate::kernels::x8::no_avx512();
-    !(vnni && is_amd())
+    !(vnni && is_amd()) || avx2::k4x8::prefetch_ahead() > 0
 }
 
 /// Whether the CPU's vendor string (CPUID leaf 0) is AMD's.
-fn is_amd() -> bool {
+pub(crate) fn is_amd() -> bool {
     let r = core::arch::x86_64::__cpuid(0);
     let mut v = [0u8; 12];
     v[..4].copy_from_slice(&r.ebx.to_le_bytes());
@@ -157,4 +158,12 @@ pub(crate) fn q6k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
         Some(p) => Some(avx512::x8::q6k_x8_fn(p)),
         None => avx2::Avx2Fma::detect().map(avx2::q6k_x8),
     }
+}
+
+/// The repacked 8-row int4 kernel (`kernels::x8_ct4`): AVX512-VNNI's on 512 bits
+/// (`avx512::ct4x8z`) when `vnni` and the CPU has it; no AVX2 form.
+pub(crate) fn ct4_x8(vnni: bool) -> Option<crate::kernels::x8_ct4::DotCt4X8> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::ct4x8z::ct4_x8z_fn)
 }

@@ -61,7 +61,9 @@ macro_rules! iq4x8_kernels {
             let m4 = _mm256_set1_epi8(0x0F);
             let lut: __m256i = $lut;
             let mut acc = [_mm256_setzero_ps(); T];
+            let pd = $crate::kernels::arch::x86_64::avx2::k4x8::prefetch_ahead();
             for (b, o) in p.as_chunks::<IQ4XS_X8_BLOCK>().0.iter().enumerate() {
+                $crate::kernels::arch::x86_64::avx2::k4x8::prefetch(o, pd);
                 let mut qa: [&[[i8; 4]; 64]; T] = [&[[0; 4]; 64]; T];
                 for (q, at) in qa.iter_mut().zip(&a) {
                     *q = at.qs[256 * b..][..256]

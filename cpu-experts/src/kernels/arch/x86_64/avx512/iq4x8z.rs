@@ -74,7 +74,9 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
     // The unsigned codebook in all four 128-bit lanes (vpermb reads index bits 0-5).
     let lut = _mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4nl_lut256(-128)));
     let mut acc = [_mm256_setzero_ps(); T];
+    let pd = x8b::prefetch_ahead();
     for (b, o) in p.as_chunks::<IQ4XS_X8_BLOCK>().0.iter().enumerate() {
+        x8b::prefetch(o, pd);
         let mut qa: [&[i8]; T] = [&[]; T];
         for (q, at) in qa.iter_mut().zip(&a) {
             *q = &at.qs[256 * b..][..256];

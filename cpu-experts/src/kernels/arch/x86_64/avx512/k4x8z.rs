@@ -42,7 +42,9 @@ fn scales2(o: &[u8; Q4K_X8_BLOCK], j: usize) -> __m512i {
 fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T]) -> usize {
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); T];
+    let pd = x8b::prefetch_ahead();
     for (b, o) in p.as_chunks::<Q4K_X8_BLOCK>().0.iter().enumerate() {
+        x8b::prefetch(o, pd);
         let mut qa: [&[i8]; T] = [&[]; T];
         for (q, at) in qa.iter_mut().zip(&a) {
             *q = &at.qs[256 * b..][..256];

@@ -37,6 +37,7 @@
 //! The integer sums are exact, as in the scalar oracle; only the f32 order differs.
 
 mod ct;
+pub(super) mod ct4x8z;
 mod float;
 mod iq;
 pub(super) mod iq4x8z;

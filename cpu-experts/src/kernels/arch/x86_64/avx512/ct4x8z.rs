@@ -1,0 +1,123 @@
+//! compressed-tensors int4 × Q8_0 for eight repacked rows (`kernels::x8_ct4`'s layout) on 512
+//! bits with AVX512-VNNI.
+//!
+//! Per 32-column block: two 64-byte loads, each two steps of the eight rows interleaved by
+//! one `vpermd` (`iq4x8z::ld_steps`: row r's dwords to lanes 2r and 2r + 1), a nibble mask
+//! and a shift with a mask (no codebook: the codes are the values plus 8), and per token two
+//! `vpdpbusd` against 8-byte activation broadcasts (`iq4x8z::bcast8`; the re-ordered codes
+//! meet the activation in Q8_0 order, so no shuffle per token). The unsigned codes' `8·Σq`
+//! comes off the row sums per block from the caller's block sums. The pairs of lanes are
+//! added (exact i32) but not narrowed: the f32 steps run on 16 lanes whose even ones are the
+//! rows (the scales loaded into the even lanes), and the even lanes are narrowed once at the
+//! end.
+//!
+//! The per-row integer `sumi` is exact and the f32 steps are `kernels::ct`'s scalar ones per
+//! row (`gsum += d_b·sumi`, `acc += s·gsum`, no FMA), so every output is its bits.
+
+use core::arch::x86_64::*;
+
+use lagoon_core::quant::ct::ScaleDtype;
+
+use super::Avx512Vnni;
+use super::iq4x8z::{bcast8, ld_steps};
+use crate::kernels::arch::x86_64::avx2::k4x8::{self as x8b, arr};
+use crate::kernels::x8_ct4::{Ct4Act, Ct4Geom, DotCt4X8, fits};
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn ct4_x8z(p: &[u8], g: &Ct4Geom, acts: &[Ct4Act<'_>], out: &mut [[f32; 8]]) {
+    if !fits(p, g, acts, out) {
+        out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
+        return;
+    }
+    let mut t0 = 0;
+    while t0 < acts.len() {
+        let (a, o) = (&acts[t0..], &mut out[t0..]);
+        t0 += match a.len() {
+            1 => tokens::<1>(p, g, a, o),
+            2 => tokens::<2>(p, g, a, o),
+            3 => tokens::<3>(p, g, a, o),
+            _ => tokens::<4>(p, g, a, o),
+        };
+    }
+}
+
+/// The eight rows' scales of group `gi` as f32 in the even lanes (odd lanes zero).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn scales16(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
+    let o = g.blocks() * 128 + 8 * gi * g.sd.size();
+    let bits = match g.sd {
+        ScaleDtype::Bf16 => {
+            // SAFETY: `arr` gives 16 readable bytes; `loadu` accepts any alignment.
+            let v = unsafe { _mm_loadu_si128(arr::<16>(p, o).as_ptr().cast()) };
+            _mm512_slli_epi64::<16>(_mm512_cvtepu16_epi64(v))
+        }
+        ScaleDtype::F16 => {
+            // SAFETY: as above.
+            let v = unsafe { _mm_loadu_si128(arr::<16>(p, o).as_ptr().cast()) };
+            _mm512_cvtepu32_epi64(_mm256_castps_si256(_mm256_cvtph_ps(v)))
+        }
+        ScaleDtype::F32 => {
+            // SAFETY: `arr` gives 32 readable bytes; `loadu` accepts any alignment.
+            let v = unsafe { _mm256_loadu_si256(arr::<32>(p, o).as_ptr().cast()) };
+            _mm512_cvtepu32_epi64(v)
+        }
+    };
+    _mm512_castsi512_ps(bits)
+}
+
+/// One pass over the group for the first T tokens of `a`; returns T.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tokens<const T: usize>(p: &[u8], g: &Ct4Geom, a: &[Ct4Act<'_>], out: &mut [[f32; 8]]) -> usize {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let pd = x8b::prefetch_ahead();
+    let mut acc = [_mm512_setzero_ps(); T];
+    for gi in 0..g.groups() {
+        let (b0, b1) = g.group_blocks(gi);
+        let mut gsum = [_mm512_setzero_ps(); T];
+        for b in b0..b1 {
+            x8b::prefetch(&p[128 * b..][..128], pd);
+            let mut s = [_mm512_setzero_si512(); T];
+            for kp in 0..2 {
+                let w = ld_steps(p, 128 * b + 64 * kp);
+                let lo = _mm512_and_si512(w, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                for t in 0..T {
+                    let q = &a[t].a.qs[32 * b..];
+                    s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast8(&q[8 * kp..]));
+                    s[t] = _mm512_dpbusd_epi32(s[t], hi, bcast8(&q[16 + 8 * kp..]));
+                }
+            }
+            for t in 0..T {
+                // Row r's lanes 2r and 2r + 1 added into lane 2r, less 8·Σq: the exact sumi.
+                let pair = _mm512_add_epi32(s[t], _mm512_srli_epi64::<32>(s[t]));
+                let sumi = _mm512_sub_epi32(pair, _mm512_set1_epi32(8 * a[t].bsum[b]));
+                let x = _mm512_mul_ps(_mm512_set1_ps(a[t].a.d(b)), _mm512_cvtepi32_ps(sumi));
+                gsum[t] = _mm512_add_ps(gsum[t], x);
+            }
+        }
+        let sc = scales16(p, g, gi);
+        for t in 0..T {
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sc, gsum[t]));
+        }
+    }
+    for (o, v) in out.iter_mut().zip(acc) {
+        // The even lanes (the rows) narrowed to eight.
+        let rows = _mm512_cvtepi64_epi32(_mm512_castps_si512(v));
+        // SAFETY: `o` is 8 writable f32 (32 bytes); `storeu` accepts any alignment.
+        unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), rows) };
+    }
+    T
+}
+
+fn dot_ct4_x8z(p: &[u8], g: &Ct4Geom, acts: &[Ct4Act<'_>], out: &mut [[f32; 8]]) {
+    // SAFETY: `ct4_x8z` only needs the features `Avx512Vnni::detect` checks; this function is
+    // reachable only through `ct4_x8z_fn`, which requires an `Avx512Vnni` token.
+    unsafe { ct4_x8z(p, g, acts, out) }
+}
+
+/// The kernel, for a CPU with AVX512-VNNI.
+pub(crate) fn ct4_x8z_fn(_proof: Avx512Vnni) -> DotCt4X8 {
+    dot_ct4_x8z
+}
