@@ -444,7 +444,7 @@ impl X8Store {
                 let Some(a) = pa else {
                     return false;
                 };
-                super::x8_ct4::block_sums(a.qs, s);
+                super::x8_ct4::block_sums(a, s);
             }
             let mut cact: [Option<Ct4Act<'_>>; STORE_TOKENS] = [None; STORE_TOKENS];
             for ((ca, pa), s) in cact[..nc]
