@@ -312,12 +312,18 @@ impl X8Store {
         out: &mut [f32],
         out_stride: usize,
     ) -> bool {
+        let mut call = Call {
+            r0,
+            n_rows,
+            acts,
+            act_stride,
+            n_act,
+            out,
+            out_stride,
+        };
         let (ty, data) = match w.enc {
             Encoding::Ggml { ty, data } => (ty, data),
-            Encoding::Ct(c) => {
-                return self
-                    .dot_ct4_rows(w, &c, r0, n_rows, acts, act_stride, n_act, out, out_stride);
-            }
+            Encoding::Ct(c) => return self.dot_ct4_rows(w, &c, &mut call),
         };
         let Some(Packed::Ggml(pty, p)) = self.map.get(&(data.as_ptr() as usize)) else {
             return false;
@@ -330,14 +336,7 @@ impl X8Store {
             _ => return false,
         };
         let ab = super::act::q8k_row_bytes(cols);
-        if !r0.is_multiple_of(8)
-            || !n_rows.is_multiple_of(8)
-            || p.len() != w.rows / 8 * group
-            || r0 + n_rows > w.rows
-            || n_act == 0
-            || (n_act - 1) * act_stride + ab > acts.len()
-            || (n_act - 1) * out_stride + n_rows > out.len()
-        {
+        if p.len() != w.rows / 8 * group || !call.fits(w.rows, ab) {
             return false;
         }
         let mut y = [[0.0f32; 8]; STORE_TOKENS];
@@ -345,14 +344,11 @@ impl X8Store {
             let nc = STORE_TOKENS.min(n_act - c0);
             let mut refs: [&[u8]; STORE_TOKENS] = [&[]; STORE_TOKENS];
             for (t, r) in refs[..nc].iter_mut().enumerate() {
-                *r = &acts[(c0 + t) * act_stride..][..ab];
+                *r = call.act(c0 + t, ab);
             }
-            for g in r0 / 8..(r0 + n_rows) / 8 {
+            for g in call.groups() {
                 dot(&p[g * group..][..group], &refs[..nc], cols, &mut y[..nc]);
-                for (t, yt) in y[..nc].iter().enumerate() {
-                    let at = (c0 + t) * out_stride + 8 * g - r0;
-                    out[at..at + 8].copy_from_slice(yt);
-                }
+                call.put(c0, g, &y[..nc]);
             }
         }
         true
@@ -361,19 +357,7 @@ impl X8Store {
     /// [`X8Store::dot_rows_multi`] for an int4 compressed-tensors matrix: each token's
     /// per-block `Σ q` once per call ([`super::x8_ct4::block_sums`]), then the 8-row kernel
     /// over the groups.
-    #[allow(clippy::too_many_arguments)]
-    fn dot_ct4_rows(
-        &self,
-        w: &MatRef<'_>,
-        c: &CtMatrix<'_>,
-        r0: usize,
-        n_rows: usize,
-        acts: &[u8],
-        act_stride: usize,
-        n_act: usize,
-        out: &mut [f32],
-        out_stride: usize,
-    ) -> bool {
+    fn dot_ct4_rows(&self, w: &MatRef<'_>, c: &CtMatrix<'_>, call: &mut Call<'_>) -> bool {
         let Some(Packed::Ct4(g, sp, p)) = self.map.get(&(c.weight.as_ptr() as usize)) else {
             return false;
         };
@@ -385,62 +369,40 @@ impl X8Store {
             return false;
         }
         let ab = super::act::q8_0_row_bytes(g.cols);
-        let nb = g.blocks();
-        if g.cols != w.cols
-            || !r0.is_multiple_of(8)
-            || !n_rows.is_multiple_of(8)
-            || p.len() != w.rows / 8 * g.group_bytes()
-            || r0 + n_rows > w.rows
-            || n_act == 0
-            || (n_act - 1) * act_stride + ab > acts.len()
-            || (n_act - 1) * out_stride + n_rows > out.len()
-        {
+        if g.cols != w.cols || p.len() != w.rows / 8 * g.group_bytes() || !call.fits(w.rows, ab) {
             return false;
         }
-        let gb = g.group_bytes();
         // The block sums in a per-thread buffer that grows once (no allocation, and no
         // zeroing of a worst-case stack array, per call).
         thread_local! {
             static SUMS: core::cell::RefCell<Vec<i32>> = const { core::cell::RefCell::new(Vec::new()) };
         }
         SUMS.with_borrow_mut(|sums| {
-            if sums.len() < STORE_TOKENS * nb {
-                sums.resize(STORE_TOKENS * nb, 0);
+            if sums.len() < STORE_TOKENS * g.blocks() {
+                sums.resize(STORE_TOKENS * g.blocks(), 0);
             }
-            self.ct4_chunks(
-                g, p, gb, r0, n_rows, acts, act_stride, n_act, out, out_stride, sums,
-            )
+            self.ct4_chunks(g, p, call, sums)
         })
     }
 
     /// [`X8Store::dot_ct4_rows`]'s tokens in chunks of [`STORE_TOKENS`] (`sums`: room for
     /// their block sums).
-    #[allow(clippy::too_many_arguments)]
-    fn ct4_chunks(
-        &self,
-        g: &Ct4Geom,
-        p: &[u8],
-        gb: usize,
-        r0: usize,
-        n_rows: usize,
-        acts: &[u8],
-        act_stride: usize,
-        n_act: usize,
-        out: &mut [f32],
-        out_stride: usize,
-        sums: &mut [i32],
-    ) -> bool {
-        let (nb, ab) = (g.blocks(), super::act::q8_0_row_bytes(g.cols));
+    fn ct4_chunks(&self, g: &Ct4Geom, p: &[u8], call: &mut Call<'_>, sums: &mut [i32]) -> bool {
+        let (nb, ab, gb) = (
+            g.blocks(),
+            super::act::q8_0_row_bytes(g.cols),
+            g.group_bytes(),
+        );
         let mut y = [[0.0f32; 8]; STORE_TOKENS];
-        for c0 in (0..n_act).step_by(STORE_TOKENS) {
-            let nc = STORE_TOKENS.min(n_act - c0);
+        for c0 in (0..call.n_act).step_by(STORE_TOKENS) {
+            let nc = STORE_TOKENS.min(call.n_act - c0);
             let mut parsed: [Option<Q8_0Act<'_>>; STORE_TOKENS] = [None; STORE_TOKENS];
             for (t, (pa, s)) in parsed[..nc]
                 .iter_mut()
                 .zip(sums.chunks_exact_mut(nb))
                 .enumerate()
             {
-                *pa = Q8_0Act::new(&acts[(c0 + t) * act_stride..][..ab], g.cols);
+                *pa = Q8_0Act::new(call.act(c0 + t, ab), g.cols);
                 let Some(a) = pa else {
                     return false;
                 };
@@ -456,15 +418,56 @@ impl X8Store {
             }
             let refs: [Ct4Act<'_>; STORE_TOKENS] =
                 core::array::from_fn(|t| cact[t.min(nc - 1)].expect("parsed above"));
-            for gi in r0 / 8..(r0 + n_rows) / 8 {
+            for gi in call.groups() {
                 (self.dot_ct4)(&p[gi * gb..][..gb], g, &refs[..nc], &mut y[..nc]);
-                for (t, yt) in y[..nc].iter().enumerate() {
-                    let at = (c0 + t) * out_stride + 8 * gi - r0;
-                    out[at..at + 8].copy_from_slice(yt);
-                }
+                call.put(c0, gi, &y[..nc]);
             }
         }
         true
+    }
+}
+
+/// One [`X8Store::dot_rows_multi`] call: rows `r0 .. r0 + n_rows` of a matrix against
+/// `n_act` activation rows (`act_stride` apart), into `out` (`out_stride` per token).
+struct Call<'c> {
+    r0: usize,
+    n_rows: usize,
+    acts: &'c [u8],
+    act_stride: usize,
+    n_act: usize,
+    out: &'c mut [f32],
+    out_stride: usize,
+}
+
+impl<'c> Call<'c> {
+    /// Whole groups of 8 of a matrix of `rows` rows, at least one token, and buffers that hold
+    /// every activation row (`ab` bytes each) and output.
+    fn fits(&self, rows: usize, ab: usize) -> bool {
+        self.r0.is_multiple_of(8)
+            && self.n_rows.is_multiple_of(8)
+            && self.r0 + self.n_rows <= rows
+            && self.n_act > 0
+            && (self.n_act - 1) * self.act_stride + ab <= self.acts.len()
+            && (self.n_act - 1) * self.out_stride + self.n_rows <= self.out.len()
+    }
+
+    /// Token t's activation row (`ab` bytes; in bounds once [`Call::fits`]).
+    fn act(&self, t: usize, ab: usize) -> &'c [u8] {
+        let acts: &'c [u8] = self.acts;
+        &acts[t * self.act_stride..][..ab]
+    }
+
+    /// The 8-row groups of the call.
+    fn groups(&self) -> core::ops::Range<usize> {
+        self.r0 / 8..(self.r0 + self.n_rows) / 8
+    }
+
+    /// Writes group g's results for tokens `c0 ..` (`y`, one row of 8 per token).
+    fn put(&mut self, c0: usize, g: usize, y: &[[f32; 8]]) {
+        for (t, yt) in y.iter().enumerate() {
+            let at = (c0 + t) * self.out_stride + 8 * g - self.r0;
+            self.out[at..at + 8].copy_from_slice(yt);
+        }
     }
 }
 
