@@ -164,9 +164,9 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
         });
     }
     // int4 compressed-tensors rows only when asked for (`LAGOON_CPU_X8_CT4=1`): on the 2-core
-    // Zen 5 VM their 8-row kernel's expert GEMV (two threads: 20.9 GiB/s; one: 10.1) does not
-    // yet beat the one-row kernel's (23.0; 11.2), and it is unmeasured on the 16-core host
-    // (BENCHMARKS.md, "Session 20").
+    // Zen 5 VM their 8-row kernel's expert GEMV is level with the one-row kernel's, not past
+    // it (two threads: 23.4-23.9 GiB/s against 24.2-24.8; one: 13.1 against 13.1), and it is
+    // unmeasured on the 16-core host (BENCHMARKS.md, "Session 20").
     if std::env::var_os("LAGOON_CPU_X8_CT4").is_none_or(|v| v != "1") {
         mats.retain(|m| !matches!(m.enc, lagoon_core::weights::Encoding::Ct(_)));
     }

@@ -240,8 +240,9 @@ mod tests {
         k
     }
 
-    /// Every kernel, 1..5 tokens at once, group 32 / 128 / channel scales in each dtype,
-    /// gives each row and token `vec_dot_ct_nib4_q8_0`'s bits.
+    /// Every kernel, 1..5 tokens at once, group 32 (an even and an odd number of groups: the
+    /// 512-bit kernel's paired blocks and its lone last one) / 64 / 128 / channel scales in
+    /// each dtype, gives each row and token `vec_dot_ct_nib4_q8_0`'s bits.
     #[test]
     fn ct4_x8_kernels_give_the_scalar_row_kernels_bits() {
         let mut seed = 0x6c8e_9cf5_7a3b_1d27u64;
@@ -252,6 +253,7 @@ mod tests {
                 (8, 3072, 128),
                 (24, 512, 512),
                 (8, 96, 64),
+                (8, 96, 32),
             ] {
                 let g = Ct4Geom::new(cols, run, sd).unwrap();
                 let w: Vec<u8> = (0..rows * cols / 2).map(|_| rng(&mut seed) as u8).collect();

@@ -66,29 +66,104 @@ fn scales16(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
     _mm512_castsi512_ps(bits)
 }
 
-/// One pass over the group for the first T tokens of `a`; returns T.
+/// Block b's code dots for the first T tokens of `a`: row r's two halves in lanes 2r and
+/// 2r + 1 (before `8·Σq` comes off).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn block_dots<const T: usize>(p: &[u8], b: usize, a: &[Ct4Act<'_>], pd: usize) -> [__m512i; T] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    x8b::prefetch(&p[128 * b..][..128], pd);
+    let mut s = [_mm512_setzero_si512(); T];
+    for kp in 0..2 {
+        let w = ld_steps(p, 128 * b + 64 * kp);
+        let lo = _mm512_and_si512(w, m4);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+        for t in 0..T {
+            let q = &a[t].a.qs[32 * b..];
+            s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast8(&q[8 * kp..]));
+            s[t] = _mm512_dpbusd_epi32(s[t], hi, bcast8(&q[16 + 8 * kp..]));
+        }
+    }
+    s
+}
+
+/// The eight rows' scales of groups gi and gi + 1 interleaved: row r's in lanes 2r and 2r + 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn scales_pair(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
+    let o = g.blocks() * 128 + 8 * gi * g.sd.size();
+    let inter = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    let v = match g.sd {
+        ScaleDtype::Bf16 => {
+            // SAFETY: `arr` gives 32 readable bytes; `loadu` accepts any alignment.
+            let v = unsafe { _mm256_loadu_si256(arr::<32>(p, o).as_ptr().cast()) };
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+        }
+        ScaleDtype::F16 => {
+            // SAFETY: as above.
+            let v = unsafe { _mm256_loadu_si256(arr::<32>(p, o).as_ptr().cast()) };
+            _mm512_cvtph_ps(v)
+        }
+        ScaleDtype::F32 => {
+            // SAFETY: `arr` gives 64 readable bytes; `loadu` accepts any alignment.
+            unsafe { _mm512_loadu_ps(arr::<64>(p, o).as_ptr().cast()) }
+        }
+    };
+    _mm512_permutexvar_ps(inter, v)
+}
+
+/// Two adjacent 4-byte values as one 64-bit lane pattern (`x` low, `y` high).
+#[inline]
+fn pair64(x: [u8; 4], y: [u8; 4]) -> i64 {
+    i64::from(u32::from_le_bytes(x)) | (i64::from(u32::from_le_bytes(y)) << 32)
+}
+
+/// One pass over the group for the first T tokens of `a`; returns T. With groups of 32
+/// columns (one block each), two blocks share one 16-lane f32 step: block b in the even
+/// lanes, b + 1 in the odd ones, their terms added to the rows' sums in order (b's, then
+/// b + 1's shifted down), so each row's f32 steps are still the scalar kernel's.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn tokens<const T: usize>(p: &[u8], g: &Ct4Geom, a: &[Ct4Act<'_>], out: &mut [[f32; 8]]) -> usize {
-    let m4 = _mm512_set1_epi8(0x0F);
     let pd = x8b::prefetch_ahead();
-    let mut acc = [_mm512_setzero_ps(); T];
-    for gi in 0..g.groups() {
-        let (b0, b1) = g.group_blocks(gi);
-        let mut gsum = [_mm512_setzero_ps(); T];
-        for b in b0..b1 {
-            x8b::prefetch(&p[128 * b..][..128], pd);
-            let mut s = [_mm512_setzero_si512(); T];
-            for kp in 0..2 {
-                let w = ld_steps(p, 128 * b + 64 * kp);
-                let lo = _mm512_and_si512(w, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
-                for t in 0..T {
-                    let q = &a[t].a.qs[32 * b..];
-                    s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast8(&q[8 * kp..]));
-                    s[t] = _mm512_dpbusd_epi32(s[t], hi, bcast8(&q[16 + 8 * kp..]));
-                }
+    let zero = _mm512_setzero_ps();
+    let mut acc = [zero; T];
+    let mut gi = 0;
+    while gi < g.groups() {
+        if g.run == 32 && gi + 1 < g.groups() {
+            let (b, c) = (gi, gi + 1);
+            let s0 = block_dots::<T>(p, b, a, pd);
+            let s1 = block_dots::<T>(p, c, a, pd);
+            let sc = scales_pair(p, g, gi);
+            for t in 0..T {
+                // Row r's sums: block b's into lane 2r, block c's into lane 2r + 1.
+                let v = _mm512_mask_blend_epi32(
+                    0xAAAA,
+                    _mm512_add_epi32(s0[t], _mm512_srli_epi64::<32>(s0[t])),
+                    _mm512_add_epi32(s1[t], _mm512_slli_epi64::<32>(s1[t])),
+                );
+                let at = &a[t];
+                let q = _mm512_slli_epi32::<3>(_mm512_set1_epi64(pair64(
+                    at.bsum[b].to_le_bytes(),
+                    at.bsum[c].to_le_bytes(),
+                )));
+                let d = _mm512_castsi512_ps(_mm512_set1_epi64(pair64(at.a.d[b], at.a.d[c])));
+                let x = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(v, q)));
+                // The scalar kernel's gsum = 0 + d·sumi, then acc += s·gsum, b before c.
+                let y = _mm512_mul_ps(sc, _mm512_add_ps(zero, x));
+                let r = _mm512_add_ps(acc[t], y);
+                acc[t] = _mm512_add_ps(
+                    r,
+                    _mm512_castsi512_ps(_mm512_srli_epi64::<32>(_mm512_castps_si512(y))),
+                );
             }
+            gi += 2;
+            continue;
+        }
+        let (b0, b1) = g.group_blocks(gi);
+        let mut gsum = [zero; T];
+        for b in b0..b1 {
+            let s = block_dots::<T>(p, b, a, pd);
             for t in 0..T {
                 // Row r's lanes 2r and 2r + 1 added into lane 2r, less 8·Σq: the exact sumi.
                 let pair = _mm512_add_epi32(s[t], _mm512_srli_epi64::<32>(s[t]));
@@ -101,6 +176,7 @@ fn tokens<const T: usize>(p: &[u8], g: &Ct4Geom, a: &[Ct4Act<'_>], out: &mut [[f
         for t in 0..T {
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sc, gsum[t]));
         }
+        gi += 1;
     }
     for (o, v) in out.iter_mut().zip(acc) {
         // The even lanes (the rows) narrowed to eight.
