@@ -1,7 +1,8 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
 //! row. Sessions use them by default where the copy fits in memory ([`X8Store`], which also
-//! holds IQ4_XS and Q6_K in [`super::x8_iq4xs`]'s and [`super::x8_q6k`]'s layouts;
+//! holds IQ4_XS, Q6_K and int4 compressed-tensors rows in [`super::x8_iq4xs`]'s,
+//! [`super::x8_q6k`]'s and [`super::x8_ct4`]'s layouts;
 //! `SessionOptions::repack` or `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
 //! (`avx2::k4x8`), and AVX512-VNNI on 256 bits (`avx512::x8`, the same body with `vpdpbusd`)
 //! where the CPU has it.
@@ -97,12 +98,13 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS and Q6_K matrices (this module's layout,
-/// [`super::x8_iq4xs`]'s and [`super::x8_q6k`]'s), found by the address of their stored
-/// bytes, and the kernels that
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K and symmetric int4 compressed-tensors
+/// matrices (this module's layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s and
+/// [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their codes,
+/// served only with the scales they were made from), and the kernels that
 /// read them: what [`super::Kernels::with_x8`] hands the products of those matrices to.
 /// `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of
-/// those weights (148 bytes per 144, 138 per 136, 210 per 210), whose results are the scalar reference's,
+/// those weights (148 bytes per 144, 138 per 136, 210 per 210, int4 g32 144 per 144), whose results are the scalar reference's,
 /// not the table's one-row kernels'.
 pub struct X8Store {
     map: HashMap<usize, Packed>,
@@ -223,17 +225,17 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
-    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K): for deciding whether the
-    /// copy fits before making it.
+    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, the codes and scales' size
+    /// of int4): for deciding whether the copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
         repackable(mats).iter().map(Todo::planned).sum()
     }
 
     /// Repacks every Q4_K, IQ4_XS and Q6_K matrix of `mats` whose rows are a multiple of 8
-    /// and columns of 256 (others are left to the table). Matrices seen twice are repacked
-    /// once.
+    /// and columns of 256, and every int4 one `ct4_geom` takes (others are left to the
+    /// table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
-        // The distinct Q4_K matrices, then repacked on all cores (a few hundred MB/s per core:
+        // The distinct repackable matrices, then repacked on all cores (a few hundred MB/s per core:
         // a large model's repack is load time).
         let todo = repackable(mats);
         let n = std::thread::available_parallelism()

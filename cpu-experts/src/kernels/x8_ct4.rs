@@ -181,7 +181,7 @@ pub fn dot_ct4_x8_scalar(p: &[u8], g: &Ct4Geom, acts: &[Ct4Act<'_>], out: &mut [
     }
 }
 
-/// The fastest [`DotCt4X8`] this CPU runs ([`super::x8::x8_pick!`]): the 512-bit VNNI kernel
+/// The fastest [`DotCt4X8`] this CPU runs (`x8::x8_pick!`): the 512-bit VNNI kernel
 /// (`avx512::ct4x8z`) where there is one, else the scalar kernel (there is no AVX2 form, so
 /// the store repacks int4 only where [`simd`] says there is a vector kernel).
 pub fn dot_ct4_x8() -> DotCt4X8 {

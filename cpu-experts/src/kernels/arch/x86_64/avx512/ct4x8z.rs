@@ -9,7 +9,8 @@
 //! comes off the row sums per block from the caller's block sums. The pairs of lanes are
 //! added (exact i32) but not narrowed: the f32 steps run on 16 lanes whose even ones are the
 //! rows (the scales loaded into the even lanes), and the even lanes are narrowed once at the
-//! end.
+//! end. With groups of 32 columns two blocks share one f32 step instead, block b in the even
+//! lanes and b + 1 in the odd ones (`tokens`).
 //!
 //! The per-row integer `sumi` is exact and the f32 steps are `kernels::ct`'s scalar ones per
 //! row (`gsum += d_b·sumi`, `acc += s·gsum`, no FMA), so every output is its bits.
