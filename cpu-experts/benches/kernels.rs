@@ -733,12 +733,15 @@ fn bench_experts_mt(c: &mut Criterion) {
         let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
         let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
         group.throughput(Throughput::Bytes(set_bytes as u64));
-        // Q4_K, IQ4_XS, Q6_K and int4 also through the repacked 8-row kernels (`kernels::x8`,
-        // what a session uses where the copy fits); throughput counts the stored type's bytes
-        // (the copies hold 148/144, 138/136, 210/210 and, int4 g32, 144/144 of them).
+        // Q4_K, IQ4_XS, Q6_K, IQ3_XXS and int4 also through the repacked 8-row kernels
+        // (`kernels::x8`, what a session uses where the copy fits; IQ3_XXS only where its
+        // vector kernel runs, else the store is empty and the arm repeats the table's);
+        // throughput counts the stored type's bytes (the copies hold 148/144, 138/136,
+        // 210/210, 98/98 and, int4 g32, 144/144 of them).
         let x8 = matches!(
             kind,
-            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K) | Kind::CtInt4(_)
+            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K | GgmlType::IQ3XXS)
+                | Kind::CtInt4(_)
         )
         .then(|| {
             let views: Vec<MatRef<'_>> = sets.iter().flatten().map(Mat::view).collect();
@@ -957,7 +960,8 @@ fn bench_prefill_experts(c: &mut Criterion) {
         group.throughput(Throughput::Elements((2 * 3 * FFN * HIDDEN * pairs) as u64));
         let x8 = matches!(
             kind,
-            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K) | Kind::CtInt4(_)
+            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K | GgmlType::IQ3XXS)
+                | Kind::CtInt4(_)
         )
         .then(|| {
             let views: Vec<MatRef<'_>> = experts.iter().flatten().map(Mat::view).collect();

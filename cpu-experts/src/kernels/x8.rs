@@ -1,8 +1,8 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
 //! row. Sessions use them by default where the copy fits in memory ([`X8Store`], which also
-//! holds IQ4_XS, Q6_K and int4 compressed-tensors rows in [`super::x8_iq4xs`]'s,
-//! [`super::x8_q6k`]'s and [`super::x8_ct4`]'s layouts;
+//! holds IQ4_XS, Q6_K, IQ3_XXS and int4 compressed-tensors rows in [`super::x8_iq4xs`]'s,
+//! [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s and [`super::x8_ct4`]'s layouts;
 //! `SessionOptions::repack` or `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
 //! (`avx2::k4x8`), and AVX512-VNNI on 256 bits (`avx512::x8`, the same body with `vpdpbusd`)
 //! where the CPU has it.
@@ -48,6 +48,7 @@ use lagoon_core::weights::{Encoding, MatRef};
 use super::act::{Q8_0Act, Q8KAct};
 use super::ct;
 use super::x8_ct4::{Ct4Act, Ct4Geom, DotCt4X8, dot_ct4_x8, repack_ct4_x8};
+use super::x8_iq3xxs::{IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK, dot_iq3xxs_x8_multi, repack_iq3xxs_x8};
 use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
 use super::x8_q6k::{Q6K_BLOCK, Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
 
@@ -98,19 +99,20 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K and symmetric int4 compressed-tensors
-/// matrices (this module's layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s and
-/// [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their codes,
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS (where its vector kernel runs)
+/// and symmetric int4 compressed-tensors matrices (this module's layout,
+/// [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their codes,
 /// served only with the scales they were made from), and the kernels that
 /// read them: what [`super::Kernels::with_x8`] hands the products of those matrices to.
 /// `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of
-/// those weights (148 bytes per 144, 138 per 136, 210 per 210, int4 g32 144 per 144), whose results are the scalar reference's,
-/// not the table's one-row kernels'.
+/// those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, int4 g32 144 per
+/// 144), whose results are the scalar reference's, not the table's one-row kernels'.
 pub struct X8Store {
     map: HashMap<usize, Packed>,
     dot: DotX8Multi,
     dot_iq4xs: DotX8Multi,
     dot_q6k: DotX8Multi,
+    dot_iq3xxs: DotX8Multi,
     dot_ct4: DotCt4X8,
 }
 
@@ -139,6 +141,8 @@ fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
         GgmlType::Q4K => Some((Q4K_BLOCK, Q4K_X8_BLOCK)),
         GgmlType::IQ4XS => Some((IQ4XS_BLOCK, IQ4XS_X8_BLOCK)),
         GgmlType::Q6K => Some((Q6K_BLOCK, Q6K_X8_BLOCK)),
+        // Only where the vector kernel runs: the one-row table kernels beat the scalar one.
+        GgmlType::IQ3XXS if super::x8_iq3xxs::simd() => Some((IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK)),
         _ => None,
     }
 }
@@ -185,7 +189,7 @@ fn ct4_geom(m: &CtMatrix<'_>, rows: usize) -> Option<Ct4Geom> {
         .flatten()
 }
 
-/// The distinct repackable Q4_K, IQ4_XS, Q6_K and int4 matrices of `mats` (by address).
+/// The distinct repackable Q4_K, IQ4_XS, Q6_K, IQ3_XXS and int4 matrices of `mats` (by address).
 fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
     let mut todo = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -225,13 +229,14 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
-    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, the codes and scales' size
-    /// of int4): for deciding whether the copy fits before making it.
+    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, the
+    /// codes and scales' size of int4): for deciding whether the copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
         repackable(mats).iter().map(Todo::planned).sum()
     }
 
-    /// Repacks every Q4_K, IQ4_XS and Q6_K matrix of `mats` whose rows are a multiple of 8
+    /// Repacks every Q4_K, IQ4_XS, Q6_K and (where its vector kernel runs) IQ3_XXS matrix of
+    /// `mats` whose rows are a multiple of 8
     /// and columns of 256, and every int4 one `ct4_geom` takes (others are left to the
     /// table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
@@ -257,6 +262,7 @@ impl X8Store {
                                 TodoKind::Ggml(ty, data, cols) => match ty {
                                     GgmlType::IQ4XS => repack_iq4xs_x8(data, rows, cols),
                                     GgmlType::Q6K => repack_q6k_x8(data, rows, cols),
+                                    GgmlType::IQ3XXS => repack_iq3xxs_x8(data, rows, cols),
                                     _ => repack_q4k_x8(data, rows, cols),
                                 }
                                 .map(|p| Packed::Ggml(ty, p)),
@@ -281,6 +287,7 @@ impl X8Store {
             dot: dot_q4k_x8_multi(),
             dot_iq4xs: dot_iq4xs_x8_multi(),
             dot_q6k: dot_q6k_x8_multi(),
+            dot_iq3xxs: dot_iq3xxs_x8_multi(),
             dot_ct4: dot_ct4_x8(),
         }
     }
@@ -335,6 +342,7 @@ impl X8Store {
             (GgmlType::Q4K, GgmlType::Q4K) => (nb * Q4K_X8_BLOCK, self.dot),
             (GgmlType::IQ4XS, GgmlType::IQ4XS) => (nb * IQ4XS_X8_BLOCK, self.dot_iq4xs),
             (GgmlType::Q6K, GgmlType::Q6K) => (nb * Q6K_X8_BLOCK, self.dot_q6k),
+            (GgmlType::IQ3XXS, GgmlType::IQ3XXS) => (nb * IQ3XXS_X8_BLOCK, self.dot_iq3xxs),
             _ => return false,
         };
         let ab = super::act::q8k_row_bytes(cols);
@@ -740,6 +748,7 @@ mod tests {
         let q4 = rows(&mut seed, n, cols);
         let iq4 = vec![0x11u8; n * cols / QK_K * IQ4XS_BLOCK];
         let q6 = vec![0x22u8; n * cols / QK_K * Q6K_BLOCK];
+        let iq3 = vec![0x33u8; n * cols / QK_K * IQ3XXS_BLOCK];
         let ragged = rows(&mut seed, 12, cols);
         let f32s = vec![0u8; 4 * n * cols];
         let m = |ty, rows, data| MatRef {
@@ -752,13 +761,33 @@ mod tests {
             m(GgmlType::Q4K, n, &q4[..]), // the same matrix twice: once
             m(GgmlType::IQ4XS, n, &iq4[..]),
             m(GgmlType::Q6K, n, &q6[..]),
+            m(GgmlType::IQ3XXS, n, &iq3[..]),
             m(GgmlType::Q4K, 12, &ragged[..]),
             m(GgmlType::F32, n, &f32s[..]),
         ];
-        let want = n / 8 * cols / QK_K * (Q4K_X8_BLOCK + IQ4XS_X8_BLOCK + Q6K_X8_BLOCK);
+        // IQ3_XXS only where its vector kernel runs.
+        let iq3_held = super::super::x8_iq3xxs::simd();
+        let iq3_bytes = if iq3_held { IQ3XXS_X8_BLOCK } else { 0 };
+        let want = n / 8 * cols / QK_K * (Q4K_X8_BLOCK + IQ4XS_X8_BLOCK + Q6K_X8_BLOCK + iq3_bytes);
         assert_eq!(X8Store::planned_bytes(&mats), want);
         let store = X8Store::build(&mats);
-        assert_eq!((store.len(), store.bytes()), (3, want));
+        assert_eq!(
+            (store.len(), store.bytes()),
+            (3 + usize::from(iq3_held), want)
+        );
+        assert_eq!(
+            store.dot_rows_multi(
+                &mats[4],
+                0,
+                8,
+                &act(&mut seed, cols, 1.0),
+                super::super::act::q8k_row_bytes(cols),
+                1,
+                &mut [0.0; 8],
+                8
+            ),
+            iq3_held
+        );
         let a = act(&mut seed, cols, 1.0);
         let mut out = vec![0.0f32; 8];
         assert!(store.dot_rows_multi(&mats[0], 8, 8, &a, a.len(), 1, &mut out, 8));
@@ -768,8 +797,8 @@ mod tests {
             assert_eq!(o.to_bits(), want.to_bits(), "row {}", 8 + r);
         }
         // Not held, or not whole groups of 8 rows: left to the table.
-        assert!(!store.dot_rows_multi(&mats[4], 0, 8, &a, a.len(), 1, &mut out, 8));
         assert!(!store.dot_rows_multi(&mats[5], 0, 8, &a, a.len(), 1, &mut out, 8));
+        assert!(!store.dot_rows_multi(&mats[6], 0, 8, &a, a.len(), 1, &mut out, 8));
         assert!(!store.dot_rows_multi(&mats[0], 4, 8, &a, a.len(), 1, &mut out, 8));
     }
 

@@ -160,6 +160,24 @@ pub(crate) fn q6k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
     }
 }
 
+/// The repacked 8-row IQ3_XXS several-token kernel (`kernels::x8_iq3xxs`): the 512-bit grid
+/// form (`avx512::iq3x8z`) when `vnni` and the CPU has AVX512-VNNI, VBMI, BITALG and GFNI; no
+/// other vector form (the one-row table kernels serve other CPUs).
+pub(crate) fn iq3xxs_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    iq3_grid(vnni).map(avx512::iq3x8z::iq3xxs_x8z_multi_fn)
+}
+
+/// The repacked 8-row IQ3_XXS one-token kernel, as [`iq3xxs_x8_multi`] chooses.
+pub(crate) fn iq3xxs_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
+    iq3_grid(vnni).map(avx512::iq3x8z::iq3xxs_x8z_fn)
+}
+
+fn iq3_grid(vnni: bool) -> Option<avx512::iq3x8z::Grid> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .and_then(avx512::iq3x8z::Grid::detect)
+}
+
 /// The repacked 8-row int4 kernel (`kernels::x8_ct4`): AVX512-VNNI's on 512 bits
 /// (`avx512::ct4x8z`) when `vnni` and the CPU has it; no AVX2 form.
 pub(crate) fn ct4_x8(vnni: bool) -> Option<crate::kernels::x8_ct4::DotCt4X8> {

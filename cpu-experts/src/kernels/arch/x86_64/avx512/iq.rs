@@ -118,7 +118,7 @@ fn iq4_xs_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
 /// The IQ2 grid magnitudes, in code order.
 const IQ2_VALS: [u8; 3] = [8, 25, 43];
 /// The IQ3_XXS grid magnitudes, in code order.
-const IQ3XXS_VALS: [u8; 8] = [4, 12, 20, 28, 36, 44, 52, 62];
+pub(super) const IQ3XXS_VALS: [u8; 8] = [4, 12, 20, 28, 36, 44, 52, 62];
 /// The IQ3_S grid magnitudes, in code order (`2c + 1`).
 const IQ3S_VALS: [u8; 8] = [1, 3, 5, 7, 9, 11, 13, 15];
 
@@ -193,7 +193,7 @@ const fn split<const N: usize, const B: usize>(c: &[u16; N]) -> [u8; B] {
 static IQ2XXS_CODES: [u16; 256] = codes8(&IQ2XXS_GRID, &IQ2_VALS);
 static IQ2XS_CODES: [u16; 512] = codes8(&IQ2XS_GRID, &IQ2_VALS);
 static IQ2S_CODES: [u16; 1024] = codes8(&IQ2S_GRID, &IQ2_VALS);
-static IQ3XXS_CODES: [u16; 256] = codes4(&IQ3XXS_GRID, &IQ3XXS_VALS);
+pub(super) static IQ3XXS_CODES: [u16; 256] = codes4(&IQ3XXS_GRID, &IQ3XXS_VALS);
 static IQ3S_CODES: [u16; 512] = codes4(&IQ3S_GRID, &IQ3S_VALS);
 static IQ2XXS_TAB: [u8; 512] = split(&IQ2XXS_CODES);
 static IQ2XS_TAB: [u8; 1024] = split(&IQ2XS_CODES);
@@ -221,7 +221,7 @@ const fn affine_matrix(col: [u8; 8]) -> i64 {
 }
 
 /// `ksigns_iq2xs[x & 127]`: output bits 0-6 copy input bits 0-6, bit 7 is their parity.
-const KSIGNS_AFFINE: i64 = affine_matrix([0x81, 0x82, 0x84, 0x88, 0x90, 0xA0, 0xC0, 0]);
+pub(super) const KSIGNS_AFFINE: i64 = affine_matrix([0x81, 0x82, 0x84, 0x88, 0x90, 0xA0, 0xC0, 0]);
 /// The same of input bits 1-7 (the top 7 bits of an IQ2_XS u16's high byte).
 const KSIGNS_HI_AFFINE: i64 = affine_matrix([0, 0x81, 0x82, 0x84, 0x88, 0x90, 0xA0, 0xC0]);
 /// IQ2 magnitudes as an affine map of the 2-bit code over GF(2): 8 ⊕ 17·c₀ ⊕ 35·c₁ is 8, 25,
