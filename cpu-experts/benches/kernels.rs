@@ -890,6 +890,7 @@ fn bench_prefill_experts(c: &mut Criterion) {
         Kind::G(GgmlType::Q8_0),
         Kind::G(GgmlType::IQ4XS),
         Kind::G(GgmlType::Q6K),
+        Kind::G(GgmlType::IQ3XXS),
     ]
     .into_iter()
     .filter(|&k| kind_selected(k))
