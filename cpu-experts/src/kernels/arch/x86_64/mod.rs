@@ -33,7 +33,7 @@ pub(crate) fn avx512_table() -> Option<Table> {
 /// Zen 5 VM without the prefetch the repack cost one-token decode 28% (XS.2 8 layers Q4_K_M,
 /// tg128 52.8 / 52.8 t/s without it, 37.7 / 38.4 with; sessions 18 and 19): the hardware
 /// prefetchers left the x8 kernel at 8.4 GiB/s from DRAM on one thread against the one-row
-/// kernel's 13.0. With the prefetch (`avx2::k4x8::prefetch_ahead`, on by default on AMD CPUs)
+/// kernel's 13.0. With the prefetch (`avx2::k4x8::prefetch_ahead`, on by default)
 /// the same VM decodes tg128 at 49.3-56.8 t/s with the repack against 38.8-54.1 without, and
 /// prefills pp512 at 237-286 against 193-230 (session 20, BENCHMARKS.md).
 pub(crate) fn x8_by_default() -> bool {

@@ -31,23 +31,27 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
 }
 
 /// How far ahead (bytes) the 8-row kernels ask for their group's weights by software
-/// prefetch: about four Q4_K 8-row super-blocks.
-const PREFETCH_AHEAD: usize = 4 * 1184;
+/// prefetch: about eight Q4_K 8-row super-blocks (twelve of IQ3_XXS).
+const PREFETCH_AHEAD: usize = 8 * 1184;
 
-/// The 8-row kernels' prefetch distance in bytes, 0 for none: `LAGOON_CPU_X8_PREFETCH=0|1`,
-/// else on for AMD CPUs only. Why: on a 2-core Zen 5 VM the hardware prefetchers left the
-/// x8 Q4_K kernel at 8.4 GiB/s from DRAM on one thread against the one-row kernel's 13.0
-/// (expert GEMV bench); prefetching two to four super-blocks ahead gave 13.4-13.5, and with
-/// two threads 24.0 against 12.3 (one-row: 23.7). Not yet measured on the Intel host, where
-/// the repack already ran at 89-95% of the read floor without it.
+/// The 8-row kernels' prefetch distance in bytes, 0 for none: `LAGOON_CPU_X8_PREFETCH=0|1`
+/// (off, or [`PREFETCH_AHEAD`]) or `=N` (N bytes ahead, N ≥ 64: for measuring distances),
+/// else [`PREFETCH_AHEAD`]. Why: on a 2-core Zen 5 VM the hardware prefetchers left the x8
+/// Q4_K kernel at 8.4 GiB/s from DRAM on one thread against the one-row kernel's 13.0
+/// (expert GEMV bench); prefetching 4,736 bytes ahead gave 13.4-13.5, and with two threads
+/// 24.0 against 12.3 (one-row: 23.7). On the GPU machine's 16-core Intel host (session 21,
+/// 16 threads, pairs of runs in one call) 9,472 bytes ahead against none: Q4_K x8 70.4 / 77.9
+/// against 65.3 / 70.1 GiB/s, int4 61.5 / 62.1 against 51.5 / 52.2, IQ3_XXS 61.7 / 66.4
+/// against 52.1 / 49.7 (4,736: 59.4, 53.4, 60.6; 18,944: 74.9, 61.8, 58.4); on the VM, one
+/// thread, IQ3_XXS x8 21.2 GiB/s at 9,472 against 19.3 at 4,736 (two threads: level).
 pub(crate) fn prefetch_ahead() -> usize {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *D.get_or_init(
         || match std::env::var("LAGOON_CPU_X8_PREFETCH").as_deref() {
             Ok("0") => 0,
             Ok("1") => PREFETCH_AHEAD,
-            _ if crate::kernels::arch::x86_64::is_amd() => PREFETCH_AHEAD,
-            _ => 0,
+            Ok(n) if n.parse::<usize>().is_ok_and(|n| n >= 64) => n.parse().unwrap_or(0),
+            _ => PREFETCH_AHEAD,
         },
     )
 }
