@@ -671,9 +671,13 @@ fn bench_attention(c: &mut Criterion<ThreadCpu>, tables: &[Kernels]) {
 /// sets are built before criterion's name filter applies, so a filter alone still pays every
 /// kind's setup.
 fn kind_selected(kind: Kind) -> bool {
-    std::env::var("LAGOON_BENCH_KINDS").map_or(true, |v| {
-        v.is_empty() || v.split(',').any(|n| n == kind.name())
-    })
+    kind_name_selected(&kind.name())
+}
+
+/// [`kind_selected`] by name.
+fn kind_name_selected(name: &str) -> bool {
+    std::env::var("LAGOON_BENCH_KINDS")
+        .map_or(true, |v| v.is_empty() || v.split(',').any(|n| n == name))
 }
 
 /// Threads for the multi-threaded groups: `LAGOON_BENCH_THREADS`, else every core.
@@ -1010,6 +1014,59 @@ fn bench_prefill_experts(c: &mut Criterion) {
     group.finish();
 }
 
+/// The 8-row kernels with their weights in cache: one token through a 64 × 3072 matrix
+/// (75–104 KB, inside L2) per iteration, single thread, thread CPU time, so the figure is
+/// the kernel's compute rate, not the memory system's (the DRAM-fed groups above). Per
+/// family the fastest kernel this CPU runs ([`lagoon_cpu::kernels::x8`]'s pickers);
+/// throughput counts the stored type's bytes. A lab for the kernels' instruction counts.
+#[cfg(target_os = "linux")]
+fn bench_x8_incache(c: &mut Criterion<ThreadCpu>) {
+    use lagoon_cpu::kernels::ActFormat;
+    use lagoon_cpu::kernels::x8::{DotX8, dot_q4k_x8, repack_q4k_x8};
+    use lagoon_cpu::kernels::x8_iq3xxs::{dot_iq3xxs_x8, repack_iq3xxs_x8};
+    use lagoon_cpu::kernels::x8_iq4xs::{dot_iq4xs_x8, repack_iq4xs_x8};
+    type Repack = fn(&[u8], usize, usize) -> Option<Vec<u8>>;
+    const ROWS: usize = 64;
+    let k = Kernels::detect();
+    let mut rng = Rng(0x1bc3);
+    let x: Vec<f32> = (0..HIDDEN)
+        .map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8K, HIDDEN)];
+    k.quantize_act(ActFormat::Q8K, &x, &mut a);
+    let mut g = c.benchmark_group("x8_incache_1tok");
+    let fams: [(&str, usize, Repack, DotX8); 3] = [
+        ("q4_K", 144, repack_q4k_x8, dot_q4k_x8()),
+        ("iq4_xs", 136, repack_iq4xs_x8, dot_iq4xs_x8()),
+        ("iq3_xxs", 98, repack_iq3xxs_x8, dot_iq3xxs_x8()),
+    ];
+    for (name, blk, repack, f) in fams {
+        if !kind_name_selected(name) {
+            continue;
+        }
+        let mut w = vec![0u8; ROWS * HIDDEN / 256 * blk];
+        rng.fill(&mut w);
+        for b in w.chunks_exact_mut(blk) {
+            // Finite scales (Q4_K's dmin too).
+            b[0..2].copy_from_slice(&rng.f16_scale());
+            b[2..4].copy_from_slice(&rng.f16_scale());
+        }
+        let p = repack(&w, ROWS, HIDDEN).expect("8-row groups");
+        let group = p.len() / (ROWS / 8);
+        let mut out = [[0f32; 8]; ROWS / 8];
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                for (pg, o) in p.chunks_exact(group).zip(out.iter_mut()) {
+                    f(pg, &a, HIDDEN, o);
+                }
+                black_box(&out);
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_bandwidth,
@@ -1023,7 +1080,7 @@ criterion_group!(
 criterion_group! {
     name = simd_cmp;
     config = Criterion::default().with_measurement(ThreadCpu);
-    targets = bench_simd_cmp, bench_q4k_x8
+    targets = bench_simd_cmp, bench_q4k_x8, bench_x8_incache
 }
 #[cfg(target_os = "linux")]
 criterion_main!(benches, simd_cmp);
