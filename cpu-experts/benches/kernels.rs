@@ -1064,6 +1064,36 @@ fn bench_x8_incache(c: &mut Criterion<ThreadCpu>) {
             })
         });
     }
+    // Symmetric int4, group 32, bf16 scales (`kernels::x8_ct4`), where its kernel runs.
+    if kind_name_selected("ct-int4-g32") && lagoon_cpu::kernels::x8_ct4::simd() {
+        use lagoon_cpu::kernels::act::Q8_0Act;
+        use lagoon_cpu::kernels::x8_ct4::{Ct4Act, Ct4Geom, block_sums, dot_ct4_x8, repack_ct4_x8};
+        let geom = Ct4Geom::new(HIDDEN, 32, ScaleDtype::Bf16).expect("g32 shape");
+        let mut w = vec![0u8; ROWS * HIDDEN / 2];
+        rng.fill(&mut w);
+        let sc: Vec<u8> = (0..ROWS * HIDDEN / 32)
+            .flat_map(|_| half::bf16::from_f32((rng.next() % 200 + 1) as f32 * 1e-4).to_le_bytes())
+            .collect();
+        let p = repack_ct4_x8(&w, &sc, ROWS, &geom).expect("8-row groups");
+        let mut a8 = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8_0, HIDDEN)];
+        k.quantize_act(ActFormat::Q8_0, &x, &mut a8);
+        let qa = Q8_0Act::new(&a8, HIDDEN).expect("a Q8_0 row");
+        let mut sums = vec![0i32; geom.blocks()];
+        block_sums(&qa, &mut sums);
+        let acts = [Ct4Act { a: qa, bsum: &sums }];
+        let f = dot_ct4_x8();
+        let group = geom.group_bytes();
+        let mut out = [[0f32; 8]; ROWS / 8];
+        g.throughput(Throughput::Bytes((w.len() + sc.len()) as u64));
+        g.bench_function("ct-int4-g32", |b| {
+            b.iter(|| {
+                for (pg, o) in p.chunks_exact(group).zip(out.iter_mut()) {
+                    f(pg, &geom, &acts, core::slice::from_mut(o));
+                }
+                black_box(&out);
+            })
+        });
+    }
     g.finish();
 }
 
