@@ -406,28 +406,21 @@ impl X8Store {
         let mut y = [[0.0f32; 8]; STORE_TOKENS];
         for c0 in (0..call.n_act).step_by(STORE_TOKENS) {
             let nc = STORE_TOKENS.min(call.n_act - c0);
-            let mut parsed: [Option<Q8_0Act<'_>>; STORE_TOKENS] = [None; STORE_TOKENS];
-            for (t, (pa, s)) in parsed[..nc]
-                .iter_mut()
-                .zip(sums.chunks_exact_mut(nb))
-                .enumerate()
-            {
-                *pa = Q8_0Act::new(call.act(c0 + t, ab), g.cols);
-                let Some(a) = pa else {
+            // Each token's block sums, then the kernel's activations over them (parsing a
+            // row is slicing, so the second pass costs nothing).
+            for (t, s) in sums.chunks_exact_mut(nb).take(nc).enumerate() {
+                let Some(a) = Q8_0Act::new(call.act(c0 + t, ab), g.cols) else {
                     return false;
                 };
-                super::x8_ct4::block_sums(a, s);
+                super::x8_ct4::block_sums(&a, s);
             }
-            let mut cact: [Option<Ct4Act<'_>>; STORE_TOKENS] = [None; STORE_TOKENS];
-            for ((ca, pa), s) in cact[..nc]
-                .iter_mut()
-                .zip(&parsed)
-                .zip(sums.chunks_exact(nb))
-            {
-                *ca = pa.map(|a| Ct4Act { a, bsum: s });
-            }
-            let refs: [Ct4Act<'_>; STORE_TOKENS] =
-                core::array::from_fn(|t| cact[t.min(nc - 1)].expect("parsed above"));
+            let refs: [Ct4Act<'_>; STORE_TOKENS] = core::array::from_fn(|t| {
+                let t = t.min(nc - 1);
+                Ct4Act {
+                    a: Q8_0Act::new(call.act(c0 + t, ab), g.cols).expect("parsed above"),
+                    bsum: &sums[t * nb..][..nb],
+                }
+            });
             for gi in call.groups() {
                 (self.dot_ct4)(&p[gi * gb..][..gb], g, &refs[..nc], &mut y[..nc]);
                 call.put(c0, gi, &y[..nc]);
