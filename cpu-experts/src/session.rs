@@ -124,8 +124,9 @@ pub struct Session<'w> {
 /// The copy is a second one of those weights (148 bytes per 144; the mapped originals are not
 /// read again, so a file's pages become reclaimable page cache). `repack`
 /// ([`SessionOptions::repack`]) decides, else `LAGOON_CPU_X8=0|1`; with neither, it is made
-/// where [`crate::kernels::x8::repack_by_default`] says so for this CPU and it takes at most half of the memory available now (`MemAvailable`,
-/// Linux), else skipped (the table's one-row kernels run those matrices).
+/// where [`crate::kernels::x8::repack_by_default`] says so for this CPU and it takes at most
+/// half of the memory available now (`MemAvailable`, Linux), else skipped (the table's one-row
+/// kernels run those matrices).
 fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
     use lagoon_core::laguna::weights::Ffn;
     let mut mats = vec![&w.output];
@@ -163,10 +164,11 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
             )
         });
     }
-    // int4 compressed-tensors rows only when asked for (`LAGOON_CPU_X8_CT4=1`): on the 2-core
-    // Zen 5 VM their 8-row kernel's expert GEMV is level with the one-row kernel's, not past
-    // it (two threads: 23.4-23.9 GiB/s against 24.2-24.8; one: 13.1 against 13.1), and it is
-    // unmeasured on the 16-core host (BENCHMARKS.md, "Session 20").
+    // int4 compressed-tensors rows only when asked for (`LAGOON_CPU_X8_CT4=1`): their 8-row
+    // kernel's expert GEMV is level with the one-row kernel's, not past it, on the 2-core Zen 5
+    // VM (two threads: 23.4-23.9 GiB/s against 24.2-24.8; one: 13.1 against 13.1; session 20)
+    // and on the 16-core host (16 threads, with the prefetch: 67-77% of the read floor against
+    // the one-row kernel's 69-72%; BENCHMARKS.md, "Session 21").
     if std::env::var_os("LAGOON_CPU_X8_CT4").is_none_or(|v| v != "1") {
         mats.retain(|m| !matches!(m.enc, lagoon_core::weights::Encoding::Ct(_)));
     }

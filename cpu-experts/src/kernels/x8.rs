@@ -101,9 +101,9 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
 
 /// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS (where its vector kernel runs)
 /// and symmetric int4 compressed-tensors matrices (this module's layout,
-/// [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their codes,
-/// served only with the scales they were made from), and the kernels that
-/// read them: what [`super::Kernels::with_x8`] hands the products of those matrices to.
+/// [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s and
+/// [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their codes,
+/// served only with the scales they were made from), and the kernels that read them: what [`super::Kernels::with_x8`] hands the products of those matrices to.
 /// `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of
 /// those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, int4 g32 144 per
 /// 144), whose results are the scalar reference's, not the table's one-row kernels'.
@@ -189,7 +189,8 @@ fn ct4_geom(m: &CtMatrix<'_>, rows: usize) -> Option<Ct4Geom> {
         .flatten()
 }
 
-/// The distinct repackable Q4_K, IQ4_XS, Q6_K, IQ3_XXS and int4 matrices of `mats` (by address).
+/// The distinct repackable Q4_K, IQ4_XS, Q6_K, IQ3_XXS and int4 matrices of `mats` (by
+/// address).
 fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
     let mut todo = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -236,12 +237,11 @@ impl X8Store {
     }
 
     /// Repacks every Q4_K, IQ4_XS, Q6_K and (where its vector kernel runs) IQ3_XXS matrix of
-    /// `mats` whose rows are a multiple of 8
-    /// and columns of 256, and every int4 one `ct4_geom` takes (others are left to the
-    /// table). Matrices seen twice are repacked once.
+    /// `mats` whose rows are a multiple of 8 and columns of 256, and every int4 one
+    /// `ct4_geom` takes (others are left to the table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
-        // The distinct repackable matrices, then repacked on all cores (a few hundred MB/s per core:
-        // a large model's repack is load time).
+        // The distinct repackable matrices, then repacked on all cores (a few hundred MB/s per
+        // core: a large model's repack is load time).
         let todo = repackable(mats);
         let n = std::thread::available_parallelism()
             .map_or(1, |n| n.get())

@@ -121,8 +121,8 @@ pub fn dot_iq3xxs_x8() -> DotX8 {
 }
 
 /// Whether this CPU runs the vector kernel (AVX512-VNNI with VBMI, BITALG and GFNI, and
-/// `LAGOON_FORCE_AVX2` unset): the store repacks IQ3_XXS only then, since the one-row table
-/// kernels beat the scalar 8-row one.
+/// `LAGOON_FORCE_AVX2` unset): the store repacks IQ3_XXS only then (elsewhere only the
+/// scalar 8-row kernel would read the copy, while the table has vector one-row kernels).
 pub fn simd() -> bool {
     #[cfg(target_arch = "x86_64")]
     return crate::kernels::arch::x86_64::iq3xxs_x8(!super::x8::no_avx512()).is_some();

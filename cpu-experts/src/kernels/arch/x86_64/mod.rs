@@ -27,7 +27,7 @@ pub(crate) fn avx512_table() -> Option<Table> {
     avx512::Avx512Vnni::detect().map(avx512::table)
 }
 
-/// Whether a session repacks its Q4_K / IQ4_XS rows eight at a time by default on this CPU:
+/// Whether a session repacks its rows eight at a time by default on this CPU (`kernels::x8`):
 /// everywhere, except on AMD CPUs whose table runs the AVX512-VNNI kernels (Zen 4 / Zen 5)
 /// when the 8-row kernels' software prefetch is off (`LAGOON_CPU_X8_PREFETCH=0`). On a 2-core
 /// Zen 5 VM without the prefetch the repack cost one-token decode 28% (XS.2 8 layers Q4_K_M,
@@ -42,7 +42,7 @@ pub(crate) fn x8_by_default() -> bool {
 }
 
 /// Whether the CPU's vendor string (CPUID leaf 0) is AMD's.
-pub(crate) fn is_amd() -> bool {
+fn is_amd() -> bool {
     let r = core::arch::x86_64::__cpuid(0);
     let mut v = [0u8; 12];
     v[..4].copy_from_slice(&r.ebx.to_le_bytes());

@@ -49,8 +49,10 @@ pub(crate) fn prefetch_ahead() -> usize {
     *D.get_or_init(
         || match std::env::var("LAGOON_CPU_X8_PREFETCH").as_deref() {
             Ok("0") => 0,
-            Ok("1") => PREFETCH_AHEAD,
-            Ok(n) if n.parse::<usize>().is_ok_and(|n| n >= 64) => n.parse().unwrap_or(0),
+            Ok(n) => match n.parse::<usize>() {
+                Ok(n) if n >= 64 => n,
+                _ => PREFETCH_AHEAD,
+            },
             _ => PREFETCH_AHEAD,
         },
     )

@@ -2,9 +2,11 @@
 //! CPUs with AVX512-VNNI, VBMI, BITALG and GFNI (the grid kernels' set less BMI2).
 //!
 //! Why: the one-row grid kernel (`iq::iq3_xxs_q8k`) spends ~60 vector ops per 98-byte
-//! super-block and ran at 39% of the 16-core host's read floor with 16 threads (~2 GiB/s
-//! per thread). Here one register holds one sub-block's 64 grid indices of eight rows, so
-//! every lookup, sign mask and scale serves eight rows: ~30 ops per 98 bytes at one token.
+//! super-block (counted in its source) and ran at 39% of the 16-core host's read floor with
+//! 16 threads (~2 GiB/s per thread). Here one register holds one sub-block's 64 grid indices
+//! of eight rows, so every lookup, sign mask and scale serves eight rows: ~30 ops per 98 bytes
+//! at one token (counted likewise). Measured (BENCHMARKS.md, session 21): 72-77% of the host's
+//! read floor, 2x the one-row kernel on the Zen 5 VM.
 //!
 //! Per sub-block j (the register `x`: row r's eight indices in 64-bit lane r; byte
 //! `8r + 4h + i` is point `4h + i`):
