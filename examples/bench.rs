@@ -17,9 +17,10 @@
 //! at start by a read kernel over a 4 GiB buffer; on CUDA the KV cache is f16 by default
 //! (llama-bench's default, `-ctk f16 -ctv f16`; f32 with `--reference`), `--kv f32` keeps it
 //! in f32, `--kv bf16` in bf16, `--kv q8_0` in ggml's Q8_0 blocks (llama.cpp's `-ctk q8_0
-//! -ctv q8_0`; not with `--reference`). `--profile N` (CUDA) then times every
-//! kernel of N decode steps (after the last test, at its depth) and prints where a token's
-//! time goes; `--profile-prefill N` does the same for one prefill step of N tokens.
+//! -ctv q8_0`; not with `--reference`). `--profile N` then times every kernel (CUDA) or
+//! graph node (CPU, with each product's weight bytes and GB/s) of N decode steps (after the
+//! last test, at its depth) and prints where a token's time goes; `--profile-prefill N` does
+//! the same for one prefill step of N tokens.
 //!
 //! Every test also reports the weight bytes it streams per token, the GB/s that implies,
 //! and that as a fraction of the floor: the streaming-read bandwidth this program measures
@@ -72,6 +73,31 @@ impl Backend<'_> {
             Backend::Cuda(s) => s.prefill(tokens, |_| {})?,
         }
         Ok(())
+    }
+
+    /// (ubatch, n_ctx, n_past).
+    fn shape(&self) -> (usize, usize, usize) {
+        match self {
+            Backend::Cpu(s) => (s.options().ubatch, s.options().n_ctx, s.n_past()),
+            Backend::Cuda(s) => (s.options().ubatch, s.options().n_ctx, s.n_past()),
+        }
+    }
+
+    /// Starts or stops the per-kernel (CUDA) or per-node (CPU) timer; stopping returns
+    /// (name, launches, ms, weight bytes or 0) per kind.
+    fn set_profiling(&mut self, on: bool) -> Option<Vec<(String, usize, f64, usize)>> {
+        match self {
+            Backend::Cpu(s) => s.set_profiling(on).map(|v| {
+                v.into_iter()
+                    .map(|t| (t.op, t.calls, t.ms, t.bytes))
+                    .collect()
+            }),
+            Backend::Cuda(s) => s.set_profiling(on).map(|v| {
+                v.into_iter()
+                    .map(|t| (t.kernel.to_string(), t.launches, t.ms, 0))
+                    .collect()
+            }),
+        }
     }
 
     /// One step; returns the argmax of its last logits row.
@@ -276,9 +302,10 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Times every kernel of `steps` steps of `n_tok` tokens each (CUDA: decode steps for 1,
-/// prefill ubatches otherwise) and prints each kernel's share per token, the sum, and for
-/// decode the bandwidth floor.
+/// Times every kernel (CUDA) or graph node (CPU) of `steps` steps of `n_tok` tokens each
+/// (decode steps for 1, prefill ubatches otherwise) and prints each kind's share per token,
+/// the sum, for decode the bandwidth floor, and on the CPU each product's weight bytes and
+/// GB/s.
 fn profile(
     s: &mut Backend<'_>,
     steps: usize,
@@ -288,15 +315,11 @@ fn profile(
     c: &ModelConfig,
     floor_gb_s: f64,
 ) -> anyhow::Result<()> {
-    let Backend::Cuda(cs) = s else {
-        anyhow::bail!("--profile and --profile-prefill need --device cuda");
-    };
+    let (ubatch, n_ctx, n_past) = s.shape();
     anyhow::ensure!(
-        n_tok <= cs.options().ubatch,
-        "--profile-prefill {n_tok} is larger than the ubatch ({}); raise -ub",
-        cs.options().ubatch
+        n_tok <= ubatch,
+        "--profile-prefill {n_tok} is larger than the ubatch ({ubatch}); raise -ub"
     );
-    let n_ctx = cs.options().n_ctx;
     anyhow::ensure!(
         steps * n_tok < n_ctx,
         "profiling {steps} steps of {n_tok} tokens needs a context above {}; the session has {n_ctx}",
@@ -304,25 +327,29 @@ fn profile(
     );
     // A warm-up step first where the context has room for it.
     let warm = (steps + 1) * n_tok < n_ctx;
-    if cs.n_past() + (steps + usize::from(warm)) * n_tok + 1 > n_ctx {
-        cs.reset();
+    if n_past + (steps + usize::from(warm)) * n_tok + 1 > n_ctx {
+        s.reset();
     }
     let batch = |t: &mut TokenStream| (0..n_tok).map(|_| t.next()).collect::<Vec<_>>();
     if warm {
-        cs.step(&batch(tokens))?;
+        s.step(&batch(tokens))?;
     }
-    cs.set_profiling(true);
+    s.set_profiling(true);
     for _ in 0..steps {
-        cs.step(&batch(tokens))?;
+        s.step(&batch(tokens))?;
     }
-    let mut times = cs.set_profiling(false).unwrap_or_default();
-    times.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    let mut times = s.set_profiling(false).unwrap_or_default();
+    times.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let (unit, parts) = match s {
+        Backend::Cpu(_) => ("node", "graph nodes back to back, each to its pool join"),
+        Backend::Cuda(_) => ("kernel", "kernels back to back, no graph"),
+    };
     let per = (steps * n_tok) as f64;
-    let total: f64 = times.iter().map(|k| k.ms).sum::<f64>() / per;
+    let total: f64 = times.iter().map(|k| k.2).sum::<f64>() / per;
     if n_tok == 1 {
         let bytes = costs.bytes_per_token(c, Test::Tg(1), 1);
         eprintln!(
-            "\nkernel time per decode token ({steps} steps, kernels back to back, no graph): {:.1} µs; \
+            "\n{unit} time per decode token ({steps} steps, {parts}): {:.1} µs; \
              floor {:.1} µs ({:.0} MB at {:.0} GB/s)",
             1e3 * total,
             bytes / floor_gb_s * 1e-3,
@@ -331,21 +358,39 @@ fn profile(
         );
     } else {
         eprintln!(
-            "\nkernel time per token of a {n_tok}-token prefill step (kernels back to back): {:.2} µs ({:.0} t/s)",
+            "\n{unit} time per token of a {n_tok}-token prefill step ({parts}): {:.2} µs ({:.0} t/s)",
             1e3 * total,
             1e3 / total
         );
     }
-    eprintln!("| kernel | launches/token | µs/token | share |");
-    eprintln!("|---|---|---|---|");
-    for k in &times {
-        eprintln!(
-            "| {} | {:.2} | {:.2} | {:.1}% |",
-            k.kernel,
-            k.launches as f64 / per,
-            1e3 * k.ms / per,
-            100.0 * k.ms / per / total
+    // Weight bytes are known per CPU node (the CUDA profile times kernels only).
+    let with_bytes = times.iter().any(|t| t.3 > 0);
+    if with_bytes {
+        eprintln!("| {unit} | runs/token | µs/token | share | MB/token | GB/s | of floor |");
+        eprintln!("|---|---|---|---|---|---|---|");
+    } else {
+        eprintln!("| {unit} | runs/token | µs/token | share |");
+        eprintln!("|---|---|---|---|");
+    }
+    for (name, runs, ms, bytes) in &times {
+        let line = format!(
+            "| {name} | {:.2} | {:.2} | {:.1}% |",
+            *runs as f64 / per,
+            1e3 * ms / per,
+            100.0 * ms / per / total
         );
+        match (with_bytes, *bytes) {
+            (false, _) => eprintln!("{line}"),
+            (true, 0) => eprintln!("{line} | | | |"),
+            (true, b) => {
+                let gb_s = b as f64 / (ms * 1e-3) / 1e9;
+                eprintln!(
+                    "{line} {:.1} | {gb_s:.1} | {:.0}% |",
+                    b as f64 / per / 1e6,
+                    100.0 * gb_s / floor_gb_s
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use lagoon_core::graph::Graph;
 use lagoon_core::laguna::{self, ModelWeights};
 use lagoon_core::rope::RopeTable;
 
+use crate::exec::profile::OpTime;
 use crate::exec::{self, Scratch};
 use crate::kernels::Kernels;
 use crate::kv::KvCache;
@@ -105,6 +106,8 @@ pub(crate) struct State {
     pub pool: ThreadPool,
     /// The fast kernel table, or `None` for the scalar reference path.
     pub kernels: Option<Kernels>,
+    /// Node times while [`Session::set_profiling`] is on.
+    pub profile: Option<exec::profile::Profile>,
 }
 
 /// A session over borrowed weights.
@@ -242,6 +245,7 @@ impl<'w> Session<'w> {
             tokens: Vec::with_capacity(ubatch),
             pool,
             kernels,
+            profile: None,
         };
         Session {
             cfg: cfg.clone(),
@@ -281,6 +285,17 @@ impl<'w> Session<'w> {
     /// [`crate::kernels::x8::X8Store`], `LAGOON_CPU_X8`).
     pub fn repacked_bytes(&self) -> usize {
         self.state.kernels.as_ref().map_or(0, Kernels::x8_bytes)
+    }
+
+    /// Starts (`true`) or stops timing every graph node of the following steps; stopping
+    /// returns the totals per kind of node, largest first ([`OpTime`]). While on, each node
+    /// costs two clock reads and its kind's bookkeeping, and the first steps may allocate.
+    pub fn set_profiling(&mut self, on: bool) -> Option<Vec<OpTime>> {
+        let prev = self.state.profile.take().map(|p| p.report());
+        if on {
+            self.state.profile = Some(exec::profile::Profile::default());
+        }
+        prev
     }
 
     /// Bytes of KV cache and arena.

@@ -15,7 +15,8 @@
 # bench runs under, one run each per round (e.g. "LAGOON_CPU_X8=0 LAGOON_CPU_X8=1"; default
 # one plain run); KINDS: the kernel benches' LAGOON_BENCH_KINDS (e.g. q4_K); KVARIANTS,
 # KROUNDS, KFILTER: below. ROUNDS (2); TESTS: a staged test binary and its filter, run first
-# (e.g. "test-lagoon_cpu x8").
+# (e.g. "test-lagoon_cpu x8"); BENCH_ARGS: lagoon bench's test arguments (default "-p 512
+# -n 128 -r 3"; add "--profile 32" for the node table of 32 decode steps).
 # Logs in $OUT (or /tmp). About 7 minutes.
 set -u
 out=${OUT:-/tmp}
@@ -66,7 +67,13 @@ lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null 
 for round in $(seq "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-PLAIN=1}; do
     echo "== $v"
-    env ${v//,/ } .device/bin/bench --model "$model" -p 512 -n 128 -r 3 --threads "$threads" 2>&1 | grep -E "^\||floor" | tail -3
+    # shellcheck disable=SC2086
+    env ${v//,/ } .device/bin/bench --model "$model" ${BENCH_ARGS:--p 512 -n 128 -r 3} --threads "$threads" \
+      > "$out/bench.log" 2>&1
+    cat "$out/bench.log" >> "$out/bench-all.log"
+    # The result rows, and with --profile the node table's largest lines.
+    grep -E "^\| node|time per" -A14 "$out/bench.log" | cut -c1-120
+    grep -E "^\||floor" "$out/bench.log" | grep -E "floor|t/s|pp|tg" | tail -3
   done
   lap "lagoon round $round"
   if [ -n "$lb" ]; then

@@ -10,7 +10,7 @@
 //!    weight, so the router's output is not read again.
 //! 2. **Gather** (fast path, prefill only, on the pool): each token's row is quantised once
 //!    and copied to the positions of its pairs, so that an expert's tokens are contiguous.
-//! 3. **Gate/up** (one dispatch): work items are (expert, tile of [`ROW_TILE`] rows); an item
+//! 3. **Gate/up** (one dispatch): work items are (expert, tile of `row_tile` rows: 16, 64 at one token); an item
 //!    dots its tile of `gate` and `up` with all of the expert's tokens at once (the
 //!    four-token kernels read each weight block once per four tokens). The thread that
 //!    finishes an expert's last tile applies SwiGLU to the expert's rows and quantises them
@@ -38,7 +38,7 @@ use alloc::vec::Vec;
 use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
-use super::{CLAIMS_PER_THREAD, ROW_TILE, ThreadScratch};
+use super::{CLAIMS_PER_THREAD, ThreadScratch, row_tile};
 use crate::kernels::{ActFormat, Kernels, act};
 use crate::pool::{Dynamic, SharedOut, ThreadPool};
 
@@ -462,9 +462,10 @@ pub(crate) fn run(
     // quantises them for `down`.
     let n_pairs = pairs.len();
     let (pairs, groups) = (&pairs[..], &groups[..]);
-    let tiles = i.div_ceil(ROW_TILE);
     let i_sh = sh.map_or(0, |m| m.gate.rows);
-    let sh_tiles = i_sh.div_ceil(ROW_TILE);
+    let rt = row_tile(n, groups.len() * i + i_sh, nt);
+    let tiles = i.div_ceil(rt);
+    let sh_tiles = i_sh.div_ceil(rt);
     let sh_done = done.len() - 1;
     for d in &done[..groups.len()] {
         d.store(0, Ordering::Relaxed);
@@ -522,8 +523,8 @@ pub(crate) fn run(
             for f in work.items() {
                 if f < sh_tiles {
                     let m = sh.expect("shared tiles only with a shared expert");
-                    let r0 = f * ROW_TILE;
-                    let nr = ROW_TILE.min(i_sh - r0);
+                    let r0 = f * rt;
+                    let nr = rt.min(i_sh - r0);
                     for (mat, dst) in [(m.gate, sgs), (m.up, sus)] {
                         project(src_sh, pairs, mat, r0, nr, 0, n, &mut sc, |t, y| {
                             // SAFETY: (token t, rows r0..r0+nr) is written by this item only.
@@ -540,8 +541,8 @@ pub(crate) fn run(
                 let gi = f / tiles;
                 let Group { e, j0, m } = groups[gi];
                 let (e, j0, m) = (e as usize, j0 as usize, m as usize);
-                let r0 = (f % tiles) * ROW_TILE;
-                let nr = ROW_TILE.min(i - r0);
+                let r0 = (f % tiles) * rt;
+                let nr = rt.min(i - r0);
                 for (mat, src, dst) in [(&gate[e], src_g, egs), (&up[e], src_u, eus)] {
                     project(src, pairs, mat, r0, nr, j0, m, &mut sc, |jj, y| {
                         let j = j0 + jj;
@@ -590,13 +591,14 @@ pub(crate) fn run(
     // weighted sum, scaled, then the shared expert's rows.
     let out = SharedOut::new(&mut o[..n * h]);
     let sds = SharedOut::new(&mut sd[..if sh.is_some() { n * h } else { 0 }]);
-    let tiles = h.div_ceil(ROW_TILE);
+    let rt = row_tile(n, h, nt);
+    let tiles = h.div_ceil(rt);
     let work = Dynamic::balanced(tiles, nt, CLAIMS_PER_THREAD);
     pool.run(&|ti| {
         let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
         for tile in work.items() {
-            let r0 = tile * ROW_TILE;
-            let nr = ROW_TILE.min(h - r0);
+            let r0 = tile * rt;
+            let nr = rt.min(h - r0);
             let rows = |t: usize| t * h + r0..t * h + r0 + nr;
             for t in 0..n {
                 // SAFETY: output rows r0..r0+nr of every token belong to this item only.

@@ -4,6 +4,7 @@
 //! The routed experts live in [`experts`].
 
 pub mod experts;
+pub mod profile;
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -27,6 +28,45 @@ const CLAIMS_PER_THREAD: usize = 8;
 /// and dotted with every token of the step while it sits in L1/L2.
 const ROW_TILE: usize = 16;
 
+/// Rows per kernel call in a one-token step (decode), where no token reuses a tile and a
+/// call's fixed costs (the repacked kernels' per-call activation preparation, the store's
+/// lookup, the claim) are better spread over more rows: at most this many, halved (to 16 at
+/// least) until a dispatch has [`DECODE_ITEMS_PER_THREAD`] items per thread. Multiples of 8
+/// (the repacked kernels take whole groups of 8 rows). `LAGOON_CPU_DECODE_TILE=N` fixes it
+/// at N (a multiple of 8 from 8 to [`MAX_DECODE_TILE`]), for measuring. On the 2-core Zen 5
+/// VM, 64 against 16: XS.2 8 layers UD-Q3_K_M tg64 +10-15% (the IQ3_XXS experts' node time
+/// -30%), BENCHMARKS.md "Session 22".
+const DECODE_ROW_TILE: usize = 64;
+
+/// Work items per thread a decode dispatch keeps (for balance) before tiles grow.
+const DECODE_ITEMS_PER_THREAD: usize = 4;
+
+/// The largest decode tile the scratch holds.
+const MAX_DECODE_TILE: usize = 256;
+
+/// Rows per kernel call for a step of `n` tokens over `rows` rows in all on `nt` threads:
+/// [`ROW_TILE`] for several tokens, else as [`DECODE_ROW_TILE`] says.
+fn row_tile(n: usize, rows: usize, nt: usize) -> usize {
+    static FIXED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    if n != 1 {
+        return ROW_TILE;
+    }
+    let fixed = FIXED.get_or_init(|| {
+        std::env::var("LAGOON_CPU_DECODE_TILE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&t| (8..=MAX_DECODE_TILE).contains(&t) && t.is_multiple_of(8))
+    });
+    if let Some(t) = *fixed {
+        return t;
+    }
+    let mut t = DECODE_ROW_TILE;
+    while t > ROW_TILE && rows / t < DECODE_ITEMS_PER_THREAD * nt {
+        t /= 2;
+    }
+    t
+}
+
 /// Per-thread scratch: one decoded weight row, one head's attention scores, one output tile
 /// (`ROW_TILE` rows for every token of a step), and the router's per-token buffers.
 #[derive(Debug)]
@@ -45,7 +85,7 @@ impl ThreadScratch {
         ThreadScratch {
             row: vec![0.0; row],
             scores: vec![0.0; scores.max(1)],
-            tile: vec![0.0; tokens.max(1) * ROW_TILE],
+            tile: vec![0.0; (tokens * ROW_TILE).max(MAX_DECODE_TILE)],
             sel: Vec::new(),
             ids_k: Vec::new(),
             ws_k: Vec::new(),
@@ -224,11 +264,15 @@ pub(crate) fn run(
         }
         if let (Some(k), Op::MatMul { x, .. }) = (st.kernels.clone(), op) {
             let batch = same_input_matmuls(&graph.nodes[i..], *x);
-            if batch > 1 && matmuls_fused(&k, st, graph, w, &graph.nodes[i..i + batch], n) {
-                skip = batch - 1;
-                continue;
+            if batch > 1 {
+                profile_start(st, c, w, &graph.nodes[i..], batch, n);
+                if matmuls_fused(&k, st, graph, w, &graph.nodes[i..i + batch], n) {
+                    skip = batch - 1;
+                    continue;
+                }
             }
         }
+        profile_start(st, c, w, &graph.nodes[i..], 1, n);
         match *op {
             Op::Embed { out } => {
                 let (_, o) = io::<0>(&mut st.arena, [], (vals[out], n));
@@ -598,6 +642,9 @@ pub(crate) fn run(
                     continue;
                 };
                 skip = SHARED_TAIL;
+                if let Some(p) = st.profile.as_mut().filter(|_| n == 1) {
+                    p.add_bytes(m.gate.n_bytes() + m.up.n_bytes() + m.down.n_bytes());
+                }
                 let ([xs, is, ws], o) = io(&mut st.arena, ins, (vals[out], n));
                 experts::run(cx, mats, Some(m), xs, is, ws, k, c.routed_scaling, n, o);
                 // The sum may reuse an input's space, so it is formed after the dispatches.
@@ -612,6 +659,50 @@ pub(crate) fn run(
             }
         }
     }
+    if let Some(p) = &mut st.profile {
+        p.stop();
+    }
+}
+
+/// Starts timing `op` (run as `fused` products of one input, `n` tokens) when the session
+/// profiles.
+fn profile_start(
+    st: &mut State,
+    c: &ModelConfig,
+    w: &ModelWeights<'_>,
+    nodes: &[Op],
+    fused: usize,
+    n: usize,
+) {
+    let Some(p) = &mut st.profile else {
+        return;
+    };
+    let op = &nodes[0];
+    let (sliding, ty, bytes) = match *op {
+        Op::MatMul { w: wid, .. } => {
+            let bytes = nodes[..fused]
+                .iter()
+                .map(|o| match *o {
+                    Op::MatMul { w: wi, .. } => mat(w, wi).n_bytes(),
+                    _ => 0,
+                })
+                .sum();
+            (false, Some(mat(w, wid).type_name()), bytes)
+        }
+        Op::Attention { layer, .. } => (c.is_sliding(layer), None, 0),
+        Op::Experts { layer, .. } => match &w.layers[layer].ffn {
+            Ffn::Moe { gate, up, down, .. } => {
+                // One token reads k experts (the shared one is added where it runs inside).
+                let one = |m: &[MatRef<'_>]| m.first().map_or(0, MatRef::n_bytes);
+                let routed = c.n_experts_used * (one(gate) + one(up) + one(down));
+                let bytes = if n == 1 { routed } else { 0 };
+                (false, gate.first().map(MatRef::type_name), bytes)
+            }
+            Ffn::Dense(_) => (false, None, 0),
+        },
+        _ => (false, None, 0),
+    };
+    p.start(profile::Key::of(op, fused, sliding, ty), bytes);
 }
 
 /// Rows (tokens) from which the row-wise nodes (norms, RoPE, gating, SwiGLU) split across
@@ -1050,12 +1141,11 @@ fn dot_tiles(
     n: usize,
 ) {
     // Matrix j owns tiles first[j]..first[j + 1].
+    let all_rows = jobs.iter().flatten().map(|(m, _)| m.rows).sum();
+    let tile = row_tile(n, all_rows, pool.n_threads());
     let mut first = [0usize; MAX_FUSED + 1];
     for j in 0..MAX_FUSED {
-        first[j + 1] = first[j]
-            + jobs[j]
-                .as_ref()
-                .map_or(0, |(m, _)| m.rows.div_ceil(ROW_TILE));
+        first[j + 1] = first[j] + jobs[j].as_ref().map_or(0, |(m, _)| m.rows.div_ceil(tile));
     }
     let work = Dynamic::balanced(first[MAX_FUSED], pool.n_threads(), CLAIMS_PER_THREAD);
     pool.run(&|ti| {
@@ -1064,8 +1154,8 @@ fn dot_tiles(
             let j = first.partition_point(|&s| s <= f) - 1;
             let Some((wm, out)) = &jobs[j] else { continue };
             let rows = wm.rows;
-            let r0 = (f - first[j]) * ROW_TILE;
-            let m = ROW_TILE.min(rows - r0);
+            let r0 = (f - first[j]) * tile;
+            let m = tile.min(rows - r0);
             k.dot_rows_multi(wm, r0, m, act, ab, n, &mut sc.tile[..n * m], m);
             for t in 0..n {
                 // SAFETY: tile (j, r0) is claimed by exactly one thread, and the outputs of
@@ -1089,6 +1179,28 @@ fn dot_tiles(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decode tiles: 64 rows while a dispatch keeps four items per thread, halved down to
+    /// 16 otherwise, always whole groups of 8; several tokens: 16. (Unless
+    /// `LAGOON_CPU_DECODE_TILE` fixes it, which the test runs do not set.)
+    #[test]
+    fn decode_tiles_grow_only_while_every_thread_keeps_items() {
+        if std::env::var_os("LAGOON_CPU_DECODE_TILE").is_some() {
+            return;
+        }
+        assert_eq!(row_tile(1, 4096, 16), 64);
+        assert_eq!(row_tile(1, 2048, 16), 32);
+        assert_eq!(row_tile(1, 1024, 16), 16);
+        assert_eq!(row_tile(1, 256, 16), 16);
+        assert_eq!(row_tile(1, 512, 2), 64);
+        assert_eq!(row_tile(4, 1 << 20, 1), ROW_TILE);
+        for rows in [8, 100, 777, 3072, 1 << 16] {
+            for nt in 1..=32 {
+                let t = row_tile(1, rows, nt);
+                assert!(t.is_multiple_of(8) && (ROW_TILE..=MAX_DECODE_TILE).contains(&t));
+            }
+        }
+    }
 
     /// xorshift64 floats in [-1, 1).
     fn floats(n: usize, seed: u64) -> Vec<f32> {
