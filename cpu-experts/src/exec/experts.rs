@@ -89,6 +89,10 @@ pub struct ExpertScratch {
     su: Vec<f32>,
     act_sd: Vec<u8>,
     sd: Vec<f32>,
+    /// The tokens' rows quantised for the shared expert's gate/up where they want another
+    /// format than the routed experts' gate (e.g. Q8_0 shared rows beside IQ3_XXS experts,
+    /// which take Q8_K), `[tokens, row bytes]`.
+    act_ts: Vec<u8>,
     /// Tokens the shared expert's buffers hold.
     tokens: usize,
 }
@@ -133,13 +137,21 @@ impl ExpertScratch {
         } else {
             0
         };
-        let (mut rb, mut h, mut sh_ffn, mut rb_sd) = ([0usize; 3], 0, 0, 0);
+        let (mut rb, mut h, mut sh_ffn, mut rb_sd, mut rb_ts) = ([0usize; 3], 0, 0, 0, 0);
         for l in layers {
             h = h.max(l.gate.cols);
             if let Some([sg, _, sd]) = l.shared {
                 sh_ffn = sh_ffn.max(sg.rows);
                 rb_sd = rb_sd.max(kernels.map_or(0, |kern| {
                     Kernels::act_row_bytes(kern.act_format(sd), sd.cols)
+                }));
+                rb_ts = rb_ts.max(kernels.map_or(0, |kern| {
+                    let f = kern.act_format(sg);
+                    if f == kern.act_format(l.gate) {
+                        0
+                    } else {
+                        Kernels::act_row_bytes(f, sg.cols)
+                    }
                 }));
             }
             if let Some(kern) = kernels {
@@ -166,6 +178,7 @@ impl ExpertScratch {
             su: vec![0.0; tokens * sh_ffn],
             act_sd: vec![0; tokens * rb_sd],
             sd: vec![0.0; tokens * h],
+            act_ts: vec![0; tokens * rb_ts],
             tokens,
         }
     }
@@ -309,8 +322,9 @@ pub(crate) struct SharedMats<'a> {
 
 impl SharedMats<'_> {
     /// Whether this shared expert can run with `gate0`'s routed experts: the same input
-    /// width and, on the fast path, the same activation format for all three input
-    /// projections (one quantised copy of each token serves them all).
+    /// width and, on the fast path, one activation format for its gate and up (the routed
+    /// gate's, whose quantised tokens then serve it, or another one that the scratch has
+    /// room for, `act_ts`).
     pub(crate) fn fits(
         &self,
         kernels: Option<&Kernels>,
@@ -327,9 +341,10 @@ impl SharedMats<'_> {
             && es.sd.len() >= es.act_t_rows() * g.cols
             && es.act_t_rows() > 0;
         let fmt = kernels.is_none_or(|k| {
-            let f = k.act_format(gate0);
-            k.act_format(g) == f
-                && k.act_format(self.up) == f
+            let f = k.act_format(g);
+            let own = Kernels::act_row_bytes(f, g.cols);
+            k.act_format(self.up) == f
+                && (f == k.act_format(gate0) || es.act_ts.len() >= es.act_t_rows() * own)
                 && es.act_sd.len()
                     >= es.act_t_rows() * Kernels::act_row_bytes(k.act_format(self.down), g.rows)
         });
@@ -393,6 +408,7 @@ pub(crate) fn run(
         su,
         act_sd,
         sd,
+        act_ts,
         ..
     } = es;
     let sh = shared;
@@ -447,11 +463,24 @@ pub(crate) fn run(
                     stride: stride * ab_u,
                 }
             };
-            let src_sh = Src::Act {
-                k: kern,
-                act: act_t,
-                ab: ab_g,
-                stride: ab_g,
+            // The shared expert reads the tokens' rows in the routed gate's format, or its own
+            // (quantised here, once per token).
+            let fs = sh.map_or(fg, |m| kern.act_format(m.gate));
+            let src_sh = if fs == fg {
+                Src::Act {
+                    k: kern,
+                    act: act_t,
+                    ab: ab_g,
+                    stride: ab_g,
+                }
+            } else {
+                let ab_s = super::quantize_rows(kern, pool, fs, xs, n, h, act_ts);
+                Src::Act {
+                    k: kern,
+                    act: act_ts,
+                    ab: ab_s,
+                    stride: ab_s,
+                }
             };
             (src_g, src_u, src_sh)
         }

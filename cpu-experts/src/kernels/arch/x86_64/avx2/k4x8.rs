@@ -58,6 +58,23 @@ pub(crate) fn prefetch_ahead() -> usize {
     )
 }
 
+/// The one-row Q8_0 kernel's prefetch distance in bytes, 0 for none:
+/// `LAGOON_CPU_ROW_PREFETCH=0|1|N` as [`prefetch_ahead`] reads its variable; unset, none (the
+/// 8-row kernels' distance is the candidate being measured).
+pub(crate) fn row_prefetch_ahead() -> usize {
+    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *D.get_or_init(
+        || match std::env::var("LAGOON_CPU_ROW_PREFETCH").as_deref() {
+            Ok("1") => PREFETCH_AHEAD,
+            Ok(n) => match n.parse::<usize>() {
+                Ok(n) if n >= 64 => n,
+                _ => 0,
+            },
+            _ => 0,
+        },
+    )
+}
+
 /// Software prefetches of `o`'s bytes `ahead` bytes further on (one per 64-byte line);
 /// nothing when `ahead` is 0.
 #[inline]

@@ -86,7 +86,10 @@ fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
         0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1,
         -1, -1, -1, -1, -1, -1,
     );
+    let pd = super::super::avx2::k4x8::row_prefetch_ahead();
     for (g, b8) in w8.iter().enumerate() {
+        // The bytes `pd` on (past the row's end: the next rows of the caller's tile).
+        super::super::avx2::k4x8::prefetch(b8.as_flattened(), pd);
         // SAFETY: the eight 4-byte reads start at the heads of blocks 8g..8g+8, which lie
         // inside `b8` (each block is 34 bytes).
         let words = unsafe { _mm256_i32gather_epi32::<1>(b8.as_ptr().cast(), heads) };
