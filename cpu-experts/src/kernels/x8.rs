@@ -108,12 +108,40 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
 /// those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, int4 g32 144 per
 /// 144), whose results are the scalar reference's, not the table's one-row kernels'.
 pub struct X8Store {
-    map: HashMap<usize, Packed>,
+    map: HashMap<usize, Packed, AddrHash>,
     dot: DotX8Multi,
     dot_iq4xs: DotX8Multi,
     dot_q6k: DotX8Multi,
     dot_iq3xxs: DotX8Multi,
     dot_ct4: DotCt4X8,
+}
+
+/// The store's map hashes addresses, looked up once per kernel call (thousands per decode
+/// step, e.g. per expert and tile of 32 rows): a multiply and a shift instead of SipHash,
+/// whose DoS resistance buys nothing for keys that are our own pointers.
+type AddrHash = std::hash::BuildHasherDefault<AddrHasher>;
+
+/// [`AddrHash`]'s hasher: Fibonacci hashing of the one `usize` key (the high bits of the
+/// product, where a pointer's varying bits are mixed).
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_usize` is used for the map's keys; any other input still hashes.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        let h = (x as u64 ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = h.rotate_left(32);
+    }
 }
 
 /// Tokens per call of the store's kernel (a stack array of activation rows).
@@ -281,7 +309,7 @@ impl X8Store {
                 .map(|h| h.join().unwrap_or_default())
                 .collect()
         });
-        let map: HashMap<usize, Packed> = parts.into_iter().flatten().collect();
+        let map: HashMap<usize, Packed, AddrHash> = parts.into_iter().flatten().collect();
         X8Store {
             map,
             dot: dot_q4k_x8_multi(),
