@@ -75,6 +75,8 @@ pub struct ExpertScratch {
     /// Gate (then the SwiGLU activation) and up rows of every pair: `[pairs, I]` each.
     eg: Vec<f32>,
     eu: Vec<f32>,
+    /// One token's `down` rows per pair, `[k, H]`, before their weighted sum (decode).
+    ey: Vec<f32>,
     /// The tokens' quantised rows (gate's format), the same rows gathered by pair, the
     /// pairs' rows for `up` when it wants another format, and the pairs' quantised
     /// activation rows for `down`.
@@ -170,6 +172,7 @@ impl ExpertScratch {
             done: (0..n_experts + 1).map(|_| AtomicU32::new(0)).collect(),
             eg: vec![0.0; pairs * expert_ffn],
             eu: vec![0.0; pairs * expert_ffn],
+            ey: vec![0.0; if pairs > 0 { k * h } else { 0 }],
             act_t: vec![0; max_tokens * rb[0]],
             act_g: vec![0; pairs * rb[0]],
             act_u: vec![0; pairs * rb[1]],
@@ -400,6 +403,7 @@ pub(crate) fn run(
         done,
         eg,
         eu,
+        ey,
         act_t,
         act_g,
         act_u,
@@ -616,6 +620,36 @@ pub(crate) fn run(
         ),
     };
 
+    if n == 1 && ey.len() >= pairs.len() * h && !down_by_rows() {
+        down_one_token(
+            pool,
+            threads,
+            (src_d, src_sd),
+            pairs,
+            groups,
+            down,
+            sh,
+            (ey, sd),
+            h,
+        );
+        // The routed experts' weighted sum in the several-token path's order (ascending
+        // expert, its pairs in order; each `+= y·w` from 0), then the scaling.
+        let o = &mut o[..h];
+        o.fill(0.0);
+        for &Group { j0, m, .. } in groups {
+            for j in j0 as usize..(j0 + m) as usize {
+                let w = pairs[j].w;
+                for (d, &y) in o.iter_mut().zip(&ey[j * h..(j + 1) * h]) {
+                    *d += y * w;
+                }
+            }
+        }
+        for x in o.iter_mut() {
+            *x *= scaling;
+        }
+        return;
+    }
+
     // Down: each item owns a tile of output rows for every token: the routed experts'
     // weighted sum, scaled, then the shared expert's rows.
     let out = SharedOut::new(&mut o[..n * h]);
@@ -760,4 +794,72 @@ pub fn routed_experts(
     };
     run(cx, mats, None, xs, &ids, ws, k, scaling, n, &mut o);
     o
+}
+
+/// Whether `LAGOON_CPU_DOWN_BY_ROWS=1` sends one token's `down` through the several-token
+/// path's items (tiles of output rows over every expert) instead of [`down_one_token`]'s,
+/// for measuring.
+fn down_by_rows() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var_os("LAGOON_CPU_DOWN_BY_ROWS").is_some_and(|v| v == "1"))
+}
+
+/// `down` for one token: work items are (pair or the shared expert, tile of rows), so each
+/// item streams one matrix's rows (the several-token path's items hold a tile of output
+/// rows for every expert: a few KB of each expert's matrix per call, the x8 kernels' software
+/// prefetch running past every one of them). Pair j's rows go to `ey[j·h..]`, the shared
+/// expert's to `sd[..h]`; the caller forms the weighted sum.
+#[allow(clippy::too_many_arguments)]
+fn down_one_token(
+    pool: &ThreadPool,
+    threads: &[Mutex<ThreadScratch>],
+    (src_d, src_sd): (Src<'_>, Src<'_>),
+    pairs: &[Pair],
+    groups: &[Group],
+    down: &[MatRef<'_>],
+    sh: Option<SharedMats<'_>>,
+    (ey, sd): (&mut [f32], &mut [f32]),
+    h: usize,
+) {
+    let n_pairs = pairs.len();
+    let srcs = n_pairs + usize::from(sh.is_some());
+    let rt = row_tile(1, srcs * h, pool.n_threads());
+    let tiles = h.div_ceil(rt);
+    let eys = SharedOut::new(&mut ey[..n_pairs * h]);
+    let sds = SharedOut::new(&mut sd[..if sh.is_some() { h } else { 0 }]);
+    // Pair j's expert (pairs are sorted by expert: group order).
+    let expert = |j: usize| {
+        let g = groups.partition_point(|g| (g.j0 + g.m) as usize <= j);
+        groups[g].e as usize
+    };
+    let work = Dynamic::balanced(srcs * tiles, pool.n_threads(), CLAIMS_PER_THREAD);
+    pool.run(&|ti| {
+        let mut sc = threads[ti].lock().unwrap_or_else(|e| e.into_inner());
+        for f in work.items() {
+            let (j, tile) = (f / tiles, f % tiles);
+            let r0 = tile * rt;
+            let nr = rt.min(h - r0);
+            if j < n_pairs {
+                project(
+                    src_d,
+                    pairs,
+                    &down[expert(j)],
+                    r0,
+                    nr,
+                    j,
+                    1,
+                    &mut sc,
+                    |_, y| {
+                        // SAFETY: (pair j, rows r0..r0+nr) is written by this item only.
+                        unsafe { eys.slice(j * h + r0..j * h + r0 + nr) }.copy_from_slice(y);
+                    },
+                );
+            } else if let Some(m) = sh {
+                project(src_sd, pairs, m.down, r0, nr, 0, 1, &mut sc, |_, y| {
+                    // SAFETY: rows r0..r0+nr of the shared output are written by this item only.
+                    unsafe { sds.slice(r0..r0 + nr) }.copy_from_slice(y);
+                });
+            }
+        }
+    });
 }

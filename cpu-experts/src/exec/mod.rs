@@ -292,10 +292,16 @@ pub(crate) fn run(
                 let ([xs], o) = io(&mut st.arena, [(vals[x], n)], (vals[out], n));
                 debug_assert_eq!(xs.len(), rows * cols);
                 let (wv, os) = (vector(w, wid), SharedOut::new(o));
+                let fast = st.kernels.is_some();
                 for_rows(&st.pool, rows, &|r0, r1| {
                     // SAFETY: rows r0..r1 of the output belong to this call only.
                     let o = unsafe { os.slice(r0 * cols..r1 * cols) };
-                    ops::norm::rms_norm(&xs[r0 * cols..r1 * cols], wv, c.rms_eps, o);
+                    let x = &xs[r0 * cols..r1 * cols];
+                    if fast {
+                        act::rms_norm_lanes(x, wv, c.rms_eps, o);
+                    } else {
+                        ops::norm::rms_norm(x, wv, c.rms_eps, o);
+                    }
                 });
             }
             Op::MatMul { x, w: wid, out } => {

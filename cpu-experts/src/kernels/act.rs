@@ -273,6 +273,41 @@ pub fn swiglu_in_place(g: &mut [f32], u: &[f32]) {
     }
 }
 
+/// RMSNorm of each `w.len()`-wide row of `x` into `out` (`out = w · x / sqrt(mean(x²) +
+/// eps)`), the fast path's: the sum of squares in 16 independent lanes (added pairwise at
+/// the end) instead of `lagoon_core::ops::norm::rms_norm`'s one serial chain, whose 128
+/// dependent adds per head made a decode step's QK norms ~3.5 µs a node on the 16-core
+/// host (BENCHMARKS.md, "Session 22"). The same operations otherwise; the sum's rounding
+/// differs from the reference's.
+pub fn rms_norm_lanes(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    const W: usize = 16;
+    let n = w.len();
+    if n == 0 {
+        return;
+    }
+    for (xg, og) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let (xc, xt) = xg.as_chunks::<W>();
+        let mut lanes = [0.0f32; W];
+        for c in xc {
+            for l in 0..W {
+                lanes[l] += c[l] * c[l];
+            }
+        }
+        let mut width = W;
+        while width > 1 {
+            width /= 2;
+            for l in 0..width {
+                lanes[l] += lanes[l + width];
+            }
+        }
+        let ss = xt.iter().fold(lanes[0], |s, &v| s + v * v);
+        let r = 1.0 / (ss / n as f32 + eps).sqrt();
+        for ((o, &v), &g) in og.iter_mut().zip(xg).zip(w) {
+            *o = g * (v * r);
+        }
+    }
+}
+
 /// Decodes a Q8_0 activation row back to f32 (`d · q`), for tests and debugging.
 pub fn dequantize_row_q8_0(bytes: &[u8], out: &mut [f32]) {
     let Some(a) = Q8_0Act::new(bytes, out.len()) else {
@@ -298,6 +333,30 @@ pub fn dequantize_row_q8k(bytes: &[u8], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rms_norm_lanes_close_to_the_reference() {
+        for n in [1usize, 15, 16, 128, 130, 2048] {
+            let x: Vec<f32> = (0..3 * n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03)
+                .collect();
+            let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
+            let (mut a, mut b) = (vec![0.0; 3 * n], vec![0.0; 3 * n]);
+            rms_norm_lanes(&x, &w, 1e-6, &mut a);
+            lagoon_core::ops::norm::rms_norm(&x, &w, 1e-6, &mut b);
+            for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    (p - q).abs() <= 1e-5 * q.abs().max(1e-3),
+                    "n {n} [{i}]: {p} vs {q}"
+                );
+            }
+        }
+        // Zero rows stay finite (eps), an empty width writes nothing.
+        let mut o = [9.0f32; 4];
+        rms_norm_lanes(&[0.0; 4], &[1.0; 4], 1e-6, &mut o);
+        assert_eq!(o, [0.0; 4]);
+        rms_norm_lanes(&[1.0; 4], &[], 1e-6, &mut o);
+    }
 
     #[test]
     fn exp_fast_close_to_expf() {
