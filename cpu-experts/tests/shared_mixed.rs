@@ -9,28 +9,6 @@ mod common;
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::laguna::ModelWeights;
-use lagoon_core::weights::{Encoding, MatRef};
-
-/// Random Q4_K rows (random quants, scales and mins; small f16 `d` and `dmin`).
-fn q4k(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
-    let mut next = move || {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    };
-    let mut w = vec![0u8; rows * cols / 256 * 144];
-    for blk in w.chunks_exact_mut(144) {
-        for b in blk.iter_mut() {
-            *b = next() as u8;
-        }
-        let d = half::f16::from_f32(4e-5 + (next() % 100) as f32 * 1e-6);
-        let m = half::f16::from_f32(2e-4 + (next() % 100) as f32 * 1e-6);
-        blk[0..2].copy_from_slice(&d.to_le_bytes());
-        blk[2..4].copy_from_slice(&m.to_le_bytes());
-    }
-    w
-}
 
 /// The f32 rows (little-endian bytes) quantised to Q8_0.
 fn q8_0(f32_bytes: &[u8], cols: usize) -> Vec<u8> {
@@ -80,7 +58,7 @@ fn q8_0_shared_expert_beside_k_quant_experts_runs_in_their_dispatches() {
     c.shared_ffn = 256;
     let store = common::Store::new(&c, None);
     let mut seed = 0x5eed_5eedu64;
-    let mut q: std::collections::HashMap<String, (GgmlType, Vec<Vec<u8>>)> = Default::default();
+    let mut q = common::Overrides::default();
     let mut names: Vec<&String> = store.bufs.keys().collect();
     names.sort();
     for name in names {
@@ -91,7 +69,7 @@ fn q8_0_shared_expert_beside_k_quant_experts_runs_in_their_dispatches() {
         } else if name.contains("_exps") {
             let d = parts
                 .iter()
-                .map(|(r, cc, _)| q4k(*r, *cc, &mut seed))
+                .map(|(r, cc, _)| common::q4k(*r, *cc, &mut seed))
                 .collect();
             (GgmlType::Q4K, d)
         } else {
@@ -101,30 +79,7 @@ fn q8_0_shared_expert_beside_k_quant_experts_runs_in_their_dispatches() {
     }
     let count = |ty| q.values().filter(|(t, _)| *t == ty).count();
     assert!(count(GgmlType::Q8_0) >= 3 && count(GgmlType::Q4K) >= 3);
-    let w = ModelWeights::resolve(&c, |name| {
-        let parts = store.bufs.get(name)?;
-        Some(
-            parts
-                .iter()
-                .enumerate()
-                .map(|(i, (r, cc, b))| MatRef {
-                    rows: *r,
-                    cols: *cc,
-                    enc: match q.get(name) {
-                        Some((ty, qp)) => Encoding::Ggml {
-                            ty: *ty,
-                            data: &qp[i],
-                        },
-                        None => Encoding::Ggml {
-                            ty: GgmlType::F32,
-                            data: b,
-                        },
-                    },
-                })
-                .collect(),
-        )
-    })
-    .expect("weights resolve");
+    let w = store.weights_with(&c, &q);
     let toks: Vec<u32> = (0..17)
         .map(|i| (i * 29 + 3) % c.vocab_size as u32)
         .collect();

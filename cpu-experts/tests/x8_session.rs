@@ -7,28 +7,6 @@ mod common;
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::laguna::ModelWeights;
-use lagoon_core::weights::{Encoding, MatRef};
-
-/// Random Q4_K rows (random quants, scales and mins; small f16 `d` and `dmin`).
-fn q4k(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
-    let mut next = move || {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    };
-    let mut w = vec![0u8; rows * cols / 256 * 144];
-    for blk in w.chunks_exact_mut(144) {
-        for b in blk.iter_mut() {
-            *b = next() as u8;
-        }
-        let d = half::f16::from_f32(4e-5 + (next() % 100) as f32 * 1e-6);
-        let m = half::f16::from_f32(2e-4 + (next() % 100) as f32 * 1e-6);
-        blk[0..2].copy_from_slice(&d.to_le_bytes());
-        blk[2..4].copy_from_slice(&m.to_le_bytes());
-    }
-    w
-}
 
 /// Random IQ4_XS rows (random codes and scale bits; small f16 `d`).
 fn iq4xs(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
@@ -92,7 +70,7 @@ fn repacked_q4k_products_in_a_session() {
     let store = common::Store::new(&c, Some(3));
     let mut seed = 0x5eed_0008u64;
     // Q4_K, IQ4_XS and Q6_K (all repacked), in turn over the names in sorted order.
-    let mut q: std::collections::HashMap<String, (GgmlType, Vec<Vec<u8>>)> = Default::default();
+    let mut q = common::Overrides::default();
     let mut names: Vec<&String> = store.bufs.keys().collect();
     names.sort();
     for name in names {
@@ -100,7 +78,7 @@ fn repacked_q4k_products_in_a_session() {
         if parts.iter().all(|(r, cc, _)| r % 8 == 0 && cc % 256 == 0) {
             let ty = [GgmlType::Q4K, GgmlType::IQ4XS, GgmlType::Q6K][q.len() % 3];
             let make = match ty {
-                GgmlType::Q4K => q4k,
+                GgmlType::Q4K => common::q4k,
                 GgmlType::IQ4XS => iq4xs,
                 _ => q6k,
             };
@@ -117,30 +95,7 @@ fn repacked_q4k_products_in_a_session() {
         }
     }
     assert!(q.len() >= 9, "Q4_K / IQ4_XS / Q6_K matrices: {}", q.len());
-    let w = ModelWeights::resolve(&c, |name| {
-        let parts = store.bufs.get(name)?;
-        Some(
-            parts
-                .iter()
-                .enumerate()
-                .map(|(i, (r, cc, b))| MatRef {
-                    rows: *r,
-                    cols: *cc,
-                    enc: match q.get(name) {
-                        Some((ty, qp)) => Encoding::Ggml {
-                            ty: *ty,
-                            data: &qp[i],
-                        },
-                        None => Encoding::Ggml {
-                            ty: GgmlType::F32,
-                            data: b,
-                        },
-                    },
-                })
-                .collect(),
-        )
-    })
-    .expect("weights resolve");
+    let w = store.weights_with(&c, &q);
     let toks: Vec<u32> = (0..19)
         .map(|i| (i * 37 + 5) % c.vocab_size as u32)
         .collect();

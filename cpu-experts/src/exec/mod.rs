@@ -807,37 +807,8 @@ fn rope_token(
     }
 }
 
-/// Partial sums of [`dot_lanes`].
-const DOT_LANES: usize = 16;
-
-/// `a · b` accumulated in [`DOT_LANES`] independent lanes (element `i` into lane
-/// `i % DOT_LANES`), the lanes then summed pairwise in a fixed order and the tail added last:
-/// the compiler keeps several vector accumulators in flight instead of one serial chain.
-fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; DOT_LANES];
-    let (ac, at) = a.as_chunks::<DOT_LANES>();
-    let (bc, bt) = b.as_chunks::<DOT_LANES>();
-    for (x, y) in ac.iter().zip(bc) {
-        for l in 0..DOT_LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut w = DOT_LANES;
-    while w > 1 {
-        w /= 2;
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-    }
-    let mut s = acc[0];
-    for (x, y) in at.iter().zip(bt) {
-        s += x * y;
-    }
-    s
-}
-
 /// `lagoon_core::ops::attention::attend_head` (same arguments and semantics) with the
-/// query·key products in [`dot_lanes`] order and std's `exp`: the fast path's attention.
+/// query·key products in [`act::dot_lanes`] order and std's `exp`: the fast path's attention.
 /// It differs from the reference by rounding only; the reference path keeps core's.
 #[allow(clippy::too_many_arguments)]
 fn attend_head_lanes<'a>(
@@ -855,7 +826,7 @@ fn attend_head_lanes<'a>(
     let mut max = f32::NEG_INFINITY;
     for (i, s) in scores[..n].iter_mut().enumerate() {
         let (k, _) = kv(first + i);
-        *s = dot_lanes(qh, &k[kvh * d..(kvh + 1) * d]) * scale;
+        *s = act::dot_lanes(qh, &k[kvh * d..(kvh + 1) * d]) * scale;
         max = max.max(*s);
     }
     let mut sum = 0.0f32;

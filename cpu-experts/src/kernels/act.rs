@@ -274,38 +274,50 @@ pub fn swiglu_in_place(g: &mut [f32], u: &[f32]) {
 }
 
 /// RMSNorm of each `w.len()`-wide row of `x` into `out` (`out = w · x / sqrt(mean(x²) +
-/// eps)`), the fast path's: the sum of squares in 16 independent lanes (added pairwise at
-/// the end) instead of `lagoon_core::ops::norm::rms_norm`'s one serial chain, whose 128
-/// dependent adds per head made a decode step's QK norms ~3.5 µs a node on the 16-core
-/// host (BENCHMARKS.md, "Session 22"). The same operations otherwise; the sum's rounding
-/// differs from the reference's.
+/// eps)`), the fast path's: the sum of squares by [`dot_lanes`] instead of
+/// `lagoon_core::ops::norm::rms_norm`'s one serial chain, whose 128 dependent adds per head
+/// made a decode step's QK norms ~3.5 µs a node on the 16-core host (BENCHMARKS.md, "Session
+/// 22"). The same operations otherwise; the sum's rounding differs from the reference's.
 pub fn rms_norm_lanes(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    const W: usize = 16;
     let n = w.len();
     if n == 0 {
         return;
     }
     for (xg, og) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let (xc, xt) = xg.as_chunks::<W>();
-        let mut lanes = [0.0f32; W];
-        for c in xc {
-            for l in 0..W {
-                lanes[l] += c[l] * c[l];
-            }
-        }
-        let mut width = W;
-        while width > 1 {
-            width /= 2;
-            for l in 0..width {
-                lanes[l] += lanes[l + width];
-            }
-        }
-        let ss = xt.iter().fold(lanes[0], |s, &v| s + v * v);
-        let r = 1.0 / (ss / n as f32 + eps).sqrt();
+        let r = 1.0 / (dot_lanes(xg, xg) / n as f32 + eps).sqrt();
         for ((o, &v), &g) in og.iter_mut().zip(xg).zip(w) {
             *o = g * (v * r);
         }
     }
+}
+
+/// Partial sums of [`dot_lanes`].
+pub const DOT_LANES: usize = 16;
+
+/// `a · b` accumulated in [`DOT_LANES`] independent lanes (element `i` into lane
+/// `i % DOT_LANES`), the lanes then summed pairwise in a fixed order and the tail added last:
+/// the compiler keeps several vector accumulators in flight instead of one serial chain.
+pub fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; DOT_LANES];
+    let (ac, at) = a.as_chunks::<DOT_LANES>();
+    let (bc, bt) = b.as_chunks::<DOT_LANES>();
+    for (x, y) in ac.iter().zip(bc) {
+        for l in 0..DOT_LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut w = DOT_LANES;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+    }
+    let mut s = acc[0];
+    for (x, y) in at.iter().zip(bt) {
+        s += x * y;
+    }
+    s
 }
 
 /// Decodes a Q8_0 activation row back to f32 (`d · q`), for tests and debugging.

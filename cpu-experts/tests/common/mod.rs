@@ -124,6 +124,63 @@ impl Store {
     }
 }
 
+/// Quantised stand-ins for some of a [`Store`]'s weights: name → (type, bytes per part).
+#[allow(dead_code)]
+pub type Overrides = HashMap<String, (GgmlType, Vec<Vec<u8>>)>;
+
+impl Store {
+    #[allow(dead_code)]
+    /// The weights with `q`'s tensors in their quantised form and the rest f32.
+    pub fn weights_with<'a>(&'a self, c: &ModelConfig, q: &'a Overrides) -> ModelWeights<'a> {
+        ModelWeights::resolve(c, |name| {
+            let parts = self.bufs.get(name)?;
+            Some(
+                parts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (r, cc, b))| MatRef {
+                        rows: *r,
+                        cols: *cc,
+                        enc: match q.get(name) {
+                            Some((ty, qp)) => Encoding::Ggml {
+                                ty: *ty,
+                                data: &qp[i],
+                            },
+                            None => Encoding::Ggml {
+                                ty: GgmlType::F32,
+                                data: b,
+                            },
+                        },
+                    })
+                    .collect(),
+            )
+        })
+        .expect("weights resolve")
+    }
+}
+
+/// Random Q4_K rows (random quants, scales and mins; small f16 `d` and `dmin`).
+#[allow(dead_code)]
+pub fn q4k(rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+    let mut next = move || {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    };
+    let mut w = vec![0u8; rows * cols / 256 * 144];
+    for blk in w.chunks_exact_mut(144) {
+        for b in blk.iter_mut() {
+            *b = next() as u8;
+        }
+        let d = half::f16::from_f32(4e-5 + (next() % 100) as f32 * 1e-6);
+        let m = half::f16::from_f32(2e-4 + (next() % 100) as f32 * 1e-6);
+        blk[0..2].copy_from_slice(&d.to_le_bytes());
+        blk[2..4].copy_from_slice(&m.to_le_bytes());
+    }
+    w
+}
+
 /// (parts, rows, cols, scale, offset) of a weight by name.
 fn shape_of(c: &ModelConfig, gates: &[GateMode], name: &str) -> (usize, usize, usize, f32, f32) {
     let h = c.hidden_size;
