@@ -4,10 +4,10 @@
 //!
 //! 1. `Split((?:\r?\n)+(?!\r?\n), MergedWithNext)`: a piece boundary at the start of
 //!    every maximal run of `\n` / `\r\n` units (a lone `\r` is not part of a run); the run
-//!    stays attached to the text after it. [`for_each_line_piece`]
+//!    stays attached to the text after it. `for_each_line_piece`
 //! 2. `Split(<Qwen2 regex>, Isolated)` with the single-digit `\p{N}`:
 //!    `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
-//!    [`qwen2_piece_end`]; every character is in exactly one of `\p{L}`, `\p{N}`, `\s` or
+//!    `qwen2_piece_end`; every character is in exactly one of `\p{L}`, `\p{N}`, `\s` or
 //!    "other", so every position starts a match and the matches tile the input.
 //! 3. ByteLevel (`add_prefix_space = false`, `use_regex = false`) only maps bytes; that
 //!    happens in the BPE step.
@@ -16,7 +16,7 @@
 //! `is_alphabetic` is the wider Alphabetic property and would split e.g. Devanagari vowel
 //! signs differently). Input that is not valid UTF-8 is scanned too: each maximal invalid
 //! subpart (the unit `String::from_utf8_lossy` replaces) is one character of class
-//! [`Class::Other`], the class of U+FFFD that HF would see after lossy decoding.
+//! `Class::Other`, the class of U+FFFD that HF would see after lossy decoding.
 
 use std::ops::Range;
 

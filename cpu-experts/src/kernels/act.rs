@@ -256,7 +256,7 @@ fn exp_fast(x: f32) -> f32 {
     p * e
 }
 
-/// `g ← silu(g) · u` elementwise (SwiGLU), SiLU as `g / (1 + e^(−g))` with [`exp_fast`]: the
+/// `g ← silu(g) · u` elementwise (SwiGLU), SiLU as `g / (1 + e^(−g))` with `exp_fast`: the
 /// fast path's activation. Each element's value depends only on its own inputs.
 pub fn swiglu_in_place(g: &mut [f32], u: &[f32]) {
     const W: usize = 16;

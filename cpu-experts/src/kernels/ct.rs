@@ -8,7 +8,7 @@
 //!
 //! with `off` the code offset (8 for int4, 0 once int8 codes are re-centred), `z_g` the zero
 //! point (0 when symmetric) and `ds_b = d_b·Σ q_a` from the activation row. The row kernels
-//! ([`CtRowDot`]) compute the symmetric part; the asymmetric zero-point term is added here in
+//! (`CtRowDot`) compute the symmetric part; the asymmetric zero-point term is added here in
 //! scalar code (one multiply per 32 columns).
 //!
 //! Numerics: compressed-tensors' reference (`CtMatrix::dequant_row`) rounds every weight
@@ -41,7 +41,7 @@ pub(crate) enum Codes {
 pub(crate) type CtRowDot =
     fn(row: &[u8], scales: &[u8], sd: ScaleDtype, run: usize, a: &[u8], n: usize) -> f32;
 
-/// A [`CtRowDot`] for int4 codes that takes the activation quants already rearranged by its
+/// A `CtRowDot` for int4 codes that takes the activation quants already rearranged by its
 /// [`CtActOrder`] (`qperm`), beside the activation row `a` (for its block scales); same
 /// results as the kernel table's `ct_nib4`.
 pub(crate) type CtRowDotPerm = fn(
@@ -275,7 +275,7 @@ fn scalar_row(
     acc
 }
 
-/// Scalar [`CtRowDot`] for pack-quantized int4.
+/// Scalar `CtRowDot` for pack-quantized int4.
 pub fn vec_dot_ct_nib4_q8_0(
     row: &[u8],
     scales: &[u8],
@@ -287,7 +287,7 @@ pub fn vec_dot_ct_nib4_q8_0(
     scalar_row(Codes::Nib4, row, scales, sd, run, a, n)
 }
 
-/// Scalar [`CtRowDot`] for pack-quantized int8.
+/// Scalar `CtRowDot` for pack-quantized int8.
 pub fn vec_dot_ct_u8_q8_0(
     row: &[u8],
     scales: &[u8],
@@ -299,7 +299,7 @@ pub fn vec_dot_ct_u8_q8_0(
     scalar_row(Codes::U8, row, scales, sd, run, a, n)
 }
 
-/// Scalar [`CtRowDot`] for naive `I8`.
+/// Scalar `CtRowDot` for naive `I8`.
 pub fn vec_dot_ct_i8_q8_0(
     row: &[u8],
     scales: &[u8],

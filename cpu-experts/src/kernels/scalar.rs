@@ -2,7 +2,7 @@
 //! oracle every SIMD kernel is tested against, and the path used when no SIMD is detected
 //! or `LAGOON_FORCE_SCALAR=1`.
 //!
-//! Every kernel has the signature [`super::RowDot`]: one weight row's bytes, one activation
+//! Every kernel has the signature `super::RowDot`: one weight row's bytes, one activation
 //! row (layouts in [`super::act`]) and the element count; it returns the dot product. The
 //! integer part of each block is exact (i32); the f32 accumulation runs block by block in
 //! ggml's reference order (`sumf += sumi · (d_w · d_a)`). A length mismatch returns NaN
@@ -125,7 +125,7 @@ pub fn vec_dot_q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     })
 }
 
-/// Q4_1 × Q8_0 (+ exact block sums; see [`legacy_dot`]). Block (20 B): `d | m | qs[16]`.
+/// Q4_1 × Q8_0 (+ exact block sums; see `legacy_dot`). Block (20 B): `d | m | qs[16]`.
 pub fn vec_dot_q4_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     legacy_dot::<20>(w, a, n, |b| Legacy {
         d: f16_at(b, 0),

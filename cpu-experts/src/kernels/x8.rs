@@ -683,7 +683,7 @@ macro_rules! x8_pick {
 }
 pub(crate) use x8_pick;
 
-/// The fastest [`DotX8Multi`] this CPU runs ([`x8_pick!`]).
+/// The fastest [`DotX8Multi`] this CPU runs (`x8_pick!`).
 pub fn dot_q4k_x8_multi() -> DotX8Multi {
     x8_pick!(q4k_x8_multi, dot_q4k_x8_multi_scalar)
 }

@@ -110,7 +110,7 @@ pub fn dot_iq3xxs_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &m
     super::x8::by_token(dot_iq3xxs_x8_scalar, p, acts, cols, out);
 }
 
-/// The fastest IQ3_XXS [`DotX8Multi`] this CPU runs ([`super::x8::x8_pick!`]).
+/// The fastest IQ3_XXS [`DotX8Multi`] this CPU runs (`super::x8::x8_pick!`).
 pub fn dot_iq3xxs_x8_multi() -> DotX8Multi {
     super::x8::x8_pick!(iq3xxs_x8_multi, dot_iq3xxs_x8_multi_scalar)
 }

@@ -118,7 +118,7 @@ pub fn dot_iq4xs_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &mu
     super::x8::by_token(dot_iq4xs_x8_scalar, p, acts, cols, out);
 }
 
-/// The fastest IQ4_XS [`DotX8Multi`] this CPU runs ([`super::x8::x8_pick!`]).
+/// The fastest IQ4_XS [`DotX8Multi`] this CPU runs (`super::x8::x8_pick!`).
 pub fn dot_iq4xs_x8_multi() -> DotX8Multi {
     super::x8::x8_pick!(iq4xs_x8_multi, dot_iq4xs_x8_multi_scalar)
 }

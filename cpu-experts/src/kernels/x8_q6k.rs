@@ -129,7 +129,7 @@ pub fn dot_q6k_x8_multi_scalar(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut 
     super::x8::by_token(dot_q6k_x8_scalar, p, acts, cols, out);
 }
 
-/// The fastest Q6_K [`DotX8Multi`] this CPU runs ([`super::x8::x8_pick!`]).
+/// The fastest Q6_K [`DotX8Multi`] this CPU runs (`super::x8::x8_pick!`).
 pub fn dot_q6k_x8_multi() -> DotX8Multi {
     super::x8::x8_pick!(q6k_x8_multi, dot_q6k_x8_multi_scalar)
 }
