@@ -19,7 +19,7 @@ use crate::kernels::{AttnGroup, AttnTokens};
 const MAX_G: usize = crate::kernels::Kernels::ATTEND_MAX_HEADS;
 
 /// Widest head [`attend_tokens`] takes (its block copies are `16·MAX_D` floats each).
-const MAX_D: usize = 256;
+pub(super) const MAX_D: usize = 256;
 
 /// Positions per PV block: 32 V rows of a 128-wide head are 16 KiB.
 const PV_BLOCK: usize = 32;
@@ -184,7 +184,7 @@ fn group<const G: usize>(a: &AttnGroup<'_>, n: usize, scores: &mut [f32], out: &
 /// `vscalefps` multiplies by 2^k, going to 0 (through subnormals) below −87.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn exp_ps(x: __m512) -> __m512 {
+pub(super) fn exp_ps(x: __m512) -> __m512 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     // Below −104 the result is 0 after scaling. `vmaxps` returns its second operand when
@@ -209,7 +209,7 @@ fn exp_ps(x: __m512) -> __m512 {
 /// `prefetcht0` on every 64-byte line of `x`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn prefetch_row(x: &[f32]) {
+pub(super) fn prefetch_row(x: &[f32]) {
     for line in x.chunks(16) {
         _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
     }
@@ -252,7 +252,12 @@ pub(super) fn attend_tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> bool 
         return false;
     }
     let g = a.n_heads;
-    // SAFETY: as in `attend_group`; the bounds are checked above.
+    if !rows_kernel() {
+        // SAFETY: as in `attend_group`; the bounds are checked above.
+        unsafe { super::attn_tiles::tokens(a, out) };
+        return true;
+    }
+    // SAFETY: as above.
     unsafe {
         match g {
             1 => tokens::<1>(a, out),
@@ -266,6 +271,13 @@ pub(super) fn attend_tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> bool 
         }
     }
     true
+}
+
+/// Whether `LAGOON_CPU_ATTN_TOKENS=rows` asks for [`tokens`] (one query row at a time)
+/// instead of `attn_tiles::tokens`, for measuring.
+fn rows_kernel() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var_os("LAGOON_CPU_ATTN_TOKENS").is_some_and(|v| v == "rows"))
 }
 
 /// Online softmax (learned from the FlashAttention papers and ggml's

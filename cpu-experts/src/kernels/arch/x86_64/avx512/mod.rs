@@ -36,6 +36,7 @@
 //! several-token kernel), so the several-token results are bit-identical to one at a time.
 //! The integer sums are exact, as in the scalar oracle; only the f32 order differs.
 
+mod attn_tiles;
 mod ct;
 pub(super) mod ct4x8z;
 mod float;
