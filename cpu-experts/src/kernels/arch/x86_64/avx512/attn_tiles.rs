@@ -24,6 +24,9 @@ use crate::kernels::AttnTokens;
 /// Query rows (token, head) per pass.
 const RQ: usize = 8;
 
+/// Positions per block: two 16-lane halves.
+const B: usize = 32;
+
 /// Most query rows of a call: [`crate::kernels::Kernels::ATTEND_MAX_TOKENS`] tokens ×
 /// [`crate::kernels::Kernels::ATTEND_MAX_HEADS`] heads.
 const MAX_ROWS: usize =
@@ -53,100 +56,124 @@ pub(super) fn tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) {
             o_ptr[t * g + h] = unsafe { p.add(h * d) };
         }
     }
-    let mut kt = [0.0f32; MAX_D * 16];
-    let mut vbuf = [0.0f32; 16 * MAX_D];
-    for j0 in (start..end).step_by(16) {
-        let len = 16.min(end - j0);
+    let mut kt = [0.0f32; MAX_D * B];
+    let mut vbuf = [0.0f32; B * MAX_D];
+    for j0 in (start..end).step_by(B) {
+        let len = B.min(end - j0);
         // Positions past the block repeat its first (their lanes are masked off).
-        for i in 0..16 {
+        for i in 0..B {
             let b = base(if i < len { j0 + i } else { j0 });
             for (c, &x) in a.kc[b..b + d].iter().enumerate() {
-                kt[c * 16 + i] = x;
+                kt[c * B + i] = x;
             }
             vbuf[i * d..(i + 1) * d].copy_from_slice(&a.vc[b..b + d]);
         }
-        if j0 + 16 < end {
-            for i in 0..16.min(end - j0 - 16) {
-                let b = base(j0 + 16 + i);
+        if j0 + B < end {
+            for i in 0..B.min(end - j0 - B) {
+                let b = base(j0 + B + i);
                 prefetch_row(&a.kc[b..b + d]);
                 prefetch_row(&a.vc[b..b + d]);
             }
         }
         for r0 in (0..nr).step_by(RQ) {
             let live = RQ.min(nr - r0);
-            // The rows' visible lanes (0: none, or a padding row).
-            let mut lo = [16usize; RQ];
+            // The rows' visible positions of the block (mask 0: none, or a padding row).
+            let mut lo = [B; RQ];
             let mut hi = [0usize; RQ];
-            let mut mask = [0u16; RQ];
+            let mut mask = [0u32; RQ];
             for k in 0..live {
                 let t = (r0 + k) / g;
                 let (f, p) = (first(t), a.pos0 + t);
                 let (l0, h0) = (
-                    f.saturating_sub(j0).min(16),
+                    f.saturating_sub(j0).min(B),
                     (p + 1).saturating_sub(j0).min(len),
                 );
                 if l0 < h0 {
                     (lo[k], hi[k]) = (l0, h0);
-                    mask[k] = (((1u32 << h0) - 1) & !((1u32 << l0) - 1)) as u16;
+                    let upto = |n: usize| if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
+                    mask[k] = upto(h0) & !upto(l0);
                 }
             }
             if mask.iter().all(|&x| x == 0) {
                 continue;
             }
-            // Scores: eight rows, one accumulator each, over the dims.
+            // Scores: eight rows × two 16-position halves, so each broadcast query element
+            // serves two FMAs.
             let qs: [&[f32]; RQ] = core::array::from_fn(|k| q_of(r0 + k.min(live - 1)));
-            let mut s = [_mm512_setzero_ps(); RQ];
+            let mut s = [[_mm512_setzero_ps(); 2]; RQ];
             for c in 0..d {
-                // SAFETY: c·16 + 16 ≤ 16·d ≤ kt.len() (d ≤ MAX_D, checked by the caller).
-                let kv = unsafe { _mm512_loadu_ps(kt.as_ptr().add(c * 16)) };
+                // SAFETY: c·B + B ≤ B·d ≤ kt.len() (d ≤ MAX_D, checked by the caller).
+                let (k0, k1) = unsafe {
+                    let p = kt.as_ptr().add(c * B);
+                    (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+                };
                 for k in 0..RQ {
-                    s[k] = _mm512_fmadd_ps(_mm512_set1_ps(qs[k][c]), kv, s[k]);
+                    let w = _mm512_set1_ps(qs[k][c]);
+                    s[k][0] = _mm512_fmadd_ps(w, k0, s[k][0]);
+                    s[k][1] = _mm512_fmadd_ps(w, k1, s[k][1]);
                 }
             }
             // Online softmax per row; weights to `pw`, output scale to `alpha`.
-            let mut pw = [[0.0f32; 16]; RQ];
+            let mut pw = [[0.0f32; B]; RQ];
             let mut alpha = [1.0f32; RQ];
+            let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
             for k in 0..live {
                 if mask[k] == 0 {
                     continue;
                 }
                 let r = r0 + k;
-                let sk = _mm512_mask_mov_ps(
-                    _mm512_set1_ps(f32::NEG_INFINITY),
-                    mask[k],
-                    _mm512_mul_ps(s[k], scale),
-                );
-                let m_new = m[r].max(_mm512_reduce_max_ps(sk));
+                let sk = [0, 1].map(|h| {
+                    let mh = (mask[k] >> (16 * h)) as u16;
+                    _mm512_mask_mov_ps(ninf, mh, _mm512_mul_ps(s[k][h], scale))
+                });
+                let mx = _mm512_reduce_max_ps(_mm512_max_ps(sk[0], sk[1]));
+                let m_new = m[r].max(mx);
                 let al = exp_ps(_mm512_set1_ps(m[r] - m_new));
-                let pv = exp_ps(_mm512_sub_ps(sk, _mm512_set1_ps(m_new)));
-                l[r] = l[r] * _mm512_cvtss_f32(al) + _mm512_reduce_add_ps(pv);
+                let mn = _mm512_set1_ps(m_new);
+                let pv = sk.map(|x| exp_ps(_mm512_sub_ps(x, mn)));
+                let sum = _mm512_reduce_add_ps(_mm512_add_ps(pv[0], pv[1]));
+                l[r] = l[r] * _mm512_cvtss_f32(al) + sum;
                 m[r] = m_new;
                 alpha[k] = _mm512_cvtss_f32(al);
-                // SAFETY: `pw[k]` is 16 writable f32.
-                unsafe { _mm512_storeu_ps(pw[k].as_mut_ptr(), pv) };
+                // SAFETY: `pw[k]` is B = 32 writable f32.
+                unsafe {
+                    _mm512_storeu_ps(pw[k].as_mut_ptr(), pv[0]);
+                    _mm512_storeu_ps(pw[k].as_mut_ptr().add(16), pv[1]);
+                }
             }
             let (ilo, ihi) = (
-                lo[..live].iter().copied().min().unwrap_or(16),
+                lo[..live].iter().copied().min().unwrap_or(B),
                 hi[..live].iter().copied().max().unwrap_or(0),
             );
-            // PV: 16 columns at a time, eight rows' accumulators.
-            for c in (0..d).step_by(16) {
-                let mut acc = [_mm512_setzero_ps(); RQ];
+            // PV: 32 columns at a time (d is a multiple of 32), eight rows' accumulators, so
+            // each broadcast weight serves two FMAs.
+            for c in (0..d).step_by(32) {
+                let mut acc = [[_mm512_setzero_ps(); 2]; RQ];
                 for k in 0..live {
-                    // SAFETY: row r0 + k's output has d floats and c + 16 ≤ d.
-                    let o = unsafe { _mm512_loadu_ps(o_ptr[r0 + k].add(c)) };
-                    acc[k] = _mm512_mul_ps(o, _mm512_set1_ps(alpha[k]));
+                    let al = _mm512_set1_ps(alpha[k]);
+                    for (h, a) in acc[k].iter_mut().enumerate() {
+                        // SAFETY: row r0 + k's output has d floats and c + 32 ≤ d.
+                        let o = unsafe { _mm512_loadu_ps(o_ptr[r0 + k].add(c + 16 * h)) };
+                        *a = _mm512_mul_ps(o, al);
+                    }
                 }
                 for i in ilo..ihi {
-                    // SAFETY: i·d + c + 16 ≤ 16·d ≤ vbuf.len().
-                    let v = unsafe { _mm512_loadu_ps(vbuf.as_ptr().add(i * d + c)) };
+                    // SAFETY: i·d + c + 32 ≤ B·d ≤ vbuf.len().
+                    let (v0, v1) = unsafe {
+                        let p = vbuf.as_ptr().add(i * d + c);
+                        (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+                    };
                     for k in 0..RQ {
-                        acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(pw[k][i]), v, acc[k]);
+                        let w = _mm512_set1_ps(pw[k][i]);
+                        acc[k][0] = _mm512_fmadd_ps(w, v0, acc[k][0]);
+                        acc[k][1] = _mm512_fmadd_ps(w, v1, acc[k][1]);
                     }
                 }
                 for k in 0..live {
-                    // SAFETY: as above; rows r0 + k are distinct for distinct k < live.
-                    unsafe { _mm512_storeu_ps(o_ptr[r0 + k].add(c), acc[k]) };
+                    for (h, a) in acc[k].iter().enumerate() {
+                        // SAFETY: as above; rows r0 + k are distinct for distinct k < live.
+                        unsafe { _mm512_storeu_ps(o_ptr[r0 + k].add(c + 16 * h), *a) };
+                    }
                 }
             }
         }
