@@ -185,3 +185,11 @@ pub(crate) fn ct4_x8(vnni: bool) -> Option<crate::kernels::x8_ct4::DotCt4X8> {
         .filter(|_| vnni)
         .map(avx512::ct4x8z::ct4_x8z_fn)
 }
+
+/// Whether `LAGOON_CPU_ATTN_TOKENS=rows` sends several-token attention to the kernels that
+/// take one query row at a time (`avx512/float.rs`, `avx2/attend.rs` `tokens`) instead of
+/// the `attn_tiles` ones, for measuring.
+pub(crate) fn rows_attention() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var_os("LAGOON_CPU_ATTN_TOKENS").is_some_and(|v| v == "rows"))
+}

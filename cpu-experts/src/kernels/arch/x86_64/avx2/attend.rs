@@ -22,7 +22,7 @@ use crate::kernels::{AttnGroup, AttnTokens, Kernels};
 const MAX_G: usize = Kernels::ATTEND_MAX_HEADS;
 
 /// Widest head [`attend_tokens`] takes (its block copies are `8·MAX_D` floats each).
-const MAX_D: usize = 256;
+pub(super) const MAX_D: usize = 256;
 
 /// Positions per PV block of [`attend_group`]: 32 V rows of a 128-wide head are 16 KiB.
 const PV_BLOCK: usize = 32;
@@ -74,7 +74,7 @@ fn st(x: &mut [f32], i: usize, v: __m256) {
 /// Sum of the 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
@@ -83,7 +83,7 @@ fn hsum(v: __m256) -> f32 {
 /// Largest of the 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hmax(v: __m256) -> f32 {
+pub(super) fn hmax(v: __m256) -> f32 {
     let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
@@ -120,7 +120,7 @@ fn reduce8(a: [__m256; 8]) -> __m256 {
 /// flushed to 0, where `avx512/float.rs`'s `vscalefps` keeps subnormals).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn exp_ps(x: __m256) -> __m256 {
+pub(super) fn exp_ps(x: __m256) -> __m256 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     // `vmaxps` returns its second operand when one is NaN, so a NaN x passes through.
@@ -150,7 +150,7 @@ fn exp_ps(x: __m256) -> __m256 {
 /// `prefetcht0` on every 64-byte line of `x`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn prefetch_row(x: &[f32]) {
+pub(super) fn prefetch_row(x: &[f32]) {
     for line in x.chunks(16) {
         _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
     }
@@ -159,7 +159,7 @@ fn prefetch_row(x: &[f32]) {
 /// A lane mask selecting lanes `lo..hi` (all-ones 32-bit lanes).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn lanes(lo: usize, hi: usize) -> __m256 {
+pub(super) fn lanes(lo: usize, hi: usize) -> __m256 {
     let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let ge_lo = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo as i32 - 1));
     let lt_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), idx);
@@ -294,6 +294,11 @@ fn group<const G: usize>(a: &AttnGroup<'_>, n: usize, scores: &mut [f32], out: &
 pub(super) fn attend_tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> bool {
     if !a.fits(out, 16, MAX_D, MAX_G) {
         return false;
+    }
+    if !super::super::rows_attention() {
+        // SAFETY: as in `attend_group`; the bounds are checked above.
+        unsafe { super::attn_tiles::tokens(a, out) };
+        return true;
     }
     // SAFETY: as in `attend_group`; the bounds are checked above.
     unsafe {

@@ -10,6 +10,7 @@
 //! accumulation order differs (8 lanes, several accumulators).
 
 mod attend;
+mod attn_tiles;
 pub(super) mod ct;
 mod float;
 pub(super) mod iq;

@@ -252,7 +252,7 @@ pub(super) fn attend_tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> bool 
         return false;
     }
     let g = a.n_heads;
-    if !rows_kernel() {
+    if !super::super::rows_attention() {
         // SAFETY: as in `attend_group`; the bounds are checked above.
         unsafe { super::attn_tiles::tokens(a, out) };
         return true;
@@ -271,13 +271,6 @@ pub(super) fn attend_tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> bool 
         }
     }
     true
-}
-
-/// Whether `LAGOON_CPU_ATTN_TOKENS=rows` asks for [`tokens`] (one query row at a time)
-/// instead of `attn_tiles::tokens`, for measuring.
-fn rows_kernel() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var_os("LAGOON_CPU_ATTN_TOKENS").is_some_and(|v| v == "rows"))
 }
 
 /// Online softmax (learned from the FlashAttention papers and ggml's
