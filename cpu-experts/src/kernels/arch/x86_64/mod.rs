@@ -2,6 +2,7 @@
 //! on CPUs that have them (resolved at run time; `LAGOON_FORCE_AVX2=1` keeps AVX2).
 
 mod avx2;
+mod tiles;
 // The AVX-512 intrinsics and target features are stable from Rust 1.89 (the workspace's
 // `rust-version`).
 mod avx512;

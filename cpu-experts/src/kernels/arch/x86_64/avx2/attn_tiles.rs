@@ -10,7 +10,8 @@
 
 use core::arch::x86_64::*;
 
-use super::attend::{MAX_D, exp_ps, hmax, hsum, lanes, prefetch_row};
+use super::super::tiles::{self, MAX_ROWS};
+use super::attend::{MAX_D, exp_ps, hmax, hsum, lanes};
 use crate::kernels::AttnTokens;
 
 /// Query rows (token, head) per pass.
@@ -19,68 +20,32 @@ const RQ: usize = 4;
 /// Positions per block: two 8-lane halves.
 const B: usize = 16;
 
-/// Most query rows of a call: [`crate::kernels::Kernels::ATTEND_MAX_TOKENS`] tokens ×
-/// [`crate::kernels::Kernels::ATTEND_MAX_HEADS`] heads.
-const MAX_ROWS: usize =
-    crate::kernels::Kernels::ATTEND_MAX_TOKENS * crate::kernels::Kernels::ATTEND_MAX_HEADS;
-
 /// The kernel; the caller checked `a.fits(out, 16, MAX_D, MAX_G)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) {
-    let (d, row, cap, off, nt, g) = (a.d, a.row, a.cap, a.off, a.n_tokens, a.n_heads);
+    let (d, nt, g) = (a.d, a.n_tokens, a.n_heads);
     let nr = nt * g;
     let scale = _mm256_set1_ps(1.0 / (d as f32).sqrt());
-    let first = |t: usize| (a.pos0 + t + 1).saturating_sub(a.window);
-    let (start, end) = (first(0), a.pos0 + nt); // positions start..end, end exclusive
-    let base = |j: usize| (j % cap) * row + off;
+    // Positions start..end, end exclusive.
+    let (start, end) = ((a.pos0 + 1).saturating_sub(a.window), a.pos0 + nt);
     let mut m = [f32::NEG_INFINITY; MAX_ROWS];
     let mut l = [0.0f32; MAX_ROWS];
     // Row r = (token r / g, head r % g): its query and its output.
     let q_of = |r: usize| &a.q[(r / g) * a.q_stride + (r % g) * d..][..d];
-    // One base pointer per token's output (g heads of d), the rows' pointers derived from it.
-    let mut o_ptr = [core::ptr::null_mut::<f32>(); MAX_ROWS];
-    for (t, o) in out[..nt].iter_mut().enumerate() {
-        let o = &mut o[..g * d];
-        o.fill(0.0);
-        let p = o.as_mut_ptr();
-        for h in 0..g {
-            // SAFETY: h·d < g·d, inside the token's output.
-            o_ptr[t * g + h] = unsafe { p.add(h * d) };
-        }
-    }
+    let o_ptr = tiles::row_outputs(a, out);
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut kt = [0.0f32; MAX_D * B];
     let mut vbuf = [0.0f32; B * MAX_D];
     for j0 in (start..end).step_by(B) {
         let len = B.min(end - j0);
-        // Positions past the block repeat its first (their lanes are masked off).
-        for i in 0..B {
-            let b = base(if i < len { j0 + i } else { j0 });
-            for (c, &x) in a.kc[b..b + d].iter().enumerate() {
-                kt[c * B + i] = x;
-            }
-            vbuf[i * d..(i + 1) * d].copy_from_slice(&a.vc[b..b + d]);
-        }
-        if j0 + B < end {
-            for i in 0..B.min(end - j0 - B) {
-                let b = base(j0 + B + i);
-                prefetch_row(&a.kc[b..b + d]);
-                prefetch_row(&a.vc[b..b + d]);
-            }
-        }
+        tiles::gather_block::<B>(a, j0, end, &mut kt, &mut vbuf);
         for r0 in (0..nr).step_by(RQ) {
             let live = RQ.min(nr - r0);
             // The rows' visible positions of the block (lo ≥ hi: none, or a padding row).
             let mut lo = [B; RQ];
             let mut hi = [0usize; RQ];
             for k in 0..live {
-                let t = (r0 + k) / g;
-                let (f, p) = (first(t), a.pos0 + t);
-                let (l0, h0) = (
-                    f.saturating_sub(j0).min(B),
-                    (p + 1).saturating_sub(j0).min(len),
-                );
-                if l0 < h0 {
+                if let Some((l0, h0)) = tiles::visible::<B>(a, (r0 + k) / g, j0, len) {
                     (lo[k], hi[k]) = (l0, h0);
                 }
             }
