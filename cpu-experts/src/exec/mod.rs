@@ -35,7 +35,7 @@ const ROW_TILE: usize = 16;
 /// (the repacked kernels take whole groups of 8 rows). `LAGOON_CPU_DECODE_TILE=N` fixes it
 /// at N (a multiple of 8 from 8 to [`MAX_DECODE_TILE`]), for measuring. On the 2-core Zen 5
 /// VM, 64 against 16: XS.2 8 layers UD-Q3_K_M tg64 +10-15% (the IQ3_XXS experts' node time
-/// -30%), BENCHMARKS.md "Session 22".
+/// -30%); on the 16-core host level (XS 2.1 UD-Q3_K_M-like), BENCHMARKS.md "Session 22".
 const DECODE_ROW_TILE: usize = 64;
 
 /// Work items per thread a decode dispatch keeps (for balance) before tiles grow.

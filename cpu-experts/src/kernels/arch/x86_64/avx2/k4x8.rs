@@ -59,8 +59,10 @@ pub(crate) fn prefetch_ahead() -> usize {
 }
 
 /// The one-row Q8_0 kernel's prefetch distance in bytes, 0 for none:
-/// `LAGOON_CPU_ROW_PREFETCH=0|1|N` as [`prefetch_ahead`] reads its variable; unset, none (the
-/// 8-row kernels' distance is the candidate being measured).
+/// `LAGOON_CPU_ROW_PREFETCH=0|1|N` as [`prefetch_ahead`] reads its variable; unset, none. On
+/// the 16-core host (session 22) 9,472 bytes ahead was not established either way: expert
+/// GEMV 93.0 / 73.4 GiB/s against 76.1 / 78.2 without, tg128 +3..+5% in two runs and −5% in
+/// a third, all within that machine's run-to-run spread (BENCHMARKS.md, "Session 22").
 pub(crate) fn row_prefetch_ahead() -> usize {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *D.get_or_init(
