@@ -10,18 +10,21 @@
 //!    weight, so the router's output is not read again.
 //! 2. **Gather** (fast path, prefill only, on the pool): each token's row is quantised once
 //!    and copied to the positions of its pairs, so that an expert's tokens are contiguous.
-//! 3. **Gate/up** (one dispatch): work items are (expert, tile of `row_tile` rows: 16, 64 at one token); an item
-//!    dots its tile of `gate` and `up` with all of the expert's tokens at once (the
+//! 3. **Gate/up** (one dispatch): work items are (expert, tile of rows: 16, up to 64 at one
+//!    token, `super::row_tile`); an item dots its tile of `gate` and `up` with all of the
+//!    expert's tokens at once (the
 //!    four-token kernels read each weight block once per four tokens). The thread that
 //!    finishes an expert's last tile applies SwiGLU to the expert's rows and quantises them
 //!    for `down`, inside the same dispatch.
 //! 4. **Down** (one dispatch): work items are tiles of output rows; an item zeroes its rows,
 //!    adds every expert's weighted contribution in ascending expert order, then scales by
-//!    `routed_scaling`.
+//!    `routed_scaling`. At one token the items are (pair or shared expert, tile of rows)
+//!    instead, each streaming one matrix (`down_one_token`), and the calling thread forms the
+//!    same weighted sum, in the same order, after the dispatch.
 //!
 //! The layer's shared expert, where the graph follows the routed experts with it (see
 //! `shared_tail` in the walker), runs in the same two dispatches: its gate/up tiles are the
-//! first items of step 3 and its `down` rows are computed by each step-4 item for its tile,
+//! first items of step 3 and its `down` rows are computed by step-4 items,
 //! so one MoE block costs two dispatches instead of four.
 //!
 //! Every output element is computed by one fixed sequence of operations whatever the thread

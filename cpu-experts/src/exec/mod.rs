@@ -68,7 +68,8 @@ fn row_tile(n: usize, rows: usize, nt: usize) -> usize {
 }
 
 /// Per-thread scratch: one decoded weight row, one head's attention scores, one output tile
-/// (`ROW_TILE` rows for every token of a step), and the router's per-token buffers.
+/// (`ROW_TILE` rows for every token of a step, at least a decode tile's `MAX_DECODE_TILE`),
+/// and the router's per-token buffers.
 #[derive(Debug)]
 pub struct ThreadScratch {
     row: Vec<f32>,
@@ -262,17 +263,31 @@ pub(crate) fn run(
             skip -= 1;
             continue;
         }
+        // Whether this node's timing has started (a run of products tried as one dispatch).
+        let mut timed = false;
         if let (Some(k), Op::MatMul { x, .. }) = (st.kernels.clone(), op) {
             let batch = same_input_matmuls(&graph.nodes[i..], *x);
             if batch > 1 {
-                profile_start(st, c, w, &graph.nodes[i..], batch, n);
+                if let Some(p) = &mut st.profile {
+                    let (key, bytes) = profile_key(c, w, &graph.nodes[i..], batch, n);
+                    p.start(key, bytes);
+                    timed = true;
+                }
                 if matmuls_fused(&k, st, graph, w, &graph.nodes[i..i + batch], n) {
                     skip = batch - 1;
                     continue;
                 }
+                // Not fused (nothing ran): this node alone, timed from the same start.
+                if let Some(p) = &mut st.profile {
+                    let (key, bytes) = profile_key(c, w, &graph.nodes[i..], 1, n);
+                    p.retag(key, bytes);
+                }
             }
         }
-        profile_start(st, c, w, &graph.nodes[i..], 1, n);
+        if let Some(p) = st.profile.as_mut().filter(|_| !timed) {
+            let (key, bytes) = profile_key(c, w, &graph.nodes[i..], 1, n);
+            p.start(key, bytes);
+        }
         match *op {
             Op::Embed { out } => {
                 let (_, o) = io::<0>(&mut st.arena, [], (vals[out], n));
@@ -670,19 +685,15 @@ pub(crate) fn run(
     }
 }
 
-/// Starts timing `op` (run as `fused` products of one input, `n` tokens) when the session
-/// profiles.
-fn profile_start(
-    st: &mut State,
+/// The profile's kind of `nodes[0]` (run as `fused` products of one input, `n` tokens) and
+/// the weight bytes it reads.
+fn profile_key(
     c: &ModelConfig,
     w: &ModelWeights<'_>,
     nodes: &[Op],
     fused: usize,
     n: usize,
-) {
-    let Some(p) = &mut st.profile else {
-        return;
-    };
+) -> (profile::Key, usize) {
     let op = &nodes[0];
     let (sliding, ty, bytes) = match *op {
         Op::MatMul { w: wid, .. } => {
@@ -708,7 +719,7 @@ fn profile_start(
         },
         _ => (false, None, 0),
     };
-    p.start(profile::Key::of(op, fused, sliding, ty), bytes);
+    (profile::Key::of(op, fused, sliding, ty), bytes)
 }
 
 /// Rows (tokens) from which the row-wise nodes (norms, RoPE, gating, SwiGLU) split across

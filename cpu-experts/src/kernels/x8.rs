@@ -117,7 +117,7 @@ pub struct X8Store {
 }
 
 /// The store's map hashes addresses, looked up once per kernel call (thousands per decode
-/// step, e.g. per expert and tile of 32 rows): a multiply and a shift instead of SipHash,
+/// step, e.g. per expert and tile of 32 rows): a multiply and a rotate instead of SipHash,
 /// whose DoS resistance buys nothing for keys that are our own pointers.
 type AddrHash = std::hash::BuildHasherDefault<AddrHasher>;
 

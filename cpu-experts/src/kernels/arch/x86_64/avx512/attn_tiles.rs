@@ -1,9 +1,9 @@
 //! Several-token f32 attention on 512 bits with the scores as a small matrix product: for each
-//! block of 16 positions the K rows are transposed once (`kt[c·16 + i]` = dim c of position
-//! i), so one query row's 16 scores are `Σ_c q[c]·kt[c]`: d FMAs of a broadcast query element
-//! with a 16-position vector, no horizontal reduction. Eight query rows (token, head) go at
-//! once, so each loaded K or V vector serves eight FMAs and the eight accumulators hide the
-//! FMA latency; the PV sum `o += Σ_i p_i·v_i` is done the same way, 16 columns at a time.
+//! block of 32 positions the K rows are transposed once (`kt[c·32 + i]` = dim c of position
+//! i, `tiles::gather_block`), so one query row's scores are `Σ_c q[c]·kt[c]`: FMAs of a
+//! broadcast query element with two 16-position vectors, no horizontal reduction. Eight query
+//! rows (token, head) go at once, so each loaded K or V vector serves eight FMAs and each
+//! broadcast two; the PV sum `o += Σ_i p_i·v_i` is done the same way, 32 columns at a time.
 //!
 //! The previous kernel (`float::tokens`, kept behind `LAGOON_CPU_ATTN_TOKENS=rows`) formed
 //! each query row's scores from 16 dot products and one transposing reduction, one row at a
