@@ -688,6 +688,18 @@ fn bench_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Rows per kernel call in the multi-threaded one-token GEMV: `LAGOON_BENCH_TILE` (a multiple
+/// of 16 dividing 1,024), else 64, the decode tile `lagoon-cpu`'s executor uses at these
+/// shapes with up to 16 threads (`exec::row_tile`; until session 23 the bench used 16, which
+/// charged the int4 kernels' per-call activation sums four times as often as a session does).
+fn bench_tile() -> usize {
+    std::env::var("LAGOON_BENCH_TILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&t| t >= 16 && t.is_multiple_of(16) && FFN.is_multiple_of(t))
+        .unwrap_or(64)
+}
+
 /// Streaming read with every thread of the pool, each summing its own slice.
 fn bench_bandwidth_mt(c: &mut Criterion) {
     let pool = ThreadPool::new(bench_threads());
@@ -778,6 +790,122 @@ fn bench_experts_mt(c: &mut Criterion) {
     group.finish();
 }
 
+/// Median and the 10th / 90th percentiles of `v` (sorted in place).
+fn spread(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.1), at(0.9))
+}
+
+/// The one-token GEMV against a floor measured beside it: with `LAGOON_BENCH_PAIRS=N` (else
+/// nothing runs), N rounds per kind, each one streaming read of the [`target_bytes`] buffer on
+/// every thread and then, per arm (the table's kernels, the 8-row ones where the kind has
+/// them), one token through each copy of the expert set ([`experts_mt_token`], about the same
+/// bytes), each timed. Prints per arm the medians of the GiB/s and of the per-round ratio to
+/// that round's read, with the ratio's 10th–90th percentiles. The 16-core host's read
+/// bandwidth drifts by ±20% over seconds (BENCHMARKS.md, session 23), more than the kernels
+/// differ, so a kernel is divided by a floor read within the same ~50 ms, not by one criterion
+/// took minutes earlier. The process ends after it (the other groups' setup would build every
+/// selected kind's 1 GiB of sets again, whatever the name filter).
+fn bench_floor_pairs(_c: &mut Criterion) {
+    let Some(rounds) = std::env::var("LAGOON_BENCH_PAIRS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    else {
+        return;
+    };
+    let k = Kernels::detect();
+    let pool = ThreadPool::new(bench_threads());
+    let nt = pool.n_threads();
+    let buf = stream_buffer();
+    let total = AtomicU64::new(0);
+    let stream = || {
+        let t = std::time::Instant::now();
+        pool.run(&|ti| {
+            let sum = stream_sum(&buf[chunk(buf.len(), nt, ti)]);
+            total.fetch_add(sum, Ordering::Relaxed);
+        });
+        black_box(total.load(Ordering::Relaxed));
+        (8 * buf.len()) as f64 / t.elapsed().as_secs_f64() / f64::from(1u32 << 30)
+    };
+    let kinds = [
+        Kind::G(GgmlType::Q4K),
+        Kind::G(GgmlType::Q8_0),
+        Kind::CtInt4(32),
+        Kind::G(GgmlType::IQ4XS),
+        Kind::G(GgmlType::IQ3XXS),
+    ];
+    for kind in kinds.into_iter().filter(|&k| kind_selected(k)) {
+        let Experts {
+            sets,
+            set_bytes,
+            act_in,
+            act_down,
+        } = Experts::build(&k, kind);
+        let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
+        let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
+        let x8 = (!matches!(kind, Kind::G(GgmlType::Q8_0))).then(|| {
+            let views: Vec<MatRef<'_>> = sets.iter().flatten().map(Mat::view).collect();
+            k.clone().with_x8(std::sync::Arc::new(
+                lagoon_cpu::kernels::x8::X8Store::build(&views),
+            ))
+        });
+        let arms: Vec<(String, &Kernels)> = [(kind.name(), &k)]
+            .into_iter()
+            .chain(x8.as_ref().map(|k8| (format!("{}/x8", kind.name()), k8)))
+            .collect();
+        // [floor, then per arm GiB/s and ratio] per round; one warm-up round first.
+        let mut floor = Vec::with_capacity(rounds);
+        let mut gib = vec![Vec::with_capacity(rounds); arms.len()];
+        let mut ratio = vec![Vec::with_capacity(rounds); arms.len()];
+        for round in 0..=rounds {
+            let f = stream();
+            let speeds: Vec<f64> = arms
+                .iter()
+                .map(|(_, kk)| {
+                    let t = std::time::Instant::now();
+                    for s in &sets {
+                        experts_mt_token(
+                            kk,
+                            &pool,
+                            s,
+                            &act_in,
+                            &act_down,
+                            &mut out_gu,
+                            &mut out_hidden,
+                        );
+                    }
+                    (sets.len() * set_bytes) as f64
+                        / t.elapsed().as_secs_f64()
+                        / f64::from(1u32 << 30)
+                })
+                .collect();
+            if round == 0 {
+                continue;
+            }
+            floor.push(f);
+            for (a, v) in speeds.into_iter().enumerate() {
+                gib[a].push(v);
+                ratio[a].push(v / f);
+            }
+        }
+        let (fm, f10, f90) = spread(&mut floor);
+        println!("pairs {nt}t floor: {fm:.1} GiB/s (p10-p90 {f10:.1}-{f90:.1}), {rounds} rounds");
+        for (a, (name, _)) in arms.iter().enumerate() {
+            let (g, _, _) = spread(&mut gib[a]);
+            let (r, r10, r90) = spread(&mut ratio[a]);
+            println!(
+                "pairs {nt}t {name}: {g:.1} GiB/s, {:.1}% of the paired read (p10-p90 {:.1}-{:.1}%)",
+                100.0 * r,
+                100.0 * r10,
+                100.0 * r90
+            );
+        }
+    }
+    std::process::exit(0);
+}
+
 /// One token through one expert set on every pool thread (`bench_experts_mt`'s iteration).
 fn experts_mt_token(
     k: &Kernels,
@@ -789,26 +917,27 @@ fn experts_mt_token(
     out_hidden: &mut [f32],
 ) {
     let nt = pool.n_threads();
+    let rt = bench_tile();
     let gu = SharedOut::new(out_gu);
     pool.run(&|ti| {
-        // Work item: (matrix m of the 20 gate/up matrices, 16-row tile).
-        let tiles = FFN / 16;
+        // Work item: (matrix m of the 20 gate/up matrices, rt-row tile).
+        let tiles = FFN / rt;
         for f in chunk(2 * EXPERTS * tiles, nt, ti) {
-            let (m, r0) = (f / tiles, (f % tiles) * 16);
+            let (m, r0) = (f / tiles, (f % tiles) * rt);
             let mat = &s[(m / 2) * 3 + m % 2];
             // SAFETY: each (matrix, tile) is one work item.
-            let o = unsafe { gu.slice(m * FFN + r0..m * FFN + r0 + 16) };
+            let o = unsafe { gu.slice(m * FFN + r0..m * FFN + r0 + rt) };
             k.dot_rows(&mat.view(), r0, act_in, o);
         }
     });
     let hid = SharedOut::new(out_hidden);
     pool.run(&|ti| {
-        let tiles = HIDDEN / 16;
+        let tiles = HIDDEN / rt;
         for tile in chunk(tiles, nt, ti) {
             for e in 0..EXPERTS {
                 // SAFETY: each (expert, tile) is written by the tile's owner only.
-                let o = unsafe { hid.slice(e * HIDDEN + tile * 16..e * HIDDEN + tile * 16 + 16) };
-                k.dot_rows(&s[e * 3 + 2].view(), tile * 16, act_down, o);
+                let o = unsafe { hid.slice(e * HIDDEN + tile * rt..e * HIDDEN + (tile + 1) * rt) };
+                k.dot_rows(&s[e * 3 + 2].view(), tile * rt, act_down, o);
             }
         }
     });
@@ -1099,6 +1228,7 @@ fn bench_x8_incache(c: &mut Criterion<ThreadCpu>) {
 
 criterion_group!(
     benches,
+    bench_floor_pairs,
     bench_bandwidth,
     bench_experts,
     bench_bandwidth_mt,

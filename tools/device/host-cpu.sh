@@ -25,7 +25,7 @@ model=${MODEL:-/dev/shm/xs21-q4km.gguf}
 synth_args=${SYNTH:---preset xs-2.1 --types q4_k_m}
 t0=$(date +%s)
 lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-lscpu | grep -E "Model name|^CPU\(s\)"
+lscpu | grep -E "Model name|^CPU\(s\)|per core|per socket|Socket|NUMA node\(s\)|L[23] cache|MHz"
 if [ -n "${TESTS:-}" ]; then
   # shellcheck disable=SC2086
   set -- $TESTS
@@ -49,16 +49,17 @@ build_llama() {
 lap "synth done ($model)"
 wait
 # KVARIANTS: environment settings the kernel benches run under, one run each per KROUNDS round
-# (default one plain run); KFILTER: their criterion filter (default: the stream read, the
-# 16-thread one-token GEMV and the grouped prefill).
+# (default one plain run; a variant may set LAGOON_BENCH_THREADS or LAGOON_BENCH_MIB); KFILTER:
+# their criterion filter (default: the stream read, the one-token GEMV with all threads and the
+# grouped prefill); KTIME: seconds of measurement per bench (2).
 if [ -x .device/bin/kernels-bench ]; then
   for kround in $(seq "${KROUNDS:-1}"); do
     for kv in ${KVARIANTS:-PLAIN=1}; do
       echo "== kernels $kv (round $kround)"
-      env ${kv//,/ } LAGOON_BENCH_KINDS=${KINDS:-} LAGOON_BENCH_THREADS=$threads .device/bin/kernels-bench --bench \
-        --warm-up-time 1 --measurement-time 2 \
-        "${KFILTER:-^(stream_read_${threads}t|expert_gemv_1tok_avx512vnni_${threads}t|prefill_experts)}" 2>&1 \
-        | grep -E "^(stream|expert|prefill)|thrpt" | tee -a "$out/kernels.log"
+      env LAGOON_BENCH_KINDS=${KINDS:-} LAGOON_BENCH_THREADS=$threads ${kv//,/ } .device/bin/kernels-bench --bench \
+        --warm-up-time 1 --measurement-time "${KTIME:-2}" \
+        "${KFILTER:-^(stream_read_[0-9]+t|expert_gemv_1tok_avx512vnni_[0-9]+t|prefill_experts)}" 2>&1 \
+        | grep -E "^(stream|expert|prefill|x8_)|thrpt" | tee -a "$out/kernels.log"
     done
   done
   lap "kernels bench"
@@ -72,7 +73,7 @@ for round in $(seq "${ROUNDS:-2}"); do
       > "$out/bench.log" 2>&1
     cat "$out/bench.log" >> "$out/bench-all.log"
     # The result rows, and with --profile the node table's largest lines.
-    grep -E "^\| node|time per" -A14 "$out/bench.log" | cut -c1-120
+    grep -E "^\| node|time per" -A"${PLINES:-14}" "$out/bench.log" | cut -c1-140
     grep -E "^\||floor" "$out/bench.log" | grep -E "floor|t/s|pp|tg" | tail -3
   done
   lap "lagoon round $round"

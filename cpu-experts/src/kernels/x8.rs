@@ -47,7 +47,9 @@ use lagoon_core::weights::{Encoding, MatRef};
 
 use super::act::{Q8_0Act, Q8KAct};
 use super::ct;
-use super::x8_ct4::{Ct4Act, Ct4Geom, DotCt4X8, dot_ct4_x8, repack_ct4_x8};
+use super::x8_ct4::{
+    BlockSums, Ct4Act, Ct4Geom, DotCt4X8, block_sums_fn, dot_ct4_x8, repack_ct4_x8,
+};
 use super::x8_iq3xxs::{IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK, dot_iq3xxs_x8_multi, repack_iq3xxs_x8};
 use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
 use super::x8_q6k::{Q6K_BLOCK, Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
@@ -114,6 +116,7 @@ pub struct X8Store {
     dot_q6k: DotX8Multi,
     dot_iq3xxs: DotX8Multi,
     dot_ct4: DotCt4X8,
+    sums_ct4: BlockSums,
 }
 
 /// The store's map hashes addresses, looked up once per kernel call (thousands per decode
@@ -259,7 +262,7 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
     /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, the
-    /// codes and scales' size of int4): for deciding whether the copy fits before making it.
+    /// codes and scales' size of int4, the scales padded to a line per 8 rows): for deciding whether the copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
         repackable(mats).iter().map(Todo::planned).sum()
     }
@@ -317,6 +320,7 @@ impl X8Store {
             dot_q6k: dot_q6k_x8_multi(),
             dot_iq3xxs: dot_iq3xxs_x8_multi(),
             dot_ct4: dot_ct4_x8(),
+            sums_ct4: block_sums_fn(),
         }
     }
 
@@ -393,7 +397,7 @@ impl X8Store {
     }
 
     /// [`X8Store::dot_rows_multi`] for an int4 compressed-tensors matrix: each token's
-    /// per-block `Σ q` once per call ([`super::x8_ct4::block_sums`]), then the 8-row kernel
+    /// per-block `Σ q` once per call ([`super::x8_ct4::block_sums_fn`]), then the 8-row kernel
     /// over the groups.
     fn dot_ct4_rows(&self, w: &MatRef<'_>, c: &CtMatrix<'_>, call: &mut Call<'_>) -> bool {
         let Some(Packed::Ct4(g, sp, p)) = self.map.get(&(c.weight.as_ptr() as usize)) else {
@@ -440,7 +444,7 @@ impl X8Store {
                 let Some(a) = Q8_0Act::new(call.act(c0 + t, ab), g.cols) else {
                     return false;
                 };
-                super::x8_ct4::block_sums(&a, s);
+                (self.sums_ct4)(&a, s);
             }
             let refs: [Ct4Act<'_>; STORE_TOKENS] = core::array::from_fn(|t| {
                 let t = t.min(nc - 1);

@@ -5,13 +5,20 @@
 //! bytes and regroups them with two shuffles for 16 weight bytes; here one 64-byte load holds
 //! two steps of eight rows, met by an 8-byte activation broadcast per token.
 //!
-//! Layout of one group of 8 rows ([`Ct4Geom::group_bytes`]): for each 32-column block b, 128
-//! bytes of codes, then the rows' scales group by group.
+//! Layout of one group of 8 rows ([`Ct4Geom::group_bytes`]): the rows' scales group by group,
+//! padded to a 64-byte line (`S` = [`Ct4Geom::scale_bytes`]), then for each 32-column block b,
+//! 128 bytes of codes.
 //!
 //! | bytes | what |
 //! |---|---|
-//! | `[128b, 128b + 128)` | block b: byte `4k + m` of row r's re-ordered codes at `128b + 32k + 4r + m` |
-//! | `[128 nb, ..)` | scale of group gi, row r, at `128 nb + (8 gi + r)·size` (the checkpoint's dtype) |
+//! | `[0, S)` | scale of group gi, row r, at `(8 gi + r)·size` (the checkpoint's dtype), then zeros |
+//! | `[S + 128b, S + 128b + 128)` | block b: byte `4k + m` of row r's re-ordered codes at `S + 128b + 32k + 4r + m` |
+//!
+//! The scales come first so that the stream a thread reads is one run: a kernel's software
+//! prefetch, running ahead of the codes past the end of its group, brings in the next group's
+//! scales before its first block needs them. With the scales after the codes (as until
+//! session 23) the first ~20 blocks of every group read their scales from DRAM while the
+//! prefetch was still 9 KB short of them, and each of those misses held up the f32 chain.
 //!
 //! Re-ordered codes: byte i (0..16) of a block holds element i in its low nibble and element
 //! 16 + i in its high one (compressed-tensors packs column c as nibble c, low first), so the
@@ -55,9 +62,20 @@ impl Ct4Geom {
         self.cols.div_ceil(self.run)
     }
 
+    /// Bytes of one group of 8 rows' scales, padded to a multiple of 64 (the codes start
+    /// there).
+    pub fn scale_bytes(&self) -> usize {
+        (self.groups() * 8 * self.sd.size()).next_multiple_of(64)
+    }
+
+    /// Offset of block `b`'s 128 bytes of codes in a group of 8 rows.
+    pub fn code_at(&self, b: usize) -> usize {
+        self.scale_bytes() + 128 * b
+    }
+
     /// Bytes of one group of 8 rows.
     pub fn group_bytes(&self) -> usize {
-        self.blocks() * 128 + self.groups() * 8 * self.sd.size()
+        self.scale_bytes() + self.blocks() * 128
     }
 
     /// Blocks `[b0, b1)` of scale group `gi`.
@@ -99,11 +117,20 @@ pub fn block_sums(a: &Q8_0Act<'_>, out: &mut [i32]) {
     }
 }
 
+/// A [`block_sums`] implementation.
+pub type BlockSums = fn(a: &Q8_0Act<'_>, out: &mut [i32]);
+
+/// The fastest [`BlockSums`] this CPU runs (`x8::x8_pick!`): `vpsadbw` on 512 bits where the
+/// vector int4 kernel runs, else [`block_sums`].
+pub fn block_sums_fn() -> BlockSums {
+    super::x8::x8_pick!(ct4_sums, block_sums)
+}
+
 /// Repacks `rows` int4 rows (`weight`: `cols / 2` bytes per row; `scales`: `g.groups()`
 /// scales of `g.sd` per row, row after row) into groups of 8 rows. `None` unless `rows` is a
 /// multiple of 8 and both buffers are exactly that size.
 pub fn repack_ct4_x8(weight: &[u8], scales: &[u8], rows: usize, g: &Ct4Geom) -> Option<Vec<u8>> {
-    let (nb, ng, sz) = (g.blocks(), g.groups(), g.sd.size());
+    let (ng, sz) = (g.groups(), g.sd.size());
     let (rb, sb) = (g.cols / 2, ng * sz);
     if rows == 0
         || !rows.is_multiple_of(8)
@@ -114,7 +141,7 @@ pub fn repack_ct4_x8(weight: &[u8], scales: &[u8], rows: usize, g: &Ct4Geom) -> 
     }
     let mut out = vec![0u8; rows / 8 * g.group_bytes()];
     for (gr, dst) in out.chunks_exact_mut(g.group_bytes()).enumerate() {
-        let (codes, sc) = dst.split_at_mut(nb * 128);
+        let (sc, codes) = dst.split_at_mut(g.scale_bytes());
         for r in 0..8 {
             let row = &weight[(8 * gr + r) * rb..][..rb];
             for (src, blk) in row
@@ -139,7 +166,7 @@ pub fn repack_ct4_x8(weight: &[u8], scales: &[u8], rows: usize, g: &Ct4Geom) -> 
 
 /// Scale of group `gi`, row `r` of a repacked group.
 fn scale_at(p: &[u8], g: &Ct4Geom, gi: usize, r: usize) -> f32 {
-    super::ct::load_scale(g.sd, &p[g.blocks() * 128..], 8 * gi + r)
+    super::ct::load_scale(g.sd, p, 8 * gi + r)
 }
 
 /// Whether `p`, `acts` and `out` fit `g` (the kernels write NaN everywhere otherwise).
@@ -164,7 +191,7 @@ pub fn dot_ct4_x8_scalar(p: &[u8], g: &Ct4Geom, acts: &[Ct4Act<'_>], out: &mut [
                 let (b0, b1) = g.group_blocks(gi);
                 let mut gsum = 0.0f32;
                 for b in b0..b1 {
-                    let blk = &p[128 * b..][..128];
+                    let blk = &p[g.code_at(b)..][..128];
                     let qa = &at.a.qs[QK * b..][..QK];
                     let mut sumi = 0i32;
                     for i in 0..16 {
@@ -341,6 +368,32 @@ mod tests {
         a[at..at + 4].copy_from_slice(&v.to_le_bytes());
         block_sums(&Q8_0Act::new(&a, cols).unwrap(), &mut got);
         assert_eq!(got, want(&a));
+    }
+
+    /// The vector block sums (where this CPU has them) are the byte sums on any row: odd and
+    /// even block counts, every byte at its extremes, rows the quantiser did not write.
+    #[test]
+    fn fast_block_sums_are_the_byte_sums() {
+        let mut seed = 0x51d5_0b5e_u64;
+        let f = block_sums_fn();
+        for cols in [32, 64, 96, 256, 1024, 3072 + 32] {
+            let nb = cols / 32;
+            for fill in [None, Some(-128i8), Some(127), Some(-1)] {
+                let mut a = act(&mut seed, cols, 0.01);
+                if let Some(v) = fill {
+                    a[..cols].fill(v as u8);
+                }
+                let qa = Q8_0Act::new(&a, cols).unwrap();
+                let want: Vec<i32> = qa
+                    .qs
+                    .chunks(32)
+                    .map(|q| q.iter().map(|&v| i32::from(v)).sum())
+                    .collect();
+                let mut got = vec![i32::MIN; nb];
+                f(&qa, &mut got);
+                assert_eq!(got, want, "{cols} columns, fill {fill:?}");
+            }
+        }
     }
 
     #[test]

@@ -187,6 +187,14 @@ pub(crate) fn ct4_x8(vnni: bool) -> Option<crate::kernels::x8_ct4::DotCt4X8> {
         .map(avx512::ct4x8z::ct4_x8z_fn)
 }
 
+/// The int4 kernels' per-block activation sums on 512 bits (`avx512::ct4x8z`), where
+/// [`ct4_x8`] gives a kernel.
+pub(crate) fn ct4_sums(vnni: bool) -> Option<crate::kernels::x8_ct4::BlockSums> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::ct4x8z::ct4_sums_fn)
+}
+
 /// Whether `LAGOON_CPU_ATTN_TOKENS=rows` sends several-token attention to the kernels that
 /// take one query row at a time (`avx512/float.rs`, `avx2/attend.rs` `tokens`) instead of
 /// the `attn_tiles` ones, for measuring.
