@@ -167,12 +167,13 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
             )
         });
     }
-    // int4 compressed-tensors rows only when asked for (`LAGOON_CPU_X8_CT4=1`): their 8-row
-    // kernel's expert GEMV is level with the one-row kernel's, not past it, on the 2-core Zen 5
-    // VM (two threads: 23.4-23.9 GiB/s against 24.2-24.8; one: 13.1 against 13.1; session 20)
-    // and on the 16-core host (16 threads, with the prefetch: 67-77% of the read floor against
-    // the one-row kernel's 69-72%; BENCHMARKS.md, "Session 21").
-    if std::env::var_os("LAGOON_CPU_X8_CT4").is_none_or(|v| v != "1") {
+    // int4 compressed-tensors rows unless `LAGOON_CPU_X8_CT4=0`: since session 23 (scales
+    // ahead of the codes, the activation sums by `vpsadbw`) their 8-row kernel's expert GEMV
+    // runs at 101-103% of a streaming read taken beside it on the 16-core host against the
+    // one-row kernel's 83-86%, and 70-84% against 62-69% on the 2-core Zen 5 VM
+    // (BENCHMARKS.md, "Session 23"). Until then it was level with the one-row kernel and
+    // opt-in.
+    if std::env::var_os("LAGOON_CPU_X8_CT4").is_some_and(|v| v == "0") {
         mats.retain(|m| !matches!(m.enc, lagoon_core::weights::Encoding::Ct(_)));
     }
     let env = match std::env::var("LAGOON_CPU_X8").as_deref() {
