@@ -600,6 +600,17 @@ pub(crate) mod testing {
         k
     }
 
+    /// A Q8_K row of `cols` values, all 1.0 but the first of each 256 (`first`): with
+    /// `first` 1.0 every byte is −128, with −1.0 one byte a block is −128 and the rest 127.
+    pub(crate) fn extreme(cols: usize, first: f32) -> Vec<u8> {
+        let x: Vec<f32> = (0..cols)
+            .map(|i| if i % QK_K == 0 { first } else { 1.0 })
+            .collect();
+        let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8K, cols)];
+        Kernels::scalar().quantize_act(ActFormat::Q8K, &x, &mut a);
+        a
+    }
+
     /// A layout under test: random rows, the repack, the scalar reference row dot, the
     /// bytes of one super-block of a row and of an 8-row group.
     pub(crate) struct Layout {
@@ -618,10 +629,13 @@ pub(crate) mod testing {
             let p = (l.repack)(&w, n_rows, cols).unwrap();
             let rb = cols / QK_K * l.block;
             let group = cols / QK_K * l.group_block;
-            let acts: Vec<Vec<u8>> = [1e-3f32, 1.0, 1e4, 0.5, 2.0]
+            let mut acts: Vec<Vec<u8>> = [1e-3f32, 1.0, 1e4, 0.5, 2.0]
                 .iter()
                 .map(|&s| act(&mut seed, cols, s))
                 .collect();
+            // The quantised bytes at their extremes: every one −128 (all x equal and
+            // positive), and 127 everywhere but one −128 per block.
+            acts.extend([extreme(cols, 1.0), extreme(cols, -1.0)]);
             for &(name, f) in kernels {
                 for n in 1..=acts.len() {
                     let refs: Vec<&[u8]> = acts[..n].iter().map(Vec::as_slice).collect();
@@ -737,6 +751,19 @@ mod tests {
             group_block: Q4K_X8_BLOCK,
         };
         check_reference_bits(&layout, &kernels, 0x9e37_79b9_7f4a_7c15);
+        // Every nibble 15, met by the extreme activations: the largest sums, which the AVX2
+        // form holds in i16 lanes (≤ 30,720).
+        let full = Layout {
+            rows: |seed, n, cols| {
+                let mut w = rows(seed, n, cols);
+                for blk in w.chunks_exact_mut(Q4K_BLOCK) {
+                    blk[16..].fill(0xFF);
+                }
+                w
+            },
+            ..layout
+        };
+        check_reference_bits(&full, &kernels, 0x7f4a_7c15_9e37_79b9);
         // The one-token entry points give the same bits as the several-token ones.
         let mut seed = 0x1234_5678_9abc_def1u64;
         let (n_rows, cols) = (8, 3072);

@@ -370,28 +370,40 @@ mod tests {
         assert_eq!(got, want(&a));
     }
 
-    /// The vector block sums (where this CPU has them) are the byte sums on any row: odd and
-    /// even block counts, every byte at its extremes, rows the quantiser did not write.
+    /// The picked block sums (`vpsadbw` where this CPU has it, else the scalar form) are the
+    /// byte sums of the quantiser's rows: odd and even block counts, bytes at their extremes
+    /// (every one −128; one −128 a block and the rest 127), zero rows.
     #[test]
     fn fast_block_sums_are_the_byte_sums() {
         let mut seed = 0x51d5_0b5e_u64;
         let f = block_sums_fn();
         for cols in [32, 64, 96, 256, 1024, 3072 + 32] {
             let nb = cols / 32;
-            for fill in [None, Some(-128i8), Some(127), Some(-1)] {
-                let mut a = act(&mut seed, cols, 0.01);
-                if let Some(v) = fill {
-                    a[..cols].fill(v as u8);
-                }
+            let rows: [Vec<f32>; 4] = [
+                (0..cols)
+                    .map(|_| ((rng(&mut seed) % 2001) as f32 - 1000.0) * 0.01)
+                    .collect(),
+                vec![1.0; cols],
+                (0..cols)
+                    .map(|i| if i % 32 == 0 { -1.0 } else { 1.0 })
+                    .collect(),
+                vec![0.0; cols],
+            ];
+            for (k, x) in rows.iter().enumerate() {
+                let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8_0, cols)];
+                Kernels::scalar().quantize_act(ActFormat::Q8_0, x, &mut a);
                 let qa = Q8_0Act::new(&a, cols).unwrap();
                 let want: Vec<i32> = qa
                     .qs
                     .chunks(32)
                     .map(|q| q.iter().map(|&v| i32::from(v)).sum())
                     .collect();
+                if k == 1 {
+                    assert!(want.iter().all(|&s| s.abs() == 32 * 127 || s == -32 * 128));
+                }
                 let mut got = vec![i32::MIN; nb];
                 f(&qa, &mut got);
-                assert_eq!(got, want, "{cols} columns, fill {fill:?}");
+                assert_eq!(got, want, "{cols} columns, row {k}");
             }
         }
     }
