@@ -55,12 +55,11 @@ fn is_amd() -> bool {
 /// The repacked 8-row Q4_K several-token kernel (`kernels::x8`): AVX512-VNNI's when `vnni`
 /// and the CPU has it, else AVX2's where the CPU runs it. (The IQ4_XS and Q6_K families below
 /// choose the same way.)
-/// With AVX512-VNNI, the 512-bit kernels (`avx512::k4x8z`) only with `LAGOON_CPU_X8_ZMM=1`:
-/// on a 2-core Zen 5 VM they measured no faster than the 256-bit ones (BENCHMARKS.md,
-/// "Session 19"), and they have not been measured on the 16-core host.
+/// With AVX512-VNNI, the 512-bit kernels (`avx512::k4x8z`) on AMD CPUs and wherever
+/// `LAGOON_CPU_X8_ZMM=1` asks (`=0`: the 256-bit ones everywhere), per [`q4k_zmm`].
 pub(crate) fn q4k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
-        Some(p) if zmm_forced() => Some(avx512::k4x8z::q4k_x8z_multi_fn(p)),
+        Some(p) if q4k_zmm() => Some(avx512::k4x8z::q4k_x8z_multi_fn(p)),
         Some(p) => Some(avx512::x8::q4k_x8_multi_fn(p)),
         None => avx2::Avx2Fma::detect().map(avx2::q4k_x8_multi),
     }
@@ -69,7 +68,7 @@ pub(crate) fn q4k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi>
 /// The repacked 8-row Q4_K one-token kernel, as [`q4k_x8_multi`] chooses.
 pub(crate) fn q4k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
-        Some(p) if zmm_forced() => Some(avx512::k4x8z::q4k_x8z_fn(p)),
+        Some(p) if q4k_zmm() => Some(avx512::k4x8z::q4k_x8z_fn(p)),
         Some(p) => Some(avx512::x8::q4k_x8_fn(p)),
         None => avx2::Avx2Fma::detect().map(avx2::q4k_x8),
     }
@@ -77,14 +76,23 @@ pub(crate) fn q4k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
 
 /// Whether the 8-row families may take their 512-bit kernels: `LAGOON_CPU_X8_ZMM=0` keeps
 /// every family on 256 bits, `=1` puts every family that has a 512-bit form on it, and
-/// unset, only those measured to win (IQ4_XS, with VBMI).
+/// unset, only those measured to win (IQ4_XS, with VBMI; Q4_K on AMD, [`q4k_zmm`]).
 fn zmm() -> bool {
     std::env::var_os("LAGOON_CPU_X8_ZMM").is_none_or(|v| v != "0")
 }
 
-/// `LAGOON_CPU_X8_ZMM=1` (see [`zmm`]).
-fn zmm_forced() -> bool {
-    std::env::var_os("LAGOON_CPU_X8_ZMM").is_some_and(|v| v == "1")
+/// Whether Q4_K's 8-row rows take the 512-bit kernels: `LAGOON_CPU_X8_ZMM=1|0` decides, and
+/// unset, on AMD only. On the 2-core Zen 5 VM they win (paired expert GEMV 81-86% of the
+/// read against 68-74%, XS.2 8 layers Q4_K_M tg128 +6..+13%; one thread from cache 36 GiB/s
+/// against 22-27); on the 16-core Intel host they lose a little (GEMV 68-73% against 72-74%,
+/// grouped prefill -1..-4%, XS 2.1 Q4_K_M pp512 -4..-14%, tg128 level). BENCHMARKS.md,
+/// "Session 23".
+fn q4k_zmm() -> bool {
+    match std::env::var("LAGOON_CPU_X8_ZMM").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => is_amd(),
+    }
 }
 
 /// Both AVX-512 Q4_K 8-row several-token kernels where the CPU runs them, whatever
