@@ -739,32 +739,10 @@ fn bench_experts_mt(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}_{nt}t", k.name()));
     for kind in kinds.into_iter().filter(|&k| kind_selected(k)) {
-        let Experts {
-            sets,
-            set_bytes,
-            act_in,
-            act_down,
-        } = Experts::build(&k, kind);
-        let copies = sets.len();
-        let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
-        let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
-        group.throughput(Throughput::Bytes(set_bytes as u64));
-        // Q4_K, IQ4_XS, Q6_K, IQ3_XXS and int4 also through the repacked 8-row kernels
-        // (`kernels::x8`, what a session uses where the copy fits; IQ3_XXS only where its
-        // vector kernel runs, else the store is empty and the arm repeats the table's);
-        // throughput counts the stored type's bytes (the copies hold 148/144, 138/136,
-        // 210/210, 98/98 and, int4 g32, 144/144 of them).
-        let x8 = matches!(
-            kind,
-            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K | GgmlType::IQ3XXS)
-                | Kind::CtInt4(_)
-        )
-        .then(|| {
-            let views: Vec<MatRef<'_>> = sets.iter().flatten().map(Mat::view).collect();
-            k.clone().with_x8(std::sync::Arc::new(
-                lagoon_cpu::kernels::x8::X8Store::build(&views),
-            ))
-        });
+        let mut mt = MtExperts::build(&k, kind);
+        let copies = mt.ex.sets.len();
+        group.throughput(Throughput::Bytes(mt.ex.set_bytes as u64));
+        let x8 = mt.x8(&k, kind);
         for (name, kk) in [(kind.name(), &k)]
             .into_iter()
             .chain(x8.as_ref().map(|k8| (format!("{}/x8", kind.name()), k8)))
@@ -772,17 +750,8 @@ fn bench_experts_mt(c: &mut Criterion) {
             let mut next = 0usize;
             group.bench_function(name, |b| {
                 b.iter(|| {
-                    let s = &sets[next % copies];
+                    mt.token(kk, &pool, next % copies);
                     next += 1;
-                    experts_mt_token(
-                        kk,
-                        &pool,
-                        s,
-                        &act_in,
-                        &act_down,
-                        &mut out_gu,
-                        &mut out_hidden,
-                    );
                 })
             });
         }
@@ -837,24 +806,13 @@ fn bench_floor_pairs(_c: &mut Criterion) {
         Kind::G(GgmlType::IQ3XXS),
     ];
     for kind in kinds.into_iter().filter(|&k| kind_selected(k)) {
-        let Experts {
-            sets,
-            set_bytes,
-            act_in,
-            act_down,
-        } = Experts::build(&k, kind);
-        let mut out_gu = vec![0f32; 2 * EXPERTS * FFN];
-        let mut out_hidden = vec![0f32; EXPERTS * HIDDEN];
-        let x8 = (!matches!(kind, Kind::G(GgmlType::Q8_0))).then(|| {
-            let views: Vec<MatRef<'_>> = sets.iter().flatten().map(Mat::view).collect();
-            k.clone().with_x8(std::sync::Arc::new(
-                lagoon_cpu::kernels::x8::X8Store::build(&views),
-            ))
-        });
+        let mut mt = MtExperts::build(&k, kind);
+        let x8 = mt.x8(&k, kind);
         let arms: Vec<(String, &Kernels)> = [(kind.name(), &k)]
             .into_iter()
             .chain(x8.as_ref().map(|k8| (format!("{}/x8", kind.name()), k8)))
             .collect();
+        let (copies, pass_bytes) = (mt.ex.sets.len(), mt.ex.sets.len() * mt.ex.set_bytes);
         // [floor, then per arm GiB/s and ratio] per round; one warm-up round first.
         let mut floor = Vec::with_capacity(rounds);
         let mut gib = vec![Vec::with_capacity(rounds); arms.len()];
@@ -865,20 +823,10 @@ fn bench_floor_pairs(_c: &mut Criterion) {
                 .iter()
                 .map(|(_, kk)| {
                     let t = std::time::Instant::now();
-                    for s in &sets {
-                        experts_mt_token(
-                            kk,
-                            &pool,
-                            s,
-                            &act_in,
-                            &act_down,
-                            &mut out_gu,
-                            &mut out_hidden,
-                        );
+                    for set in 0..copies {
+                        mt.token(kk, &pool, set);
                     }
-                    (sets.len() * set_bytes) as f64
-                        / t.elapsed().as_secs_f64()
-                        / f64::from(1u32 << 30)
+                    pass_bytes as f64 / t.elapsed().as_secs_f64() / f64::from(1u32 << 30)
                 })
                 .collect();
             if round == 0 {
@@ -904,6 +852,56 @@ fn bench_floor_pairs(_c: &mut Criterion) {
         }
     }
     std::process::exit(0);
+}
+
+/// One kind's expert sets with the output buffers of the multi-threaded one-token GEMV
+/// ([`bench_experts_mt`], [`bench_floor_pairs`]).
+struct MtExperts {
+    ex: Experts,
+    out_gu: Vec<f32>,
+    out_hidden: Vec<f32>,
+}
+
+impl MtExperts {
+    fn build(k: &Kernels, kind: Kind) -> MtExperts {
+        MtExperts {
+            ex: Experts::build(k, kind),
+            out_gu: vec![0f32; 2 * EXPERTS * FFN],
+            out_hidden: vec![0f32; EXPERTS * HIDDEN],
+        }
+    }
+
+    /// `k` with the sets' rows repacked for the 8-row kernels (`kernels::x8`, what a session
+    /// uses where the copy fits) for Q4_K, IQ4_XS, Q6_K, IQ3_XXS (only where its vector kernel
+    /// runs, else the store is empty and the arm repeats the table's) and int4; `None` for
+    /// other kinds. Throughput still counts the stored type's bytes (the copies hold 148/144,
+    /// 138/136, 210/210, 98/98 and, int4 g32, 144/144 of them, the scales padded to a line).
+    fn x8(&self, k: &Kernels, kind: Kind) -> Option<Kernels> {
+        matches!(
+            kind,
+            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K | GgmlType::IQ3XXS)
+                | Kind::CtInt4(_)
+        )
+        .then(|| {
+            let views: Vec<MatRef<'_>> = self.ex.sets.iter().flatten().map(Mat::view).collect();
+            k.clone().with_x8(std::sync::Arc::new(
+                lagoon_cpu::kernels::x8::X8Store::build(&views),
+            ))
+        })
+    }
+
+    /// One token through copy `set` of the experts with kernels `kk`.
+    fn token(&mut self, kk: &Kernels, pool: &ThreadPool, set: usize) {
+        experts_mt_token(
+            kk,
+            pool,
+            &self.ex.sets[set],
+            &self.ex.act_in,
+            &self.ex.act_down,
+            &mut self.out_gu,
+            &mut self.out_hidden,
+        );
+    }
 }
 
 /// One token through one expert set on every pool thread (`bench_experts_mt`'s iteration).
