@@ -802,6 +802,7 @@ fn bench_floor_pairs(_c: &mut Criterion) {
         Kind::G(GgmlType::Q4K),
         Kind::G(GgmlType::Q8_0),
         Kind::CtInt4(32),
+        Kind::G(GgmlType::Q6K),
         Kind::G(GgmlType::IQ4XS),
         Kind::G(GgmlType::IQ3XXS),
     ];
