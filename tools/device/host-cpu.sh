@@ -16,7 +16,8 @@
 # one plain run); KINDS: the kernel benches' LAGOON_BENCH_KINDS (e.g. q4_K); KVARIANTS,
 # KROUNDS, KFILTER: below. ROUNDS (2); TESTS: a staged test binary and its filter, run first
 # (e.g. "test-lagoon_cpu x8"); BENCH_ARGS: lagoon bench's test arguments (default "-p 512
-# -n 128 -r 3"; add "--profile 32" for the node table of 32 decode steps).
+# -n 128 -r 3"; add "--profile 32" for the node table of 32 decode steps); PAIRS=N: the
+# paired-floor GEMV of KINDS first (KROUNDS=0 then skips the criterion runs).
 # Logs in $OUT (or /tmp). About 7 minutes.
 set -u
 out=${OUT:-/tmp}
@@ -52,6 +53,14 @@ wait
 # (default one plain run; a variant may set LAGOON_BENCH_THREADS or LAGOON_BENCH_MIB); KFILTER:
 # their criterion filter (default: the stream read, the one-token GEMV with all threads and the
 # grouped prefill); KTIME: seconds of measurement per bench (2).
+# PAIRS=N: first the expert GEMV of KINDS against a streaming read taken beside it, N rounds
+# (the kernels bench's LAGOON_BENCH_PAIRS; this host's read drifts ±20% within a call, so a
+# fraction is only meaningful against a read taken next to it).
+if [ -x .device/bin/kernels-bench ] && [ -n "${PAIRS:-}" ]; then
+  LAGOON_BENCH_PAIRS=$PAIRS LAGOON_BENCH_KINDS=${KINDS:-} LAGOON_BENCH_THREADS=$threads \
+    .device/bin/kernels-bench --bench '^nomatch$' 2>&1 | grep "^pairs" | tee -a "$out/kernels.log"
+  lap "paired GEMV"
+fi
 if [ -x .device/bin/kernels-bench ]; then
   for kround in $(seq "${KROUNDS:-1}"); do
     for kv in ${KVARIANTS:-PLAIN=1}; do
