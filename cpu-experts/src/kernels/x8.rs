@@ -262,7 +262,8 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
     /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, the
-    /// codes and scales' size of int4, the scales padded to a line per 8 rows): for deciding whether the copy fits before making it.
+    /// codes and scales' size of int4, the scales padded to a line per 8 rows): for deciding
+    /// whether the copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
         repackable(mats).iter().map(Todo::planned).sum()
     }
@@ -601,7 +602,8 @@ pub(crate) mod testing {
     }
 
     /// A Q8_K row of `cols` values, all 1.0 but the first of each 256 (`first`): with
-    /// `first` 1.0 every byte is −128, with −1.0 one byte a block is −128 and the rest 127.
+    /// `first` 1.0 every byte is −128, with −1.0 the first of each 256 is −128 and the rest
+    /// 127.
     pub(crate) fn extreme(cols: usize, first: f32) -> Vec<u8> {
         let x: Vec<f32> = (0..cols)
             .map(|i| if i % QK_K == 0 { first } else { 1.0 })

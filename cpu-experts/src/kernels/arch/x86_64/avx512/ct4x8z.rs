@@ -198,8 +198,9 @@ fn tokens<const T: usize>(p: &[u8], g: &Ct4Geom, a: &[Ct4Act<'_>], out: &mut [[f
 
 /// `x8_ct4::block_sums` by `vpsadbw`: each 64-byte load is two blocks, their bytes flipped to
 /// `q + 128` (unsigned) and summed in 8-byte runs, four runs a block, less `32·128`: exact,
-/// about 8 ops a block against the scalar form's division and checks (~5.5 ns a block on
-/// the Zen 5 VM: ~0.5 µs for a 3,072-column row, once per call of the 8-row kernels).
+/// about 8 ops a block. The scalar form's division and checks took ~5.5 ns a block on the Zen
+/// 5 VM (527 ns for a 3,072-column row, once per call of the 8-row kernels: ~40% of a 16-row
+/// tile's kernel time).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn ct4_sums_z(a: &Q8_0Act<'_>, out: &mut [i32]) {
     let flip = _mm512_set1_epi8(-128);
