@@ -727,18 +727,8 @@ fn bench_experts_mt(c: &mut Criterion) {
     let k = Kernels::detect();
     let pool = ThreadPool::new(bench_threads());
     let nt = pool.n_threads();
-    let kinds = [
-        Kind::G(GgmlType::Q4K),
-        Kind::G(GgmlType::Q8_0),
-        Kind::CtInt4(32),
-        Kind::G(GgmlType::Q6K),
-        Kind::G(GgmlType::IQ4XS),
-        Kind::G(GgmlType::IQ3XXS),
-        Kind::G(GgmlType::IQ2XXS),
-        Kind::G(GgmlType::IQ2S),
-    ];
     let mut group = c.benchmark_group(format!("expert_gemv_1tok_{}_{nt}t", k.name()));
-    for kind in kinds.into_iter().filter(|&k| kind_selected(k)) {
+    for kind in MT_KINDS.into_iter().filter(|&k| kind_selected(k)) {
         let mut mt = MtExperts::build(&k, kind);
         let copies = mt.ex.sets.len();
         group.throughput(Throughput::Bytes(mt.ex.set_bytes as u64));
@@ -798,15 +788,7 @@ fn bench_floor_pairs(_c: &mut Criterion) {
         black_box(total.load(Ordering::Relaxed));
         (8 * buf.len()) as f64 / t.elapsed().as_secs_f64() / f64::from(1u32 << 30)
     };
-    let kinds = [
-        Kind::G(GgmlType::Q4K),
-        Kind::G(GgmlType::Q8_0),
-        Kind::CtInt4(32),
-        Kind::G(GgmlType::Q6K),
-        Kind::G(GgmlType::IQ4XS),
-        Kind::G(GgmlType::IQ3XXS),
-    ];
-    for kind in kinds.into_iter().filter(|&k| kind_selected(k)) {
+    for kind in MT_KINDS.into_iter().filter(|&k| kind_selected(k)) {
         let mut mt = MtExperts::build(&k, kind);
         let x8 = mt.x8(&k, kind);
         let arms: Vec<(String, &Kernels)> = [(kind.name(), &k)]
@@ -854,6 +836,18 @@ fn bench_floor_pairs(_c: &mut Criterion) {
     }
     std::process::exit(0);
 }
+
+/// The kinds of the multi-threaded one-token GEMV ([`bench_experts_mt`], [`bench_floor_pairs`]).
+const MT_KINDS: [Kind; 8] = [
+    Kind::G(GgmlType::Q4K),
+    Kind::G(GgmlType::Q8_0),
+    Kind::CtInt4(32),
+    Kind::G(GgmlType::Q6K),
+    Kind::G(GgmlType::IQ4XS),
+    Kind::G(GgmlType::IQ3XXS),
+    Kind::G(GgmlType::IQ2XXS),
+    Kind::G(GgmlType::IQ2S),
+];
 
 /// One kind's expert sets with the output buffers of the multi-threaded one-token GEMV
 /// ([`bench_experts_mt`], [`bench_floor_pairs`]).
