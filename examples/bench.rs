@@ -3,7 +3,7 @@
 //!
 //! `bench --model PATH [-p N[,N..]] [-n N[,N..]] [-ub N] [-d N[,N..]] [-r N] [--threads N]
 //!  [--reference] [--no-warmup] [--json] [--device cpu|cuda[:N]] [--kv f32|f16|bf16|q8_0] [--profile N]
-//!  [--profile-prefill N]`
+//!  [--profile-prefill N] [--host-sampling]`
 //!
 //! Semantics follow llama-bench: `pp N` evaluates a prompt of N random tokens (in ubatches
 //! of `-ub`, default 512; `-b` is accepted as a synonym), `tg N` generates N tokens one at a
@@ -21,6 +21,12 @@
 //! graph node (CPU, with each product's weight bytes and GB/s) of N decode steps (after the
 //! last test, at its depth) and prints where a token's time goes; `--profile-prefill N` does
 //! the same for one prefill step of N tokens.
+//!
+//! Generation is greedy. On CUDA each tg step's token is chosen on the device and fed to the
+//! next step there (`CudaSession::decode_greedy`: the steps are queued back to back, the
+//! host reads the tokens once); `--host-sampling` copies every step's logits back and takes
+//! the argmax on the CPU instead, as the CPU backend does (llama-bench syncs and reads the
+//! logits back every token).
 //!
 //! Every test also reports the weight bytes it streams per token, the GB/s that implies,
 //! and that as a fraction of the floor: the streaming-read bandwidth this program measures
@@ -100,6 +106,19 @@ impl Backend<'_> {
         }
     }
 
+    /// `n` greedy steps from `token`; returns the last token chosen. On CUDA the tokens are
+    /// chosen on the device unless `host` (`--host-sampling`).
+    fn generate(&mut self, token: u32, n: usize, host: bool) -> anyhow::Result<u32> {
+        if let (Backend::Cuda(s), false) = (&mut *self, host) {
+            return Ok(s.decode_greedy(token, n)?.last().copied().unwrap_or(token));
+        }
+        let mut t = token;
+        for _ in 0..n {
+            t = self.step(&[t])?;
+        }
+        Ok(t)
+    }
+
     /// One step; returns the argmax of its last logits row.
     fn step(&mut self, tokens: &[u32]) -> anyhow::Result<u32> {
         Ok(match self {
@@ -113,7 +132,7 @@ use serde_json::json;
 fn main() -> anyhow::Result<()> {
     let a = args::Args::parse(
         include_str!("bench.rs"),
-        &["json", "reference", "no-warmup"],
+        &["json", "reference", "no-warmup", "host-sampling"],
     )?;
     let model = a.get("model").context("--model PATH is required")?;
     let list = |name: &str, default: &str| -> anyhow::Result<Vec<usize>> {
@@ -143,6 +162,7 @@ fn main() -> anyhow::Result<()> {
     let reference = a.flag("reference");
     let warmup = !a.flag("no-warmup");
     let as_json = a.flag("json");
+    let host_sampling = a.flag("host-sampling");
     let device = a.device()?;
     // f16 KV by default on CUDA, f32 on the reference path (whose numerics are exact).
     let kv = a.kv(device, !reference)?;
@@ -253,11 +273,11 @@ fn main() -> anyhow::Result<()> {
                     Test::Pp(p) => Test::Pp(p),
                     Test::Tg(_) => Test::Tg(1),
                 };
-                run(&mut s, w, 0, &mut tokens)?;
+                run(&mut s, w, 0, &mut tokens, host_sampling)?;
             }
             let mut samples = Vec::with_capacity(reps);
             for _ in 0..reps {
-                let secs = run(&mut s, test, depth, &mut tokens)?;
+                let secs = run(&mut s, test, depth, &mut tokens, host_sampling)?;
                 samples.push(test.n_tokens() as f64 / secs);
             }
             let bytes = costs.bytes_per_token(c, test, ubatch);
@@ -445,7 +465,13 @@ impl TokenStream {
 }
 
 /// One timed run of `test` at `depth`; returns its seconds.
-fn run(s: &mut Backend<'_>, test: Test, depth: usize, t: &mut TokenStream) -> anyhow::Result<f64> {
+fn run(
+    s: &mut Backend<'_>,
+    test: Test,
+    depth: usize,
+    t: &mut TokenStream,
+    host_sampling: bool,
+) -> anyhow::Result<f64> {
     s.reset();
     if depth > 0 {
         s.prefill(&t.take(depth))?;
@@ -458,11 +484,9 @@ fn run(s: &mut Backend<'_>, test: Test, depth: usize, t: &mut TokenStream) -> an
             Ok(t0.elapsed().as_secs_f64())
         }
         Test::Tg(n) => {
-            let mut next = s.step(&[t.next()])?;
+            let next = s.step(&[t.next()])?;
             let t0 = Instant::now();
-            for _ in 0..n {
-                next = s.step(&[next])?;
-            }
+            s.generate(next, n, host_sampling)?;
             Ok(t0.elapsed().as_secs_f64())
         }
     }

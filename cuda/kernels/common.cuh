@@ -165,17 +165,63 @@ __device__ __forceinline__ void kvq8_store_warp(kv_q8* plane, int cap, int row, 
 // visible (so it must come before the first read of anything an earlier kernel wrote, and
 // before the first write of anything an earlier kernel reads); pdl_trigger lets the next
 // kernel be scheduled. Both are no-ops in a launch without the attribute.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+//
+// LAGOON_TRACE (a kernel-lab define, with LAGOON_CUDA_TRACE naming the output file; trace.rs):
+// thread 0 of block (0, 0, 0) appends a record at each of these points -- the trigger, the
+// start and the end of the wait -- to the buffer the host points `lagoon_trace` at (one such
+// global per module): word 0 counts the records, record i is the four words from 1 + 4i:
+// the launch's %gridid, the %globaltimer nanoseconds shifted left by two with the point's
+// kind (0 trigger, 1 wait start, 2 wait end) below, the grid's x and y and the block size
+// (x | y << 24 | block << 48), and 0. Off (no define), the hooks compile to nothing.
+#ifdef LAGOON_TRACE
+#define LAGOON_TRACE_CAP (1u << 20)
+extern "C" {
+__device__ unsigned long long* lagoon_trace = nullptr;
+}
+__device__ __forceinline__ void trace_mark(unsigned kind) {
+    if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
+    unsigned long long* b = lagoon_trace;
+    if (b == nullptr) return;
+    unsigned long long t, g;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+    unsigned long long i = atomicAdd(b, 1ull);
+    if (i >= LAGOON_TRACE_CAP) return;
+    unsigned long long* r = b + 1 + 4 * i;
+    r[0] = g;
+    r[1] = (t << 2) | kind;
+    r[2] = (unsigned long long)gridDim.x | ((unsigned long long)gridDim.y << 24) |
+           ((unsigned long long)blockDim.x << 48);
+    r[3] = 0;
+}
+#else
+__device__ __forceinline__ void trace_mark(unsigned) {}
+#endif
+__device__ __forceinline__ void pdl_wait() {
+    trace_mark(1);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    trace_mark(2);
+}
+__device__ __forceinline__ void pdl_trigger() {
+    trace_mark(0);
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 // The start of every kernel that may run under programmatic launch and reads nothing before
 // it: wait for the kernel before, then let the next one be scheduled (its blocks take their
 // places and wait, so its start costs no launch gap).
+// (Lab switch PDL_LATE: no trigger, so the next kernel is scheduled only as this one's
+// blocks exit -- for measuring what the next kernel's early weight loads cost a small
+// kernel's own loads.)
+#ifdef PDL_LATE
+#define PDL_ENTRY() pdl_wait()
+#else
 #define PDL_ENTRY()   \
     do {              \
         pdl_wait();   \
         pdl_trigger(); \
     } while (0)
+#endif
 
 // Asks for bytes [p, p + n) of global memory to be brought into L2 (Hopper's bulk prefetch:
 // nothing is returned and nothing waits for it). Only whole 16-byte units inside the range

@@ -28,6 +28,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("mmvq.cu", include_str!("../kernels/mmvq.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
+    ("sample.cu", include_str!("../kernels/sample.cu")),
 ];
 
 /// The shared headers the sources include with `#include "..."`.

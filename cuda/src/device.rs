@@ -34,6 +34,18 @@ pub struct Device {
     pub pdl: Cell<bool>,
     /// The kernel launched last on the stream ([`Device::last_launch`]).
     last: Cell<Option<K>>,
+    /// The step timeline probe, when asked for (`trace.rs`).
+    pub trace: Option<crate::trace::Trace>,
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if let Some(t) = &self.trace
+            && let Err(e) = t.dump(&self.stream)
+        {
+            eprintln!("trace: {e}");
+        }
+    }
 }
 
 /// Per-launch GPU timing: an event after each launch, so the time between consecutive
@@ -119,6 +131,7 @@ impl Device {
             .during("reading the compute capability")?;
         let arch = format!("sm_{major}{minor}");
         let kernels = Kernels::load(&ctx, &arch)?;
+        let trace = crate::trace::Trace::attach(&stream, &kernels)?;
         Ok(Device {
             ctx,
             stream,
@@ -127,6 +140,7 @@ impl Device {
             profiler: RefCell::new(None),
             pdl: Cell::new(false),
             last: Cell::new(None),
+            trace,
         })
     }
 
@@ -161,6 +175,9 @@ impl Device {
         args: &[Arg],
     ) -> Result<(), CudaError> {
         self.last.set(Some(k));
+        if let Some(t) = &self.trace {
+            t.note(k, grid, block);
+        }
         if self.pdl.get() && k.pdl() && self.profiler.borrow().is_none() {
             return self.launch_pdl(k, grid, block, args);
         }

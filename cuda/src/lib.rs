@@ -12,6 +12,7 @@ pub mod device;
 pub mod error;
 pub mod manifest;
 pub mod session;
+pub mod trace;
 pub mod weights;
 
 /// The driver bindings the kernels are launched through (for tools such as the kernel lab).

@@ -112,6 +112,7 @@ manifest! {
     SwiGlu => "elementwise.cu", "swiglu";
     GateMul => "elementwise.cu", "gate_mul";
     Copy => "elementwise.cu", "copy_f32";
+    ArgmaxFeed => "sample.cu", "argmax_feed";
     KvStore => "attention.cu", "kv_store";
     KvStoreF16 => "attention.cu", "kv_store_f16";
     Attention => "attention.cu", "attention";
@@ -905,6 +906,8 @@ pub const MERGE_QUANT_THREADS: u32 = 128;
 #[derive(Debug)]
 pub struct Kernels {
     funcs: Vec<CudaFunction>,
+    /// The loaded modules by source file (their globals: `trace.rs`).
+    pub modules: Vec<(&'static str, Arc<cudarc::driver::CudaModule>)>,
 }
 
 impl Kernels {
@@ -960,7 +963,7 @@ impl Kernels {
             }
             funcs.push(f);
         }
-        Ok(Kernels { funcs })
+        Ok(Kernels { funcs, modules })
     }
 
     pub fn get(&self, k: K) -> &CudaFunction {

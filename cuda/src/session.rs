@@ -222,6 +222,12 @@ fn env_flag(var: &str, default: bool) -> bool {
     }
 }
 
+/// Tokens [`CudaSession::decode_greedy`] queues before it waits and reads them back.
+pub const GREEDY_CHUNK: usize = 256;
+
+/// Logits each `argmax_feed` block reduces (`ARGMAX_SPAN` in `sample.cu`).
+const ARGMAX_SPAN: usize = 4096;
+
 /// The split count of split-K attention for a step that reads `keys` keys: about
 /// `split_keys` keys per split, rounded up to a power of two (so the decode steps of a session
 /// use at most log2(MAX_SPLITS) + 1 different counts, each captured as a graph once), at most
@@ -393,6 +399,11 @@ pub struct CudaSession {
     n_past: usize,
     /// Captured decode steps, one per split bucket used so far (at most log2(MAX_SPLITS) + 1).
     decode_graphs: Vec<(usize, DecodeGraph)>,
+    /// The same with `argmax_feed` at the end ([`CudaSession::decode_greedy`]).
+    greedy_graphs: Vec<(usize, DecodeGraph)>,
+    /// `argmax_feed`'s two state words, then its token list (a count and
+    /// [`GREEDY_CHUNK`] tokens, as u32 pairs packed in u64 words).
+    greedy_buf: CudaSlice<u64>,
     /// Quantised copy of the current matrix input (decode), and which value/format it holds.
     _xq: CudaSlice<u8>,
     xq: u64,
@@ -654,6 +665,9 @@ impl CudaSession {
         let params_buf = s
             .alloc_zeros::<u32>(2 + opts.ubatch)
             .during("allocating the step parameters")?;
+        let greedy_buf = s
+            .alloc_zeros::<u64>(2 + (1 + GREEDY_CHUNK).div_ceil(2))
+            .during("allocating the greedy decoder's state")?;
         let tables = [
             RopeTable::new(&cfg.rope_full),
             RopeTable::new(&cfg.rope_sliding),
@@ -760,6 +774,8 @@ impl CudaSession {
             logits: vec![0.0; out_len],
             n_past: 0,
             decode_graphs: Vec::new(),
+            greedy_graphs: Vec::new(),
+            greedy_buf,
             _xq: xq_buf,
             xq,
             xq_holds: Cell::new(None),
@@ -884,7 +900,7 @@ impl CudaSession {
             }
         } else if n == 1 && self.opts.cuda_graphs {
             if !self.decode_graphs.iter().any(|(b, _)| *b == bucket) {
-                let g = self.capture_decode()?;
+                let g = self.capture_decode(false)?;
                 self.decode_graphs.push((bucket, g));
             }
             if let Some((_, g)) = self.decode_graphs.iter().find(|(b, _)| *b == bucket) {
@@ -904,6 +920,108 @@ impl CudaSession {
         s.synchronize().during("finishing the step")?;
         self.n_past += n;
         Ok(&self.logits[..len])
+    }
+
+    /// Greedy decoding on the device: feeds `token` and then each chosen token back, `n`
+    /// steps in all, and returns the `n` tokens chosen (each the argmax of its step's logits,
+    /// as [`lagoon_core::sample::argmax`] picks it). The decode graph ends with
+    /// `argmax_feed` (`sample.cu`), which writes the token where the next step reads it, so
+    /// the steps are queued back to back and the host waits once per [`GREEDY_CHUNK`]
+    /// tokens instead of copying every step's logits back and choosing on the CPU. The
+    /// tokens are those [`CudaSession::step`] plus a host argmax would give; the steps'
+    /// logits are not read back. Without CUDA graphs or while profiling it runs exactly
+    /// that loop instead.
+    pub fn decode_greedy(&mut self, token: u32, n: usize) -> Result<Vec<u32>, CudaError> {
+        if self.n_past + n > self.opts.n_ctx {
+            return Err(CudaError::ContextFull {
+                n_past: self.n_past,
+                n_tokens: n,
+                n_ctx: self.opts.n_ctx,
+            });
+        }
+        if token as usize >= self.cfg.vocab_size {
+            return Err(CudaError::BadToken {
+                token,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        let mut out = Vec::with_capacity(n);
+        if !self.opts.cuda_graphs || self.profile.is_some() {
+            let mut t = token;
+            for _ in 0..n {
+                t = lagoon_core::sample::argmax(self.step(&[t])?);
+                out.push(t);
+            }
+            return Ok(out);
+        }
+        let mut t = token;
+        while out.len() < n {
+            let m = (n - out.len()).min(GREEDY_CHUNK);
+            self.params_host[0] = self.n_past as u32;
+            self.params_host[1] = 1;
+            self.params_host[2] = t;
+            let s = &self.dev.stream;
+            let mut pv = self.params_buf.slice_mut(..3);
+            s.memcpy_htod(&self.params_host[..3], &mut pv)
+                .during("uploading the step's token")?;
+            let mut count = self.greedy_buf.slice_mut(2..3);
+            s.memset_zeros(&mut count)
+                .during("clearing the greedy token list")?;
+            self.dev.pdl.set(self.pdl);
+            for i in 0..m {
+                let bucket = split_bucket(self.n_past + i + 1, self.split_keys);
+                if !self.greedy_graphs.iter().any(|(b, _)| *b == bucket) {
+                    for (sp, &mx) in self.splits.iter_mut().zip(&self.max_splits) {
+                        *sp = bucket.min(mx);
+                    }
+                    let g = self.capture_decode(true)?;
+                    self.greedy_graphs.push((bucket, g));
+                }
+                if let Some((_, g)) = self.greedy_graphs.iter().find(|(b, _)| *b == bucket) {
+                    g.0.launch().during("replaying the greedy decode graph")?;
+                }
+            }
+            let words = (1 + m).div_ceil(2);
+            let view = self.greedy_buf.slice(2..2 + words);
+            let mut list = vec![0u64; words];
+            let s = &self.dev.stream;
+            s.memcpy_dtoh(&view, &mut list)
+                .during("reading the greedy tokens back")?;
+            s.synchronize().during("finishing the greedy steps")?;
+            let toks: Vec<u32> = list
+                .iter()
+                .flat_map(|w| [*w as u32, (*w >> 32) as u32])
+                .collect();
+            if toks[0] as usize != m {
+                return Err(CudaError::Unsupported {
+                    what: format!("a greedy decode that chose {} tokens in {m} steps", toks[0]),
+                });
+            }
+            out.extend_from_slice(&toks[1..1 + m]);
+            self.n_past += m;
+            t = *out.last().unwrap_or(&t);
+        }
+        Ok(out)
+    }
+
+    /// Launches `argmax_feed` over the decode step's logits (the end of a greedy graph).
+    fn argmax_feed(&self) -> Result<(), CudaError> {
+        let g = &self.decode;
+        let out = g.values[g.output];
+        let v = self.cfg.vocab_size;
+        let state = self.greedy_buf.device_ptr(&self.dev.stream).0;
+        self.dev.launch(
+            K::ArgmaxFeed,
+            (v.div_ceil(ARGMAX_SPAN) as u32, 1),
+            256,
+            &[
+                Arg::P(self.arena + 4 * out.offset as u64),
+                Arg::I(v as i32),
+                Arg::P(state),
+                Arg::P(self.params),
+                Arg::P(state + 16),
+            ],
+        )
     }
 
     /// Evaluates any number of tokens in ubatch chunks, calling `f` with each chunk's logits.
@@ -929,6 +1047,7 @@ impl CudaSession {
         if self.fuse != on {
             self.fuse = on;
             self.decode_graphs.clear();
+            self.greedy_graphs.clear();
         }
     }
 
@@ -949,11 +1068,13 @@ impl CudaSession {
     }
 
     /// Captures the decode graph's launches into a CUDA graph (nothing runs while capturing).
-    fn capture_decode(&self) -> Result<DecodeGraph, CudaError> {
+    fn capture_decode(&self, greedy: bool) -> Result<DecodeGraph, CudaError> {
         let s = &self.dev.stream;
         s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .during("starting the decode-graph capture")?;
-        let walked = self.run(&self.decode, 1);
+        let walked = self
+            .run(&self.decode, 1)
+            .and_then(|()| if greedy { self.argmax_feed() } else { Ok(()) });
         // End the capture even when a launch failed, so the stream is usable again.
         let ended = s.end_capture(sys::CUgraphInstantiate_flags(0));
         walked?;
