@@ -10,7 +10,8 @@ ready to the next one's is that launch's share of the critical path (the next la
 for it to finish). The step length is found as the period of the launches' grid shapes; the
 last STEPS steps (default 16) are summarised: per kernel name (the host's launches with the
 same grid and block), launches per step, µs each and per step on the critical path (median
-over the steps), and how long its first block waited in pdl_wait.
+over the steps), and how long its first block waited in pdl_wait; then one layer's launches
+in order (the most common layer shape), each with its median share of the critical path.
 """
 import collections
 import statistics
@@ -98,6 +99,37 @@ def main():
     print("|---|---:|---:|---:|---:|---:|")
     for span, nm, cnt, wait in rows:
         print(f"| {nm} | {cnt} | {span / cnt:.2f} | {span:.1f} | {100 * span / step:.1f}% | {wait:.1f} |")
+    layer_view(launches, names, first, period, steps)
+
+
+def layer_view(launches, names, first, period, steps):
+    """The launches of one layer in order, median span per position over the layers of the
+    most common shape (a layer starts at the launch before its Q/K/V product: the norm)."""
+    def nm(l):
+        return "|".join(sorted(names.get(l["sig"], {"?"})))
+    rows = collections.defaultdict(list)
+    for s in range(steps):
+        a = first + s * period
+        seq = launches[a:a + period + 1]
+        starts = [i - 1 for i in range(1, len(seq) - 1) if "mv" in nm(seq[i]) and seq[i]["sig"][0] >= 2000
+                  and seq[i]["sig"][0] < 25000 and "norm" in nm(seq[i - 1])]
+        for j in range(len(starts) - 1):
+            lay = seq[starts[j]:starts[j + 1] + 1]
+            key = tuple(l["sig"] for l in lay[:-1])
+            rows[key].append([(lay[i + 1]["ready"] - lay[i]["ready"]) / 1e3 for i in range(len(lay) - 1)])
+    if not rows:
+        return
+    key, spans = max(rows.items(), key=lambda kv: len(kv[1]))
+    print(f"\none layer, in launch order (the most common shape: {len(spans)} layers over the steps):")
+    print("| # | launch (grid x, y, block) | µs on the critical path (median) |")
+    print("|---:|---|---:|")
+    tot = 0.0
+    for i, sig in enumerate(key):
+        m = statistics.median(sp[i] for sp in spans)
+        tot += m
+        n = "|".join(sorted(names.get(sig, {"?"})))
+        print(f"| {i + 1} | {n} {sig[0]}x{sig[1]}x{sig[2]} | {m:.2f} |")
+    print(f"| | layer | {tot:.1f} |")
 
 
 if __name__ == "__main__":
