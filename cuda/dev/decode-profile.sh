@@ -6,8 +6,8 @@
 # step's timeline (kernel starts and ends, so the gaps between kernels show). Stage first:
 #   ../shared/device/stage.sh tests -p lagoon-cuda && ../shared/device/stage.sh example bench synth
 # then run `cuda/dev/decode-profile.sh` with carry [".device"]. Logs and CSVs land in $OUT.
-# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out; TYPES, VARIANTS, KV_AB
-# and FULL: below.
+# SKIP_TESTS=1 leaves the tests out; BENCH_ONLY=1 leaves ncu/nsys out; TYPES, VARIANTS, KV_AB,
+# FULL and TRACE: below.
 set -u
 out=${OUT:-/tmp}
 t0=$(date +%s)
@@ -53,6 +53,16 @@ if [ "${FULL:-0}" = 1 ]; then
     | grep -E "^\||floor" > "$out/full.txt"
   cat "$out/full.txt"
   lap "full table"
+fi
+# TRACE=1: the graph-replayed step's timeline (cuda/src/trace.rs: the kernels compiled with
+# their trace hooks, ~4% slower), per kernel and one layer in launch order
+# (cuda/dev/trace-summary.py; the trace comes back xz-compressed and the script also runs here).
+if [ "${TRACE:-0}" = 1 ]; then
+  LAGOON_CUDA_DEFINES="LAGOON_TRACE${LAGOON_CUDA_DEFINES:+,$LAGOON_CUDA_DEFINES}" LAGOON_CUDA_TRACE="$out/decode.trace" \
+    timeout 150 .device/bin/bench --model "$model" --device cuda -p 0 -n 32 -d ${DEPTHS:-0} -r 1 2>&1 | grep -E "^\|.*tg|rror"
+  command -v python3 > /dev/null && python3 cuda/dev/trace-summary.py "$out/decode.trace" 16 | tee "$out/trace-summary.md"
+  xz -T4 "$out/decode.trace"
+  lap "trace"
 fi
 [ "${BENCH_ONLY:-0}" = 1 ] && exit 0
 # ncu: every kernel of the run (floor reads, the first token, 3 decode steps); the decode
