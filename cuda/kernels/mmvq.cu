@@ -237,6 +237,12 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // lane piece (DownQ4k: eight lanes per 144-byte super-block, one super-block each;
 // DownCt4: one 20-byte block per lane): on (the lane has a piece), load, part (its term).
 #define DOWN_BATCH 6
+// Lab switch (LAGOON_CUDA_DEFINES=DOWN_EARLY=1): moe_down_q's short-row paths issue their
+// first batch of routed weight loads before pdl_wait (see moe_down_q). Not yet measured on
+// the H200 (written after session 24's device budget was spent): off by default.
+#ifndef DOWN_EARLY
+#define DOWN_EARLY 0
+#endif
 // The same for Q6_K rows (DownQ6k), or 0 (the default) for the generic loop (lane_part_q).
 // Measured slower on the H200 (S 2.1 Q4_K_M tg64, interleaved in one call: the loop 264.8 /
 // 266.4 t/s; batches of 2, 4, 6 at 258.0, 257.6 / 256.1, 257.0; 128-168 registers against
@@ -328,7 +334,7 @@ struct DownQ6k {
 
 // The lane's share: scale · Σ_k weights[k] · part_k, plus the shared expert's part (Sd, its
 // activation in row K of actq) when Sd is given.
-template <class F, int B = DOWN_BATCH>
+template <class F, int B = DOWN_BATCH, bool WAIT = false>
 __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                                 const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
                                                 const u32* __restrict__ id, const float* __restrict__ weights, int r,
@@ -350,6 +356,8 @@ __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 e
                 if (on) l[u].load(Wd + (size_t)id[k] * expert_bytes + (size_t)r * row_bytes, lane);
             }
         }
+        // WAIT (DOWN_EARLY): the kernel's wait, after the first batch's weight loads.
+        if (WAIT && s0 == 0) warp_pdl_wait();
         #pragma unroll
         for (int u = 0; u < B; u++) {
             if (s0 + u < K) {
@@ -477,7 +485,7 @@ struct PairQ6k {
     }
 };
 
-template <class F>
+template <class F, bool WAIT = false>
 __device__ __forceinline__ float moe_down_pairs(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                                 const u8* __restrict__ St, const u8* __restrict__ actq, u64 astride,
                                                 const u32* __restrict__ id, const float* __restrict__ weights, int r,
@@ -503,6 +511,8 @@ __device__ __forceinline__ float moe_down_pairs(const u8* __restrict__ Wd, u64 e
             ks[u] = e < s0 ? K : k;
             if (on && e < n) l[u].load((e < s0 ? St : Wd + (size_t)id[k] * expert_bytes) + roff, g);
         }
+        // WAIT (DOWN_EARLY): the kernel's wait, after the first batch's weight loads.
+        if (WAIT && e0 == 0) warp_pdl_wait();
         #pragma unroll
         for (int u = 0; u < B; u++) {
             int e = e0 + 2 * u + h;
@@ -554,22 +564,34 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     } else if (Sd && lane == 0) {
         prefetch_l2(Sd + (size_t)r * sb, sb);
     }
-    pdl_wait();
     // The T-typed kernels below take the shared expert only when it is of type T.
     const u8* St = S == T ? Sd : nullptr;
     const u32* id = (const u32*)ids;
+    // DOWN_EARLY: the short-row paths issue their first batch of routed weight loads before
+    // the wait. The host launches this kernel right after a kernel that waits before it
+    // triggers (the routed activations' quantiser), so the gate/up kernel that wrote
+    // route_copy (ids, weights, order) has finished when this one starts; only actq, the
+    // quantiser's output, needs the wait.
+    constexpr bool EARLY = DOWN_EARLY != 0;
+    bool early = EARLY && ((T == WT_CT4 && I <= 32 * QK) || (T == WT_Q4_K && I <= 4 * QK_K) ||
+                           (T == WT_Q6_K && DOWN_Q6K_PAIRS && I <= 4 * QK_K));
+    if (!early) pdl_wait();
     // Lane s holds the slot of rank s (route_copy's order, see moe_gate_up_q), so the loop
     // below reads it with a shuffle and its iterations (independent loads) can overlap.
     int order = lane < K ? __float_as_int(ids[2 * K + lane]) : 0;
     float v;
     if (T == WT_CT4 && I <= 32 * QK) {
-        v = moe_down_short<DownCt4>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+        v = moe_down_short<DownCt4, DOWN_BATCH, EARLY>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r,
+                                                       I, K, scale, order);
     } else if (T == WT_Q4_K && DOWN_Q4K_PAIRS && I <= 4 * QK_K) {
-        v = moe_down_pairs<PairQ4k>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+        v = moe_down_pairs<PairQ4k, EARLY>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale,
+                                           order);
     } else if (T == WT_Q6_K && DOWN_Q6K_PAIRS && I <= 4 * QK_K) {
-        v = moe_down_pairs<PairQ6k>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+        v = moe_down_pairs<PairQ6k, EARLY>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale,
+                                           order);
     } else if (T == WT_Q4_K && I <= 4 * QK_K) {
-        v = moe_down_short<DownQ4k>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale, order);
+        v = moe_down_short<DownQ4k, DOWN_BATCH, EARLY>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r,
+                                                       I, K, scale, order);
     } else if (T == WT_Q6_K && DOWN_Q6K_BATCH > 0 && I <= 4 * QK_K) {
         v = moe_down_short<DownQ6k, (DOWN_Q6K_BATCH > 0 ? DOWN_Q6K_BATCH : 1)>(Wd, expert_bytes, row_bytes, St, actq,
                                                                                astride, id, weights, r, I, K, scale, order);
