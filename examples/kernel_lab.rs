@@ -2,6 +2,7 @@
 //! in one device call, each against the device's measured read floor.
 //!
 //! `kernel_lab [--device N] [--reps N] [--types q4_K,q6_K,q8_0,bf16,ct4] [--shapes q_proj,lm_head] [--moe no]`
+//! `kernel_lab --sync [--device N]`
 //!
 //! For each weight type (Q4_K, Q6_K, Q8_0) and shape (Q projection 9216×3072, O projection
 //! 3072×9216, K/V 1024×3072, one expert's gate 1024×3072 and down 3072×1024, the lm_head
@@ -20,6 +21,11 @@
 //!   shared-memory-activation `mvx_bf16`) and CT4 blocks against Q8_0 (`mv_ct4`);
 //! - the routed experts' gate/up at S 2.1's shape (256 experts, top 10 + shared): the
 //!   production `moe_gate_up_q_q4_K` against the lab's streamed and half-warp versions.
+//!
+//! `--sync` instead times what a chain of dependent launches costs (`lab.cu`'s `lab_empty`,
+//! `lab_hop`, `lab_barrier`): 240 launches chained in a CUDA graph under programmatic launch,
+//! empty or each doing a norm's work on one block, µs per launch; and one resident block per
+//! SM passing 2,000 grid barriers, without and with that work between them, µs per barrier.
 //!
 //! Each launch reads a different copy of the matrix (copies rotate over ≥ 256 MB, five times
 //! the H200's L2), so the figures are from DRAM. Weights are random with sane block scales.
@@ -168,12 +174,109 @@ fn print_row(ty: &str, shape: &str, kernel: &str, us: f64, bytes: f64, floor: f6
     );
 }
 
+/// `--sync`: µs per dependent launch (graph-replayed, programmatic launch) and per grid
+/// barrier of a persistent kernel, each without and with a norm's work per step.
+fn sync_lab(dev: &Device) -> anyhow::Result<()> {
+    use lagoon::cuda_backend::cudarc::driver::sys;
+    let s = &dev.stream;
+    let n = 3072usize;
+    let mut bufs = s.alloc_zeros::<f32>(2 * n)?;
+    s.memcpy_htod(&vec![1.0f32; 2 * n], &mut bufs)?;
+    let bp = bufs.device_ptr(s).0;
+    let event = || dev.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    println!("| what | µs each |");
+    println!("|---|---:|");
+    let hops = 240usize;
+    let replays = 20usize;
+    for (name, k) in [
+        (
+            "dependent launch, empty (graph, programmatic launch)",
+            K::LabEmpty,
+        ),
+        ("dependent launch, a norm's work on one block", K::LabHop),
+    ] {
+        dev.pdl.set(true);
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let mut captured = Ok(());
+        for i in 0..hops {
+            let (a_in, a_out) = (
+                bp + 4 * ((i % 2) * n) as u64,
+                bp + 4 * (((i + 1) % 2) * n) as u64,
+            );
+            let r = match k {
+                K::LabEmpty => dev.launch(k, (1, 1), 128, &[]),
+                _ => dev.launch(
+                    k,
+                    (1, 1),
+                    1024,
+                    &[Arg::P(a_in), Arg::P(a_out), Arg::I(n as i32)],
+                ),
+            };
+            if r.is_err() {
+                captured = r;
+                break;
+            }
+        }
+        let g = s.end_capture(sys::CUgraphInstantiate_flags(0))?;
+        dev.pdl.set(false);
+        captured?;
+        let g = g.context("an empty graph")?;
+        g.launch()?;
+        let (e0, e1) = (event()?, event()?);
+        e0.record(s)?;
+        for _ in 0..replays {
+            g.launch()?;
+        }
+        e1.record(s)?;
+        let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / (replays * hops) as f64;
+        println!("| {name} | {us:.2} |");
+    }
+    let sms = dev.sm_count()?;
+    let mut bar = s.alloc_zeros::<u32>(2)?;
+    let barp = bar.device_ptr(s).0;
+    let rounds = 2000usize;
+    for hop in [0, 1] {
+        let mut launch = || -> anyhow::Result<()> {
+            s.memset_zeros(&mut bar)?;
+            dev.launch(
+                K::LabBarrier,
+                (sms, 1),
+                1024,
+                &[
+                    Arg::P(barp),
+                    Arg::P(bp),
+                    Arg::I(n as i32),
+                    Arg::I(rounds as i32),
+                    Arg::I(hop),
+                ],
+            )?;
+            Ok(())
+        };
+        launch()?;
+        let (e0, e1) = (event()?, event()?);
+        e0.record(s)?;
+        launch()?;
+        e1.record(s)?;
+        let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / rounds as f64;
+        let what = if hop == 0 {
+            format!("grid barrier, {sms} blocks (one per SM)")
+        } else {
+            format!("grid barrier, {sms} blocks, a norm's work on one block between barriers")
+        };
+        println!("| {what} | {us:.2} |");
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
-    let a = args::Args::parse(include_str!("kernel_lab.rs"), &[])?;
+    let a = args::Args::parse(include_str!("kernel_lab.rs"), &["sync"])?;
     let ordinal: usize = a.num("device", 0)?;
     let reps: usize = a.num("reps", 50)?;
     anyhow::ensure!(reps > 0, "--reps must be at least 1");
     let dev = Device::new(ordinal).context("opening the CUDA device")?;
+    if a.flag("sync") {
+        return sync_lab(&dev);
+    }
     let floor = dev.read_bandwidth(4 << 30)?;
     println!(
         "device {ordinal} ({}), read floor {floor:.0} GB/s, {reps} launches per figure\n",

@@ -391,3 +391,62 @@ extern "C" __global__ void __launch_bounds__(128) mvk_bf16(const u8* W, u64 row_
     __syncthreads();
     if (threadIdx.x == 0) out[r] = (part[0] + part[1]) + (part[2] + part[3]);
 }
+
+// ---- What a step's chain of dependent launches costs (kernel_lab --sync) ----
+// The replayed decode step (BENCHMARKS.md, session 24's timeline) spends ~29 µs a layer in
+// eight small launches, each waiting for the one before. Before building a persistent
+// per-layer kernel, three costs to know on the H200:
+// - lab_empty: a launch that only waits and triggers (PDL_ENTRY), chained in a CUDA graph
+//   under programmatic launch: the bare cost of one dependent launch;
+// - lab_hop: the same with a norm's work on one block (read 3,072 floats the launch before
+//   wrote, reduce their squares, write them scaled): a small kernel's hop;
+// - lab_barrier: one resident block per SM passing `rounds` grid barriers (an arrival
+//   counter and a generation word), with `hop` != 0 one block doing lab_hop's work between
+//   two barriers: what a persistent kernel would pay instead.
+extern "C" __global__ void __launch_bounds__(128) lab_empty() { PDL_ENTRY(); }
+
+__device__ __forceinline__ void lab_norm_hop(const float* __restrict__ in, float* __restrict__ out, int n) {
+    __shared__ float part[32];
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += in[i] * in[i];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += part[w];
+    float s = rsqrtf(t / (float)n + 1e-6f);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i] * s;
+    __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(1024) lab_hop(const float* in, float* out, int n) {
+    PDL_ENTRY();
+    lab_norm_hop(in, out, n);
+}
+
+// bar: [0] arrivals, [1] generation (zeroed by the host before a launch).
+extern "C" __global__ void __launch_bounds__(1024) lab_barrier(unsigned* bar, float* buf, int n, int rounds, int hop) {
+    __shared__ unsigned gen;
+    if (threadIdx.x == 0) gen = *(volatile unsigned*)(bar + 1);
+    __syncthreads();
+    for (int r = 0; r < rounds; r++) {
+        if (hop && blockIdx.x == (unsigned)r % gridDim.x)
+            lab_norm_hop(buf + (size_t)(r & 1) * n, buf + (size_t)((r + 1) & 1) * n, n);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned g = gen;
+            __threadfence();
+            if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+                *(volatile unsigned*)bar = 0u;
+                __threadfence();
+                atomicExch(bar + 1, g + 1);
+            } else {
+                while (*(volatile unsigned*)(bar + 1) == g) {
+                }
+            }
+            __threadfence();
+            gen = g + 1;
+        }
+        __syncthreads();
+    }
+}

@@ -173,6 +173,9 @@ manifest! {
     LabGateUpHQ4K => "lab.cu", "moe_gate_up_h_q4_K";
     LabMvw2Bf16 => "lab.cu", "mvw2_bf16";
     LabMvxBf16 => "lab.cu", "mvx_bf16";
+    LabEmpty => "lab.cu", "lab_empty";
+    LabHop => "lab.cu", "lab_hop";
+    LabBarrier => "lab.cu", "lab_barrier";
     LabMvb4Bf16 => "lab.cu", "mvb4_bf16";
     LabMvb16Bf16 => "lab.cu", "mvb16_bf16";
     LabMvb8csBf16 => "lab.cu", "mvb8cs_bf16";
@@ -365,7 +368,7 @@ impl K {
     pub fn pdl(self) -> bool {
         let file = MANIFEST[self as usize].1;
         !matches!(file, "gemm.cu" | "gemm_rf.cu" | "gemm_h.cu" | "flash.cu")
-            && !matches!(self, K::Spin | K::ReadStream)
+            && !matches!(self, K::Spin | K::ReadStream | K::LabBarrier)
     }
 
     /// The one-block-per-output-row form of a batch-1 expert down kernel (`mmvq.cu`'s
