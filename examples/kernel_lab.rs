@@ -25,7 +25,10 @@
 //! `--sync` instead times what a chain of dependent launches costs (`lab.cu`'s `lab_empty`,
 //! `lab_hop`, `lab_barrier`): 240 launches chained in a CUDA graph under programmatic launch,
 //! empty or each doing a norm's work on one block, µs per launch; and one resident block per
-//! SM passing 2,000 grid barriers, without and with that work between them, µs per barrier.
+//! SM passing 2,000 grid barriers, without and with that work between them, µs per barrier;
+//! and a wide launch (1,280 blocks) alone, followed by a dependent one-block norm, and with
+//! the norm done by its own last block to finish (`lab_wide`, `lab_tail`): what folding a
+//! small launch into the tail of the product before it saves.
 //!
 //! Each launch reads a different copy of the matrix (copies rotate over ≥ 256 MB, five times
 //! the H200's L2), so the figures are from DRAM. Weights are random with sane block scales.
@@ -180,41 +183,59 @@ fn sync_lab(dev: &Device) -> anyhow::Result<()> {
     use lagoon::cuda_backend::cudarc::driver::sys;
     let s = &dev.stream;
     let n = 3072usize;
-    let mut bufs = s.alloc_zeros::<f32>(2 * n)?;
-    s.memcpy_htod(&vec![1.0f32; 2 * n], &mut bufs)?;
+    let mut bufs = s.alloc_zeros::<f32>(3 * n)?;
+    s.memcpy_htod(&vec![1.0f32; 3 * n], &mut bufs)?;
     let bp = bufs.device_ptr(s).0;
+    let count = s.alloc_zeros::<u32>(1)?;
+    let cp = count.device_ptr(s).0;
     let event = || dev.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     println!("| what | µs each |");
     println!("|---|---:|");
     let hops = 240usize;
     let replays = 20usize;
-    for (name, k) in [
+    // A product-like launch: as many 128-thread blocks as S 2.1's Q/K/V rows at four a block.
+    let wide = 1280u32;
+    let hop = |i: usize| -> [Arg; 3] {
+        [
+            Arg::P(bp + 4 * ((i % 2) * n) as u64),
+            Arg::P(bp + 4 * (((i + 1) % 2) * n) as u64),
+            Arg::I(n as i32),
+        ]
+    };
+    let chains: [(&str, &[K]); 5] = [
         (
             "dependent launch, empty (graph, programmatic launch)",
-            K::LabEmpty,
+            &[K::LabEmpty],
         ),
-        ("dependent launch, a norm's work on one block", K::LabHop),
-    ] {
+        ("dependent launch, a norm's work on one block", &[K::LabHop]),
+        ("wide launch (1,280 blocks), trivial work", &[K::LabWide]),
+        (
+            "wide launch then a dependent one-block norm",
+            &[K::LabWide, K::LabHop],
+        ),
+        ("wide launch whose last block does the norm", &[K::LabTail]),
+    ];
+    for (name, ks) in chains {
         dev.pdl.set(true);
         s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         let mut captured = Ok(());
-        for i in 0..hops {
-            let (a_in, a_out) = (
-                bp + 4 * ((i % 2) * n) as u64,
-                bp + 4 * (((i + 1) % 2) * n) as u64,
-            );
-            let r = match k {
-                K::LabEmpty => dev.launch(k, (1, 1), 128, &[]),
-                _ => dev.launch(
-                    k,
-                    (1, 1),
-                    1024,
-                    &[Arg::P(a_in), Arg::P(a_out), Arg::I(n as i32)],
-                ),
-            };
-            if r.is_err() {
-                captured = r;
-                break;
+        'cap: for i in 0..hops {
+            for &k in ks {
+                let r = match k {
+                    K::LabEmpty => dev.launch(k, (1, 1), 128, &[]),
+                    K::LabWide => dev.launch(k, (wide, 1), 128, &[Arg::P(bp), Arg::I(n as i32)]),
+                    K::LabTail => dev.launch(
+                        k,
+                        (wide, 1),
+                        128,
+                        &[Arg::P(cp), Arg::P(bp), Arg::I(n as i32)],
+                    ),
+                    _ => dev.launch(k, (1, 1), 1024, &hop(i)),
+                };
+                if r.is_err() {
+                    captured = r;
+                    break 'cap;
+                }
             }
         }
         let g = s.end_capture(sys::CUgraphInstantiate_flags(0))?;

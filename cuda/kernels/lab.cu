@@ -402,7 +402,13 @@ extern "C" __global__ void __launch_bounds__(128) mvk_bf16(const u8* W, u64 row_
 //   wrote, reduce their squares, write them scaled): a small kernel's hop;
 // - lab_barrier: one resident block per SM passing `rounds` grid barriers (an arrival
 //   counter and a generation word), with `hop` != 0 one block doing lab_hop's work between
-//   two barriers: what a persistent kernel would pay instead.
+//   two barriers: what a persistent kernel would pay instead;
+// - lab_wide: a wide launch (many blocks, each reading one float and writing it back), the
+//   stand-in for a product kernel; chained as lab_wide -> lab_hop it is a product followed by
+//   a small one-block launch;
+// - lab_tail: lab_wide whose last block to finish (an arrival counter after a fence, the
+//   counter reset by that block for the next launch) does lab_hop's work itself: the small
+//   launch folded into the tail of the one before it.
 extern "C" __global__ void __launch_bounds__(128) lab_empty() { PDL_ENTRY(); }
 
 __device__ __forceinline__ void lab_norm_hop(const float* __restrict__ in, float* __restrict__ out, int n) {
@@ -422,6 +428,26 @@ __device__ __forceinline__ void lab_norm_hop(const float* __restrict__ in, float
 extern "C" __global__ void __launch_bounds__(1024) lab_hop(const float* in, float* out, int n) {
     PDL_ENTRY();
     lab_norm_hop(in, out, n);
+}
+
+extern "C" __global__ void __launch_bounds__(128) lab_wide(float* buf, int n) {
+    PDL_ENTRY();
+    if (threadIdx.x == 0) buf[blockIdx.x % n] += 1.0f;
+}
+
+extern "C" __global__ void __launch_bounds__(128) lab_tail(unsigned* count, float* buf, int n) {
+    PDL_ENTRY();
+    __shared__ unsigned last;
+    if (threadIdx.x == 0) {
+        buf[2 * n + blockIdx.x % n] += 1.0f;
+        __threadfence();
+        last = atomicAdd(count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    lab_norm_hop(buf, buf + n, n);
+    if (threadIdx.x == 0) *count = 0u;
 }
 
 // bar: [0] arrivals, [1] generation (zeroed by the host before a launch).

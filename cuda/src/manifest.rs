@@ -176,6 +176,8 @@ manifest! {
     LabEmpty => "lab.cu", "lab_empty";
     LabHop => "lab.cu", "lab_hop";
     LabBarrier => "lab.cu", "lab_barrier";
+    LabWide => "lab.cu", "lab_wide";
+    LabTail => "lab.cu", "lab_tail";
     LabMvb4Bf16 => "lab.cu", "mvb4_bf16";
     LabMvb16Bf16 => "lab.cu", "mvb16_bf16";
     LabMvb8csBf16 => "lab.cu", "mvb8cs_bf16";
