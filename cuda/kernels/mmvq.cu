@@ -237,11 +237,14 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // lane piece (DownQ4k: eight lanes per 144-byte super-block, one super-block each;
 // DownCt4: one 20-byte block per lane): on (the lane has a piece), load, part (its term).
 #define DOWN_BATCH 6
-// Lab switch (LAGOON_CUDA_DEFINES=DOWN_EARLY=1): moe_down_q's short-row paths issue their
-// first batch of routed weight loads before pdl_wait (see moe_down_q). Not yet measured on
-// the H200 (written after session 24's device budget was spent): off by default.
+// moe_down_q's short-row paths issue their first batch of routed weight loads before
+// pdl_wait (see moe_down_q); DOWN_EARLY=0 (LAGOON_CUDA_DEFINES) waits first. Measured on the
+// H200, S 2.1 tg64, alternating in one call (session 25): Q4_K_M 297.58 / 297.60 t/s against
+// 296.71 / 296.84 (+0.3%), W4A16 238.90 / 238.80 against 238.81 / 238.68 (the same within
+// noise). Predicted ~2.5% (the quantiser's 2-4 µs window before the wait): the first batch
+// is a small part of a row's loads, so most of the window goes unused.
 #ifndef DOWN_EARLY
-#define DOWN_EARLY 0
+#define DOWN_EARLY 1
 #endif
 // The same for Q6_K rows (DownQ6k), or 0 (the default) for the generic loop (lane_part_q).
 // Measured slower on the H200 (S 2.1 Q4_K_M tg64, interleaved in one call: the loop 264.8 /
