@@ -25,6 +25,8 @@
 #define FA_D 128
 #define FA_BQ 64
 #define FA_BK 64
+// Query heads per KV head in attention_decode_gqa (the rows of one m16 tile).
+#define FA_GQA_MAX_G 16
 #define FA_KLD (FA_D + 8)
 // One buffer: K and V tiles of FA_BK rows of FA_KLD halves (manifest.rs FLASH_SMEM: two
 // buffers for a 16-bit cache, one for the f32 cache).
@@ -481,14 +483,26 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
                                        const KV* __restrict__ vc, float* __restrict__ out,
                                        float* __restrict__ part, int cap, int hq, int n_kv,
                                        int window, const u32* __restrict__ params,
-                                       const float* __restrict__ gt, int gcols) {
+                                       const float* __restrict__ gt, int gcols, int early) {
     extern __shared__ __align__(16) unsigned short fa_smem[];
-    PDL_ENTRY();
+    // The softplus gate's inputs of the block's heads (one split only), read at the start.
+    __shared__ float gs[FA_GQA_MAX_G * FA_D];
     int kvh = blockIdx.x, split = blockIdx.z, n_split = gridDim.z;
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gr = lane >> 2, qd = lane & 3;
     int G = hq / n_kv, h0 = kvh * G;
     int row = n_kv * FA_D;
+    int per = gt ? hq * FA_D / gcols : 1;
+    // early != 0: the host launched this kernel right after one that waits before it
+    // triggers (qk_norm_rope_store), so every kernel before that one has finished: the step's
+    // position and the gate (an output of the Q/K/V/gate product) are read before the wait,
+    // and only the rotated queries and the step's own key and value need it. Otherwise both
+    // after the wait, as before.
+    if (!early) pdl_wait();
     int pos = (int)params[P_POS0];
+    if (gt && n_split == 1)
+        for (int r = 0; r < G; r++) gs[r * FA_D + tid] = gt[((h0 + r) * FA_D + tid) / per];
+    if (early) pdl_wait();
+    pdl_trigger();
     int first, last;
     split_keys(pos, window, split, n_split, first, last);
     // Q fragments (attention_prefill's layout) for rows gr and gr + 8: query heads h0 + gr
@@ -576,7 +590,6 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
         wl[w * 16 + gr + 8] = lb;
     }
     __syncthreads();
-    int per = gt ? hq * FA_D / gcols : 1;
     int k = tid;  // FA_D == blockDim.x: one output dim per thread
     for (int r = 0; r < G; r++) {
         float M = -LG_INF;
@@ -603,18 +616,21 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
             }
         } else {
             float v = acc / L;
-            out[(size_t)h * FA_D + k] = gt ? v * softplus_f(gt[(h * FA_D + k) / per]) : v;
+            out[(size_t)h * FA_D + k] = gt ? v * softplus_f(gs[r * FA_D + k]) : v;
         }
     }
 }
 
-// Arguments as attention.cu's attention_decode (d must be FA_D; the host checks).
+// Arguments as attention.cu's attention_decode (d must be FA_D; the host checks), then
+// `early` (see above).
 #define GQA_KERNEL(sfx, KV)                                                                          \
     extern "C" __global__ void __launch_bounds__(128, 3) attention_decode_gqa##sfx(                   \
         const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,           \
         float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d,         \
-        int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols) {         \
-        attention_decode_gqa_t<KV>(q, kc, vc, out, part, cap, hq, n_kv, window, params, g, gcols);   \
+        int window, const u32* __restrict__ params, const float* __restrict__ g, int gcols,          \
+        int early) {                                                                                 \
+        attention_decode_gqa_t<KV>(q, kc, vc, out, part, cap, hq, n_kv, window, params, g, gcols,    \
+                                   early);                                                           \
     }
 GQA_KERNEL(, float)
 GQA_KERNEL(_f16, unsigned short)

@@ -31,13 +31,18 @@ __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restr
     int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
     int n4 = glen / 4;
     float4 xv[NQ_VEC], wv[NQ_VEC];
+    // The gain (a weight, likely evicted from L2 by the products since the last step) is
+    // read before the wait, so only x, which the kernel before wrote, is read after it.
     #pragma unroll
     for (int k = 0; k < NQ_VEC; k++) {
         int i = tid + k * NQ_THREADS;
-        if (i < n4) {
-            xv[k] = ((const float4*)x)[i];
-            wv[k] = __ldg((const float4*)w + i);
-        }
+        if (i < n4) wv[k] = __ldg((const float4*)w + i);
+    }
+    PDL_ENTRY();
+    #pragma unroll
+    for (int k = 0; k < NQ_VEC; k++) {
+        int i = tid + k * NQ_THREADS;
+        if (i < n4) xv[k] = ((const float4*)x)[i];
     }
     // Block-wide sum of squares: a different order from rms_norm's one-warp sum, so the
     // normed values may differ from the unfused kernel's in the last bit, which can move a
@@ -74,18 +79,18 @@ __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restr
 }
 
 extern "C" __global__ void __launch_bounds__(NQ_THREADS)
-rms_norm_q8_K(const float* x, const float* w, float* out, u8* xq, int glen, float eps) { PDL_ENTRY();
+rms_norm_q8_K(const float* x, const float* w, float* out, u8* xq, int glen, float eps) {
     rms_norm_quant<NQ_Q8K>(x, w, out, xq, glen, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(NQ_THREADS)
-rms_norm_q8_0(const float* x, const float* w, float* out, u8* xq, int glen, float eps) { PDL_ENTRY();
+rms_norm_q8_0(const float* x, const float* w, float* out, u8* xq, int glen, float eps) {
     rms_norm_quant<NQ_Q8_0>(x, w, out, xq, glen, eps);
 }
 
 // The same norm of one row without a quantised copy (xq unused).
 extern "C" __global__ void __launch_bounds__(NQ_THREADS)
-rms_norm_row(const float* x, const float* w, float* out, u8* xq, int glen, float eps) { PDL_ENTRY();
+rms_norm_row(const float* x, const float* w, float* out, u8* xq, int glen, float eps) {
     rms_norm_quant<NQ_NONE>(x, w, out, xq, glen, eps);
 }
 
@@ -98,27 +103,51 @@ rms_norm_row(const float* x, const float* w, float* out, u8* xq, int glen, float
 // bitwise those of the five unfused kernels. Grid (ceil((hq + n_kv) / QKR_WARPS), n), block
 // 32 * QKR_WARPS; d <= QKR_MAX_D; rows of q, k, v and q_out are hq d, n_kv d, n_kv d, hq d.
 // The cache is f32 (qk_norm_rope_store), f16, bf16 or q8_0 (the _f16, _bf16 and _q8_0 twins,
-// common.cuh's Kv).
+// common.cuh's Kv). The loads are norm_rope_head_pre's: the gains and frequencies before the
+// wait, the head and the value in one round after it.
 template <typename KV>
 __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* __restrict__ k,
                                      const float* __restrict__ v, const float* __restrict__ qw,
                                      const float* __restrict__ kw, float* __restrict__ q_out, KV* __restrict__ kc,
                                      KV* __restrict__ vc, int cap, const float* __restrict__ inv_freq, float scale,
                                      int rd, int d, int hq, int n_kv, float eps, const u32* __restrict__ params) {
-    PDL_ENTRY();
     __shared__ float ys[QKR_WARPS][QKR_MAX_D];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int h = blockIdx.x * QKR_WARPS + warp;
-    if (h >= hq + n_kv) return;
+    if (h >= hq + n_kv) {
+        PDL_ENTRY();
+        return;
+    }
     bool is_q = h < hq;
     int hk = h - hq, t = blockIdx.y;
+    // The gain and the frequencies are weights: read before the wait (norm_rope_head_pre).
+    const float* w = is_q ? qw : kw;
+    int half = rd / 2;
+    float xv[NRH_J], wv[NRH_J], fv[NRH_J], vv[NRH_J];
+    #pragma unroll
+    for (int j = 0; j < NRH_J; j++) {
+        int i = lane + 32 * j;
+        if (i < d) {
+            wv[j] = __ldg(w + i);
+            fv[j] = i < rd ? __ldg(inv_freq + (i < half ? i : i - half)) : 0.0f;
+        }
+    }
+    PDL_ENTRY();
     q += (size_t)t * hq * d;
     q_out += (size_t)t * hq * d;
     k += (size_t)t * n_kv * d;
     v += (size_t)t * n_kv * d;
     const float* x = is_q ? q + (size_t)h * d : k + (size_t)hk * d;
-    const float* w = is_q ? qw : kw;
+    // The head's inputs (and a key head's value) in one round of loads with the position.
     u32 pos = params[P_POS0] + t;
+    #pragma unroll
+    for (int j = 0; j < NRH_J; j++) {
+        int i = lane + 32 * j;
+        if (i < d) {
+            xv[j] = x[i];
+            if (!is_q) vv[j] = v[(size_t)hk * d + i];
+        }
+    }
     // An f32 cache takes the query's and the key's values through one pointer; an f16 cache
     // stores the key's rounded (Kv).
     KV* kd = kc + (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
@@ -127,7 +156,7 @@ __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* _
     // q8_0 (d a multiple of 32, the host checks): elements i = lane + 32 j of a head arrive
     // together from the warp, one block per j.
     size_t slot = (size_t)(pos % cap) * n_kv * d + (size_t)hk * d;
-    norm_rope_head(x, w, ys[warp], d, rd, pos, inv_freq, scale, eps, [&](int i, float o) {
+    norm_rope_head_pre(xv, wv, fv, ys[warp], d, rd, pos, scale, eps, [&](int i, float o) {
         if constexpr (sizeof(KV) == 4) qd[i] = o;
         else if (is_q) qd[i] = o;
         else if constexpr (Kv<KV>::Q8) kvq8_store_warp(kc, cap, n_kv * d, slot + (i & ~31), o);
@@ -135,9 +164,12 @@ __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* _
     });
     if (!is_q) {
         KV* vd = vc + slot;
-        for (int i = lane; i < d; i += 32) {
-            if constexpr (Kv<KV>::Q8) kvq8_store_warp(vc, cap, n_kv * d, slot + (i & ~31), v[(size_t)hk * d + i]);
-            else Kv<KV>::st(vd + i, v[(size_t)hk * d + i]);
+        #pragma unroll
+        for (int j = 0; j < NRH_J; j++) {
+            int i = lane + 32 * j;
+            if (i >= d) break;
+            if constexpr (Kv<KV>::Q8) kvq8_store_warp(vc, cap, n_kv * d, slot + (i & ~31), vv[j]);
+            else Kv<KV>::st(vd + i, vv[j]);
         }
     }
 }

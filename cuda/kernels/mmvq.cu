@@ -91,11 +91,14 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
     // issued before it instead (lane_part_waiting).
     float* out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
     const float* res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
+    // The residual is read as soon as the wait is over (AfterWait), not after the reduction.
+    AfterWait aw = {res && (threadIdx.x & 31) == 0 ? res + r : nullptr, 0.0f};
     float part;
-    if constexpr (T == U) part = lane_part_waiting<T>(W + (size_t)r * rb, aq, cols);
-    else part = i < n_t ? lane_part_waiting<T>(W + (size_t)r * rb, aq, cols) : lane_part_waiting<U>(W + (size_t)r * rb, aq, cols);
+    if constexpr (T == U) part = lane_part_waiting<T>(W + (size_t)r * rb, aq, cols, &aw);
+    else part = i < n_t ? lane_part_waiting<T>(W + (size_t)r * rb, aq, cols, &aw)
+                        : lane_part_waiting<U>(W + (size_t)r * rb, aq, cols, &aw);
     float y = warp_sum(part);
-    if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
+    if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(aw.v, y) : y;
 }
 
 // act[r] = silu(Wg[r] . a) * (Wu[r] . a): a SwiGLU MLP's gate and up with the activation
@@ -567,6 +570,10 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     } else if (Sd && lane == 0) {
         prefetch_l2(Sd + (size_t)r * sb, sb);
     }
+    // The residual: the host launches this kernel right after the routed activations'
+    // quantiser, which waits before it triggers, so res (the output projection's sum, made
+    // several launches before) is final here; read now instead of after the row's reduction.
+    float rv = res && lane == 0 ? res[r] : 0.0f;
     // The T-typed kernels below take the shared expert only when it is of type T.
     const u8* St = S == T ? Sd : nullptr;
     const u32* id = (const u32*)ids;
@@ -613,7 +620,7 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     }
     if constexpr (S != T) v = __fadd_rn(v, shared);
     float y = warp_sum(v);
-    if (res) y = __fadd_rn(res[r], y);
+    if (res) y = __fadd_rn(rv, y);
     if (lane == 0) out[r] = y;
 }
 

@@ -38,6 +38,18 @@ __device__ __forceinline__ void warp_pdl_wait() {
     pdl_wait();
 }
 
+// A load a kernel wants issued as soon as its wait is over (a residual read at the end of a
+// row, say): the WAIT loops below take it and issue it right after the wait, so its latency
+// passes under the row's own loads instead of after them. p null: none.
+struct AfterWait {
+    const float* p;
+    float v;
+};
+__device__ __forceinline__ void warp_pdl_wait(AfterWait* aw) {
+    warp_pdl_wait();
+    if (aw && aw->p) aw->v = *aw->p;
+}
+
 // Byte offsets of a padded activation row's parts (act.cu's layout).
 __device__ __forceinline__ const float* q8k_d(const u8* row, int cols) { return (const float*)(row + cols); }
 __device__ __forceinline__ const short* q8k_bsums(const u8* row, int cols) {
@@ -277,7 +289,8 @@ __device__ __forceinline__ float group_sum(float v) {
 // group_dot_q4k the group's sum (in every lane of the group). WAIT: the kernel's pdl_wait is
 // issued here, after the lane's first weight loads (see lane_part_waiting).
 template <int G, bool WAIT = false>
-__device__ __forceinline__ float group_part_q4k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+__device__ __forceinline__ float group_part_q4k(const u8* __restrict__ row, const u8* __restrict__ a, int cols,
+                                                AfterWait* aw = nullptr) {
     int lane = threadIdx.x & (4 * G - 1);
     int g = lane & 3;
     int nb = cols / QK_K;
@@ -296,7 +309,7 @@ __device__ __forceinline__ float group_part_q4k(const u8* __restrict__ row, cons
     // before the loop, so WAIT can put the warp's wait after it).
     int b0 = lane >> 2;
     fetch(b0);
-    if (WAIT) warp_pdl_wait();
+    if (WAIT) warp_pdl_wait(aw);
     while (b0 < nb) {
         #pragma unroll
         for (int u = 0; u < Q4K_BATCH; u++) {
@@ -473,7 +486,8 @@ __device__ __forceinline__ float ct8_block_dot(const u32 w[9], const u8* __restr
 // nine words) row against a Q8_0 activation: blocks lane, lane + 32, ..., CT4_BATCH of them
 // fetched before any is computed.
 template <int T, bool WAIT = false>
-__device__ __forceinline__ float lane_part_ct(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+__device__ __forceinline__ float lane_part_ct(const u8* __restrict__ row, const u8* __restrict__ a, int cols,
+                                              AfterWait* aw = nullptr) {
     constexpr int WORDS = T == WT_CT8 ? 9 : 5;
     int lane = threadIdx.x & 31;
     int nb = cols / QK;
@@ -494,7 +508,7 @@ __device__ __forceinline__ float lane_part_ct(const u8* __restrict__ row, const 
     };
     int b0 = lane;
     fetch(b0);
-    if (WAIT) warp_pdl_wait();
+    if (WAIT) warp_pdl_wait(aw);
     while (b0 < nb) {
         #pragma unroll
         for (int i = 0; i < CT4_BATCH; i++) {
@@ -550,7 +564,7 @@ __device__ __forceinline__ float h_dot8(const uint4& w, const float4& x0, const 
 // fetch goes out before the kernel's pdl_wait (weights are never written by a kernel).
 template <int T, int R, int W, int B, bool WAIT>
 __device__ __forceinline__ void lane_parts_h(const u8* const __restrict__ rows[R], const u8* __restrict__ a,
-                                             int cols, int w, float acc[R]) {
+                                             int cols, int w, float acc[R], AfterWait* aw = nullptr) {
     int lane = threadIdx.x & 31;
     const float4* x4 = (const float4*)a;
     int n8 = cols / 8;
@@ -569,7 +583,7 @@ __device__ __forceinline__ void lane_parts_h(const u8* const __restrict__ rows[R
     };
     int i0 = 32 * w + lane;
     fetch(i0);
-    if (WAIT) warp_pdl_wait();
+    if (WAIT) warp_pdl_wait(aw);
     while (i0 < n8) {
         #pragma unroll
         for (int u = 0; u < B; u++) {
@@ -587,10 +601,11 @@ __device__ __forceinline__ void lane_parts_h(const u8* const __restrict__ rows[R
 
 // A lane's share of one float row, one warp on the row, H_BATCH pieces in flight.
 template <int T, bool WAIT = false>
-__device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+__device__ __forceinline__ float lane_part_h(const u8* __restrict__ row, const u8* __restrict__ a, int cols,
+                                             AfterWait* aw = nullptr) {
     const u8* rows[1] = {row};
     float acc[1];
-    lane_parts_h<T, 1, 1, H_BATCH, WAIT>(rows, a, cols, 0, acc);
+    lane_parts_h<T, 1, 1, H_BATCH, WAIT>(rows, a, cols, 0, acc, aw);
     return acc[0];
 }
 
@@ -876,12 +891,13 @@ __device__ __forceinline__ float lane_part_q(const u8* __restrict__ row, const u
 // kernel before still runs has its first weights in flight when that kernel ends, instead of
 // starting its reads then. Types whose loops do not take WAIT wait first.
 template <int T>
-__device__ __forceinline__ float lane_part_waiting(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
-    if constexpr (T == WT_CT4 || T == WT_CT8) return lane_part_ct<T, true>(row, a, cols);
-    else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T, true>(row, a, cols);
-    else if constexpr (T == WT_Q4_K) return group_part_q4k<8, true>(row, a, cols);
+__device__ __forceinline__ float lane_part_waiting(const u8* __restrict__ row, const u8* __restrict__ a, int cols,
+                                                  AfterWait* aw = nullptr) {
+    if constexpr (T == WT_CT4 || T == WT_CT8) return lane_part_ct<T, true>(row, a, cols, aw);
+    else if constexpr (T == WT_BF16 || T == WT_F16) return lane_part_h<T, true>(row, a, cols, aw);
+    else if constexpr (T == WT_Q4_K) return group_part_q4k<8, true>(row, a, cols, aw);
     else {
-        pdl_wait();
+        warp_pdl_wait(aw);
         return lane_part_q<T>(row, a, cols);
     }
 }

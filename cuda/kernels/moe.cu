@@ -64,25 +64,62 @@ route(const float* __restrict__ z, const float* __restrict__ bias, float* __rest
 // read back from global memory one by one; that made no measurable difference to S 2.1
 // decode (BENCHMARKS.md), so the kernel's 9.4 µs per launch in the profile is spent
 // elsewhere. Each expert's sigmoid is taken once (sg) for its weight. Grid (n), block
-// RB_THREADS; K <= RB_MAX_K.
+// RB_THREADS; K <= RB_MAX_K. (Not kept, session 25: a first round keeping each group of 32's
+// K best as candidates, then ranking only those — exact, ~1/3 of the comparisons — but its
+// extra barrier, shared atomics and serial candidate loop made S 2.1 Q4_K_M decode 303.3 ->
+// 292 t/s on the H200.)
 #define RB_THREADS 256
 #define RB_MAX_K 64
+// How many of keys[0 .. n) come before key v at index i (larger first, ties to the lower
+// index): v's 0-based rank among them.
+__device__ __forceinline__ int rank_among(const float* __restrict__ keys, int n, float v, int i) {
+    int rank = 0;
+    if ((n & 3) == 0) {
+        // Four keys per shared load, eight loads unrolled: the plain loop's dependent loads
+        // were the critical path of a one-block kernel.
+        const float4* k4 = (const float4*)keys;
+        #pragma unroll 8
+        for (int j4 = 0; j4 < n / 4; j4++) {
+            float4 o = k4[j4];
+            int j = 4 * j4;
+            rank += (o.x > v || (o.x == v && j < i)) ? 1 : 0;
+            rank += (o.y > v || (o.y == v && j + 1 < i)) ? 1 : 0;
+            rank += (o.z > v || (o.z == v && j + 2 < i)) ? 1 : 0;
+            rank += (o.w > v || (o.w == v && j + 3 < i)) ? 1 : 0;
+        }
+    } else {
+        for (int j = 0; j < n; j++) {
+            float o = keys[j];
+            rank += (o > v || (o == v && j < i)) ? 1 : 0;
+        }
+    }
+    return rank;
+}
 extern "C" __global__ void __launch_bounds__(RB_THREADS)
 route_block(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
-            float* __restrict__ weights, int E, int K, int norm, int n) { PDL_ENTRY();
+            float* __restrict__ weights, int E, int K, int norm, int n) {
     __shared__ __align__(16) float sel[ROUTE_MAX_EXPERTS];
     __shared__ float sg[ROUTE_MAX_EXPERTS];
     __shared__ float ws[RB_MAX_K];
     __shared__ float wsum;
     __shared__ int odd;
     int t = blockIdx.x, tid = threadIdx.x;
+    // The bias (a weight) before the wait: only the router's logits need it.
+    float bv[ROUTE_MAX_EXPERTS / RB_THREADS];
+    #pragma unroll
+    for (int j = 0; j < ROUTE_MAX_EXPERTS / RB_THREADS; j++)
+        if (tid + j * RB_THREADS < E) bv[j] = __ldg(bias + tid + j * RB_THREADS);
+    PDL_ENTRY();
     if (t >= n) return;
     const float* zt = z + (size_t)t * E;
     if (tid == 0) odd = K > E;
     __syncthreads();
-    for (int e = tid; e < E; e += RB_THREADS) {
+    #pragma unroll
+    for (int j = 0; j < ROUTE_MAX_EXPERTS / RB_THREADS; j++) {
+        int e = tid + j * RB_THREADS;
+        if (e >= E) break;
         float s = sigmoid_f(zt[e]);
-        float v = s + bias[e];
+        float v = s + bv[j];
         sg[e] = s;
         sel[e] = v;
         if (!(v > -LG_INF)) odd = 1;
@@ -108,27 +145,7 @@ route_block(const float* __restrict__ z, const float* __restrict__ bias, float* 
     } else {
         for (int e = tid; e < E; e += RB_THREADS) {
             float v = sel[e];
-            int rank = 0;
-            if ((E & 3) == 0) {
-                // Four keys per shared load, eight loads unrolled: the plain loop's 256
-                // dependent loads were this one-block kernel's critical path (an estimate, not
-                // yet measured; the counts are exact either way).
-                const float4* s4 = (const float4*)sel;
-                #pragma unroll 8
-                for (int j4 = 0; j4 < E / 4; j4++) {
-                    float4 o = s4[j4];
-                    int j = 4 * j4;
-                    rank += (o.x > v || (o.x == v && j < e)) ? 1 : 0;
-                    rank += (o.y > v || (o.y == v && j + 1 < e)) ? 1 : 0;
-                    rank += (o.z > v || (o.z == v && j + 2 < e)) ? 1 : 0;
-                    rank += (o.w > v || (o.w == v && j + 3 < e)) ? 1 : 0;
-                }
-            } else {
-                for (int j = 0; j < E; j++) {
-                    float o = sel[j];
-                    rank += (o > v || (o == v && j < e)) ? 1 : 0;
-                }
-            }
+            int rank = rank_among(sel, E, v, e);
             if (rank < K) {
                 idt[rank] = (u32)e;
                 ws[rank] = sg[e];

@@ -401,9 +401,19 @@ impl K {
     /// after it starts, under programmatic launch, when everything before it has finished
     /// (each kernel waits for its predecessor before it ends). `moe_gate_up_q` (after
     /// `route_block`) and `moe_down_mixed_*` (after the quantiser) use that to do the shared
-    /// expert's work before their own wait.
+    /// expert's work before their own wait, `attention_decode_gqa` (after
+    /// `qk_norm_rope_store`) to read the position and the gate before its own.
     pub fn waits_then_triggers(self) -> bool {
-        matches!(self, K::RouteBlock | K::QuantizeQ8K | K::QuantizeQ8_0)
+        matches!(
+            self,
+            K::RouteBlock
+                | K::QuantizeQ8K
+                | K::QuantizeQ8_0
+                | K::QkNormRopeStore
+                | K::QkNormRopeStoreF16
+                | K::QkNormRopeStoreBf16
+                | K::QkNormRopeStoreQ8_0
+        )
     }
 
     /// Dynamic shared memory the kernel is launched with (bytes; 0 for all but the

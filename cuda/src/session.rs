@@ -1173,6 +1173,12 @@ impl CudaSession {
         let decode = self.decode_attention(n);
         let args = self.attention_args(layer, q, out, gate);
         if decode && self.gqa_attention {
+            // The position and the gate before the kernel's wait when the launch before it
+            // waited before it triggered (flash.cu's `early`).
+            let early = self.dev.last_launch().is_some_and(K::waits_then_triggers);
+            let mut a = [Arg::I(0); 14];
+            a[..13].copy_from_slice(&args);
+            a[13] = Arg::I(early as i32);
             return self.dev.launch3(
                 self.kv_kernel(
                     K::AttentionDecodeGqa,
@@ -1182,7 +1188,7 @@ impl CudaSession {
                 )?,
                 (c.n_kv_heads as u32, 1, split as u32),
                 128,
-                &args,
+                &a,
             );
         }
         let (kernel, n_args) = if decode {

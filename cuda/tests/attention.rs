@@ -234,12 +234,15 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
             } else {
                 (&want, &want_gated)
             };
-            for (si, (split, gated)) in [
-                (1usize, false),
-                (1, true),
-                (3, false),
-                (8, false),
-                (32, false),
+            // early: the position and the gate read before the kernel's wait (the same
+            // values here, launched without programmatic launch).
+            for (si, (split, gated, early)) in [
+                (1usize, false, 0),
+                (1, true, 0),
+                (1, true, 1),
+                (3, false, 1),
+                (8, false, 0),
+                (32, false, 1),
             ]
             .into_iter()
             .enumerate()
@@ -262,6 +265,7 @@ fn gqa_decode_attention_matches_the_f32_kernel() {
                     Arg::P(pp),
                     Arg::P(if gated { gp } else { 0 }),
                     Arg::I(if gated { hq as i32 } else { 0 }),
+                    Arg::I(early),
                 ];
                 dev.launch3(kernel, (n_kv as u32, 1, split as u32), 128, &args)
                     .unwrap();

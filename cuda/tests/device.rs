@@ -123,6 +123,9 @@ fn router_matches_reference_including_ties() {
         (8, 8, true),
         // E not a multiple of 4: route_block's one-key-at-a-time rank loop.
         (30, 4, true),
+        // K above a group of 32 (route_block: every expert a candidate), and 16 groups.
+        (96, 40, true),
+        (512, 16, true),
     ] {
         let n = 9;
         let mut z: Vec<f32> = (0..n * e).map(|_| 4.0 * rng.f()).collect();
