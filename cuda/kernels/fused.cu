@@ -103,8 +103,8 @@ rms_norm_row(const float* x, const float* w, float* out, u8* xq, int glen, float
 // bitwise those of the five unfused kernels. Grid (ceil((hq + n_kv) / QKR_WARPS), n), block
 // 32 * QKR_WARPS; d <= QKR_MAX_D; rows of q, k, v and q_out are hq d, n_kv d, n_kv d, hq d.
 // The cache is f32 (qk_norm_rope_store), f16, bf16 or q8_0 (the _f16, _bf16 and _q8_0 twins,
-// common.cuh's Kv). The loads are norm_rope_head_pre's: the gains and frequencies before the
-// wait, the head and the value in one round after it.
+// common.cuh's Kv). The gains and frequencies are read before the wait (norm_rope_weights),
+// the head, the value and the position in one round after it.
 template <typename KV>
 __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* __restrict__ k,
                                      const float* __restrict__ v, const float* __restrict__ qw,
@@ -120,18 +120,9 @@ __device__ void qk_norm_rope_store_t(const float* __restrict__ q, const float* _
     }
     bool is_q = h < hq;
     int hk = h - hq, t = blockIdx.y;
-    // The gain and the frequencies are weights: read before the wait (norm_rope_head_pre).
-    const float* w = is_q ? qw : kw;
-    int half = rd / 2;
+    // The gain and the frequencies are weights: read before the wait.
     float xv[NRH_J], wv[NRH_J], fv[NRH_J], vv[NRH_J];
-    #pragma unroll
-    for (int j = 0; j < NRH_J; j++) {
-        int i = lane + 32 * j;
-        if (i < d) {
-            wv[j] = __ldg(w + i);
-            fv[j] = i < rd ? __ldg(inv_freq + (i < half ? i : i - half)) : 0.0f;
-        }
-    }
+    norm_rope_weights(is_q ? qw : kw, inv_freq, d, rd, wv, fv);
     PDL_ENTRY();
     q += (size_t)t * hq * d;
     q_out += (size_t)t * hq * d;

@@ -123,7 +123,7 @@ fn router_matches_reference_including_ties() {
         (8, 8, true),
         // E not a multiple of 4: route_block's one-key-at-a-time rank loop.
         (30, 4, true),
-        // K above a group of 32 (route_block: every expert a candidate), and 16 groups.
+        // K above a warp's 32, and the most experts the kernels take.
         (96, 40, true),
         (512, 16, true),
     ] {
