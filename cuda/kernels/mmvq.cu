@@ -239,7 +239,14 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // few hundred bytes. Same terms in the same order as the generic loop. F is the format's
 // lane piece (DownQ4k: eight lanes per 144-byte super-block, one super-block each;
 // DownCt4: one 20-byte block per lane): on (the lane has a piece), load, part (its term).
+// Lab switch. DOWN_BATCH=10 (S 2.1's ten routed rows in one round) measured slower on the
+// H200 (session 26, W4A16 tg64 alternating: 224.3 / 224.4 t/s against 245.6 / 245.6): 88
+// registers for the CT4 kernel instead of 64, five blocks per SM, so the 768 blocks take
+// 1.16 waves instead of 0.73; capped at six blocks (DOWN_MIN_BLOCKS=6, 80 registers and a
+// small spill) 242.8 / 242.8.
+#ifndef DOWN_BATCH
 #define DOWN_BATCH 6
+#endif
 // moe_down_q's short-row paths issue their first batch of routed weight loads before
 // pdl_wait (see moe_down_q); DOWN_EARLY=0 (LAGOON_CUDA_DEFINES) waits first. Measured on the
 // H200, S 2.1 tg64, alternating in one call (session 25): Q4_K_M 297.58 / 297.60 t/s against
@@ -410,6 +417,12 @@ __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 e
 #ifndef DOWN_Q6K_PAIR_BATCH
 #define DOWN_Q6K_PAIR_BATCH 2
 #endif
+// Entries per half warp fetched per round by the Q4_K pair path: 3 takes S 2.1's 11 entries
+// in two rounds with 36 registers of pieces (lab switch). 6 (one round) spills under the
+// six-block cap (ptxas: 212 bytes of spill stores) and takes 126 registers uncapped.
+#ifndef DOWN_Q4K_PAIR_BATCH
+#define DOWN_Q4K_PAIR_BATCH 3
+#endif
 
 // A piece's activation offsets within an activation row (act.cu's Q8_K layout), constant per
 // lane: the quants, the super-block's d, its bsums.
@@ -419,7 +432,7 @@ struct PairOffs {
 
 struct PairQ4k {
     static constexpr int BLOCK = 144;
-    static constexpr int BATCH = 3;  // S 2.1's 11 entries in two batches, 36 registers of pieces
+    static constexpr int BATCH = DOWN_Q4K_PAIR_BATCH;
     Q4kLoad4 l;
     static __device__ __forceinline__ PairOffs offs(int b, int g, int I) {
         return {(u32)(b * QK_K), (u32)(I + 4 * b), (u32)(I + 4 * (I / QK_K) + 32 * b)};

@@ -103,6 +103,10 @@ __device__ __forceinline__ int q6k_part(const u8* __restrict__ blk, int p, const
 }
 
 // ---- Q4_K with the loads issued first ----
+// Q4K_ACC_SCALES4=0 (lab switch): q4k_acc unpacks its two scales and mins byte by byte.
+#ifndef Q4K_ACC_SCALES4
+#define Q4K_ACC_SCALES4 1
+#endif
 // A Q4_K super-block is 144 bytes, 16-byte aligned in every row: a 16-byte header (d, dmin,
 // the 12 scale bytes) then 128 packed bytes. A lane's whole share of one super-block is two
 // 16-byte loads, the header (the same address for the block's eight lanes, one transaction)
@@ -138,6 +142,26 @@ __device__ __forceinline__ void q4k_scale_min(const uint4& hd, int j, int* sc, i
     }
 }
 
+// The scales and mins of sub-blocks 2g and 2g + 1 (ggml's get_scale_min_k4 for j < 4 and
+// j >= 4, done on whole words: bytes 0-3 of sc/mn are sub-blocks 0-3 or 4-7).
+__device__ __forceinline__ void q4k_scales4(const uint4& hd, int g, int* sc0, int* sc1, int* m0, int* m1) {
+    u32 sc, mn;
+    if (g < 2) {
+        sc = hd.y & 0x3F3F3F3Fu;
+        mn = hd.z & 0x3F3F3F3Fu;
+    } else {
+        sc = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+        mn = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+    }
+    u32 sh = 16u * (u32)(g & 1);
+    sc >>= sh;
+    mn >>= sh;
+    *sc0 = (int)(sc & 0xFF);
+    *sc1 = (int)((sc >> 8) & 0xFF);
+    *m0 = (int)(mn & 0xFF);
+    *m1 = (int)((mn >> 8) & 0xFF);
+}
+
 // acc += (d_a·d)·sumi − (d_a·dmin)·summ for a lane's part p of a loaded super-block whose
 // activation quants start at aq (bs its 16 bsums, da its d): q4k_part's sums.
 __device__ __forceinline__ float q4k_acc(float acc, const Q4kLoad& l, int p, const u8* __restrict__ aq,
@@ -154,8 +178,14 @@ __device__ __forceinline__ float q4k_acc(float acc, const Q4kLoad& l, int p, con
     int4 ahi = *(const int4*)(aq + 64 * g + 32 + 16 * h);
     int dlo = dp4a4(lo, alo, 0), dhi = dp4a4(hi, ahi, 0);
     int sc0, m0, sc1, m1;
-    q4k_scale_min(l.hd, 2 * g, &sc0, &m0);
-    q4k_scale_min(l.hd, 2 * g + 1, &sc1, &m1);
+    // Sub-blocks 2g and 2g + 1, the same pair as the four-lane part g's: unpacked word-wide
+    // (q4k_scales4) instead of byte by byte with a lane-dependent branch per sub-block
+    // (q4k_scale_min); the same integers.
+    if (Q4K_ACC_SCALES4) q4k_scales4(l.hd, g, &sc0, &sc1, &m0, &m1);
+    else {
+        q4k_scale_min(l.hd, 2 * g, &sc0, &m0);
+        q4k_scale_min(l.hd, 2 * g + 1, &sc1, &m1);
+    }
     int sumi = sc0 * dlo + sc1 * dhi;
     int summ = m0 * (int)bs[4 * g + h] + m1 * (int)bs[4 * g + 2 + h];
     float d = f16_to_f32((unsigned short)(l.hd.x & 0xFFFF));
@@ -224,26 +254,6 @@ __device__ __forceinline__ Q4kLoad4 q4k_load4(const u8* __restrict__ blk, int g)
     l.q0 = ldw4(blk + 16 + 32 * g);
     l.q1 = ldw4(blk + 32 + 32 * g);
     return l;
-}
-
-// The scales and mins of sub-blocks 2g and 2g + 1 (ggml's get_scale_min_k4 for j < 4 and
-// j >= 4, done on whole words: bytes 0-3 of sc/mn are sub-blocks 0-3 or 4-7).
-__device__ __forceinline__ void q4k_scales4(const uint4& hd, int g, int* sc0, int* sc1, int* m0, int* m1) {
-    u32 sc, mn;
-    if (g < 2) {
-        sc = hd.y & 0x3F3F3F3Fu;
-        mn = hd.z & 0x3F3F3F3Fu;
-    } else {
-        sc = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
-        mn = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
-    }
-    u32 sh = 16u * (u32)(g & 1);
-    sc >>= sh;
-    mn >>= sh;
-    *sc0 = (int)(sc & 0xFF);
-    *sc1 = (int)((sc >> 8) & 0xFF);
-    *m0 = (int)(mn & 0xFF);
-    *m1 = (int)((mn >> 8) & 0xFF);
 }
 
 // acc += (d_a·d)·sumi − (d_a·dmin)·summ over lane part g of a loaded super-block whose
@@ -902,6 +912,18 @@ __device__ __forceinline__ float lane_part_waiting(const u8* __restrict__ row, c
     }
 }
 
+// GU_Q4K_HALVES=1 (lab switch, LAGOON_CUDA_DEFINES): a Q4_K gate/up row pair on half warps
+// with four lanes per super-block instead of warp_dot_q4k_rows<2>'s eight. Measured slower
+// on the H200 (session 26; kernel_lab S 2.1 gate/up 18.7 against 17.4 µs, tg64 294.2 against
+// 302.6 t/s). ncu of one launch: L1/TEX throughput 76% against 39% (Mem Busy 62% against
+// 33%), DRAM 39% against 44%, at 44% occupancy against 25%. A four-lane lane's three 16-byte
+// loads per super-block put eight super-blocks, ~10 L1 lines, in each warp instruction where
+// the eight-lane form's two loads cover four: the L1 is then the limit, not the issue rate.
+// (A repacked layout with each instruction's pieces contiguous would remove that.)
+#ifndef GU_Q4K_HALVES
+#define GU_Q4K_HALVES 0
+#endif
+
 // Gate and up rows against one activation: the Q4_K / Q6_K pair loops, or two Q8_0 dots.
 template <int T>
 __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u8* __restrict__ r1,
@@ -915,6 +937,13 @@ __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u
     }
     else if constexpr (T == WT_BF16 || T == WT_F16) return warp_parts2_h<T, 1>(r0, r1, a, cols, 0);
     else if constexpr (T == WT_Q4_K) {
+        if (GU_Q4K_HALVES) {
+            // Half warp h on row h, four lanes per super-block (group_part_q4k<4>): fewer
+            // instructions (70 registers against 118) but slower, see GU_Q4K_HALVES.
+            int half = (threadIdx.x >> 4) & 1;
+            float s = group_sum<4>(group_part_q4k<4>(half ? r1 : r0, a, cols));
+            return make_float2(__shfl_sync(0xffffffffu, s, 0), __shfl_sync(0xffffffffu, s, 16));
+        }
         const u8* rows[2] = {r0, r1};
         float y[2];
         warp_dot_q4k_rows<2>(rows, a, cols, y);

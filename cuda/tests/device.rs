@@ -1433,6 +1433,111 @@ fn expert_down_rows_match_one_warp_per_row() {
     }
 }
 
+/// The one-token expert gate/up kernels (`moe_gate_up_q_*`): for each routed slot and the
+/// shared expert, silu(gate . x) * (up . x) per row, against the CPU's scalar integer dots
+/// on the same quantised activation; and the routing copy the down kernel reads (ids,
+/// weights, the slots in ascending (id, slot) order). Rows not a multiple of the block's
+/// four warps, rows one and several rounds of super-blocks wide.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn expert_gate_up_matches_the_cpu_dots() {
+    use lagoon_cpu::kernels::Kernels;
+    let dev = device();
+    let mut rng = Rng(0x6a7e_0001);
+    let kern = Kernels::scalar();
+    let (n_experts, k) = (12usize, 10usize);
+    let silu = |z: f32| z / (1.0 + (-z).exp());
+    for (ty, i, h) in [
+        (GgmlType::Q4K, 70usize, 3072usize),
+        (GgmlType::Q4K, 33, 256),
+        (GgmlType::Q4K, 9, 4608),
+        (GgmlType::Q6K, 70, 3072),
+        (GgmlType::Q8_0, 37, 1024),
+    ] {
+        let wt = wtype_grid(ty, true).unwrap();
+        let gate_up = wt.mvq().unwrap().gate_up;
+        let row_bytes = ty.row_bytes(h as u64).unwrap();
+        let expert_bytes = row_bytes * i as u64;
+        let g = random_rows(&mut rng, ty, n_experts * i, h);
+        let u = random_rows(&mut rng, ty, n_experts * i, h);
+        let sg = random_rows(&mut rng, ty, i, h);
+        let su = random_rows(&mut rng, ty, i, h);
+        let x: Vec<f32> = (0..h).map(|_| rng.f()).collect();
+        let mut ids: Vec<u32> = (0..n_experts as u32).collect();
+        for j in (1..ids.len()).rev() {
+            ids.swap(j, (rng.next() % (j as u64 + 1)) as usize);
+        }
+        ids.truncate(k);
+        let wts: Vec<f32> = (0..k).map(|_| 0.05 + 0.1 * rng.f().abs()).collect();
+        // The CPU: the same activation quantisation, the scalar integer dots.
+        let m = |data: &[u8]| {
+            let m = MatRef {
+                rows: i,
+                cols: h,
+                enc: Encoding::Ggml { ty, data },
+            };
+            let afmt = kern.act_format(&m);
+            let mut a = vec![0u8; Kernels::act_row_bytes(afmt, h)];
+            kern.quantize_act(afmt, &x, &mut a);
+            let mut y = vec![0.0f32; i];
+            kern.dot_rows(&m, 0, &a, &mut y);
+            y
+        };
+        let eb = expert_bytes as usize;
+        let mut want = Vec::with_capacity((k + 1) * i);
+        for (gm, um) in ids
+            .iter()
+            .map(|&e| (&g[e as usize * eb..][..eb], &u[e as usize * eb..][..eb]))
+            .chain([(&sg[..], &su[..])])
+        {
+            want.extend(m(gm).iter().zip(m(um)).map(|(&a, b)| silu(a) * b));
+        }
+        let (q, _) = quantize_on_device(&dev, wt.act().unwrap(), &x, h);
+        let (_qb, qp) = upload(&dev, &q);
+        let (_gb, gp) = upload(&dev, &g);
+        let (_ub, up) = upload(&dev, &u);
+        let (_sgb, sgp) = upload(&dev, &sg);
+        let (_sub, sup) = upload(&dev, &su);
+        let idf: Vec<f32> = ids.iter().map(|&e| f32::from_bits(e)).collect();
+        let (_ib, ip) = upload(&dev, &idf);
+        let (_tb, tp) = upload(&dev, &wts);
+        let rc = dev.stream.alloc_zeros::<f32>(3 * k).unwrap();
+        let ob = dev.stream.alloc_zeros::<f32>((k + 1) * i).unwrap();
+        let args = [
+            Arg::P(gp),
+            Arg::P(up),
+            Arg::P(expert_bytes),
+            Arg::P(row_bytes),
+            Arg::P(sgp),
+            Arg::P(sup),
+            Arg::P(qp),
+            Arg::P(ip),
+            Arg::P(tp),
+            Arg::P(rc.device_ptr(&dev.stream).0),
+            Arg::P(ob.device_ptr(&dev.stream).0),
+            Arg::I(i as i32),
+            Arg::I(h as i32),
+            Arg::I(k as i32),
+            Arg::I(0),
+        ];
+        dev.launch(gate_up, (i.div_ceil(4) as u32, k as u32 + 1), 128, &args)
+            .unwrap();
+        let got = download(&dev, &ob);
+        let e = max_rel(&got, &want);
+        println!("gate/up {ty} {i}x{h}: max rel {e:.2e} against the CPU's dots");
+        assert!(e < 1e-5, "gate/up {ty} {i}x{h}: {e}");
+        let copy = download(&dev, &rc);
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_by_key(|&s| (ids[s], s));
+        let want_copy: Vec<u32> = (ids.iter().copied())
+            .chain(wts.iter().map(|w| w.to_bits()))
+            .chain(order.iter().map(|&s| s as u32))
+            .collect();
+        let got_copy: Vec<u32> = copy.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got_copy, want_copy, "{ty}: the routing copy");
+    }
+}
+
 /// `argmax_feed` (sample.cu) picks what the CPU's argmax picks -- ties to the first, NaN
 /// never over a number, -0 equal to +0, 0 when every logit is NaN -- and feeds it on: the
 /// token into params[2], the position advanced, the token appended to the list; launched
