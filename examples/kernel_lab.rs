@@ -20,7 +20,8 @@
 //!   input (`matmul_bf16`, `mv_bf16`, the lab's two-rows-per-warp `mvw2_bf16` and
 //!   shared-memory-activation `mvx_bf16`) and CT4 blocks against Q8_0 (`mv_ct4`);
 //! - the routed experts' gate/up at S 2.1's shape (256 experts, top 10 + shared): the
-//!   production `moe_gate_up_q_q4_K` against the lab's streamed and half-warp versions.
+//!   production `moe_gate_up_q_q4_K` against the lab's streamed and half-warp versions, and
+//!   the half-warp product on rows regrouped so each load instruction reads contiguous bytes.
 //!
 //! `--sync` instead times what a chain of dependent launches costs (`lab.cu`'s `lab_empty`,
 //! `lab_hop`, `lab_barrier`): 240 launches chained in a CUDA graph under programmatic launch,
@@ -587,6 +588,31 @@ fn w4a16_lab(
     Ok(())
 }
 
+/// Q4_K rows (`row_bytes` each, a multiple of four 144-byte super-blocks) regrouped as
+/// `moe_gate_up_g4_q4_K` (lab.cu) reads them: per run of four super-blocks, the four
+/// 16-byte headers, then bytes 16 + 32g .. 32 + 32g of super-block j for (j, g) in order,
+/// then bytes 32 + 32g .. 48 + 32g likewise.
+fn g4_layout(m: &[u8], row_bytes: usize) -> Vec<u8> {
+    assert_eq!(
+        row_bytes % 576,
+        0,
+        "rows of whole runs of four super-blocks"
+    );
+    let mut out = vec![0u8; m.len()];
+    for (src, dst) in m.chunks_exact(576).zip(out.chunks_exact_mut(576)) {
+        for j in 0..4 {
+            let blk = &src[144 * j..144 * (j + 1)];
+            dst[16 * j..16 * (j + 1)].copy_from_slice(&blk[..16]);
+            for g in 0..4 {
+                let p = 16 * (4 * j + g);
+                dst[64 + p..80 + p].copy_from_slice(&blk[16 + 32 * g..32 + 32 * g]);
+                dst[320 + p..336 + p].copy_from_slice(&blk[32 + 32 * g..48 + 32 * g]);
+            }
+        }
+    }
+    out
+}
+
 /// The routed experts' gate/up at S 2.1's shape (256 experts of 1024×3072 Q4_K, top 10 +
 /// the shared expert): `moe_gate_up_q_q4_K` against the streamed `moe_gate_up_s_q4_K`,
 /// each launch with another of 32 random expert selections.
@@ -596,15 +622,21 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
     let s = &dev.stream;
     let row_bytes = ty.row_bytes(h as u64).context("row bytes")?;
     let expert_bytes = row_bytes * i_dim as u64;
+    // Each matrix in the plain layout and regrouped for moe_gate_up_g4_q4_K (g4_layout).
     let mut upload = |n: usize| -> anyhow::Result<_> {
         let one = random_matrix(rng, ty, i_dim, h);
-        let mut all = Vec::with_capacity(one.len() * n);
-        for _ in 0..n {
-            all.extend_from_slice(&one);
-        }
-        Ok(s.clone_htod(&all)?)
+        let g4 = g4_layout(&one, row_bytes as usize);
+        let rep = |m: &[u8]| -> anyhow::Result<_> {
+            let mut all = Vec::with_capacity(m.len() * n);
+            for _ in 0..n {
+                all.extend_from_slice(m);
+            }
+            Ok(s.clone_htod(&all)?)
+        };
+        Ok((rep(&one)?, rep(&g4)?))
     };
-    let (wg, wu, sg, su) = (upload(e)?, upload(e)?, upload(1)?, upload(1)?);
+    let ((wg, wg4), (wu, wu4)) = (upload(e)?, upload(e)?);
+    let ((sg, sg4), (su, su4)) = (upload(1)?, upload(1)?);
     let fmt = wtype(ty).context("q4_K")?.act().context("act")?;
     let x: Vec<f32> = (0..h).map(|_| rng.f()).collect();
     let xb = s.clone_htod(&x)?;
@@ -697,9 +729,31 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
     }
     let half = |set: usize| per_row(K::LabGateUpHQ4K, set);
     half(0)?;
-    let d = rel_diff(&s.clone_dtoh(&act)?, &want);
+    let want_h = s.clone_dtoh(&act)?;
+    let d = rel_diff(&want_h, &want);
     let us = time_us(dev, reps, |i| Ok(half(i % SETS)?))?;
     row(&format!("moe_gate_up_h_q4_K (vs old: {d:.1e})"), us);
+    // The same half-warp product on the regrouped copies: its output must be the half-warp
+    // kernel's bit for bit.
+    let g4 = |set: usize| {
+        let mut a = common(set).to_vec();
+        a[0] = Arg::P(wg4.device_ptr(s).0);
+        a[1] = Arg::P(wu4.device_ptr(s).0);
+        a[4] = Arg::P(sg4.device_ptr(s).0);
+        a[5] = Arg::P(su4.device_ptr(s).0);
+        dev.launch(K::LabGateUpG4Q4K, (blocks(i_dim, 4), k as u32 + 1), 128, &a)
+    };
+    g4(0)?;
+    let got = s.clone_dtoh(&act)?;
+    let same = got
+        .iter()
+        .zip(&want_h)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    let us = time_us(dev, reps, |i| Ok(g4(i % SETS)?))?;
+    row(
+        &format!("moe_gate_up_g4_q4_K (regrouped rows; bits equal to h: {same})"),
+        us,
+    );
     s.synchronize()?;
     Ok(())
 }

@@ -14,6 +14,9 @@
 //   at the 8 resident per SM its 64 registers allow, a likely cause not yet checked).
 // - moe_gate_up_s_q4_K / moe_gate_up_h_q4_K: the routed gate/up streamed (22.4 us) and with
 //   half warps (19.6 us), both slower than moe_gate_up_q_q4_K (17.1 us).
+// - moe_gate_up_g4_q4_K: the half-warp form on rows regrouped at load (g4_part_q4k), so its
+//   loads cover contiguous bytes; the question session 26's ncu left (the half-warp form
+//   L1-bound at 76%). Not yet measured.
 //
 // The copy pattern (per-thread 16-byte cp.async into a multi-stage ring, wait_group N - 1
 // then a barrier before reading) is the one CUTLASS's multistage mainloops and llama.cpp's
@@ -226,6 +229,68 @@ moe_gate_up_h_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 exp
     if (k < K) w = (up ? Wu : Wg) + (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
     else w = (up ? Su : Sg) + (size_t)r * row_bytes;
     float y = group_dot_q4k<4>(w, xq, H);
+    float u = __shfl_sync(0xffffffffu, y, 16);
+    if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(y) * u;
+}
+
+// Q4_K rows regrouped for four-lane loads (the "g4" layout, kernel_lab repacks on the host):
+// each run of four super-blocks (576 bytes) holds its four 16-byte headers, then the first
+// 16 bytes of every (super-block j, quarter g) piece in (j, g) order, then their second 16
+// bytes: piece (j, g) is q4k_load4's q0 / q1 for super-block j and part g. A half warp's
+// lane (j, g) then reads its header, q0 and q1 with three instructions whose 16 lanes cover
+// 64, 256 and 256 contiguous bytes, where the plain layout's four-lane loads spread each
+// instruction over eight super-blocks (~10 L1 lines for 512 bytes; session 26: 76% L1/TEX
+// throughput, slower than the eight-lane pair loop). The terms and their order are
+// group_part_q4k<4>'s, so the result is moe_gate_up_h_q4_K's bit for bit. Rows must be a
+// multiple of four super-blocks.
+__device__ __forceinline__ float g4_part_q4k(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 15;
+    int j = lane >> 2, g = lane & 3;
+    int nr = cols / (4 * QK_K);
+    const float* ad = q8k_d(a, cols);
+    const short* bs = q8k_bsums(a, cols);
+    Q4kLoad4 l[Q4K_BATCH];
+    float acc = 0.0f;
+    for (int r0 = 0; r0 < nr; r0 += Q4K_BATCH) {
+        #pragma unroll
+        for (int u = 0; u < Q4K_BATCH; u++) {
+            if (r0 + u < nr) {
+                const u8* grp = row + (size_t)(r0 + u) * 576;
+                l[u].hd = ldw4(grp + 16 * j);
+                l[u].q0 = ldw4(grp + 64 + 16 * lane);
+                l[u].q1 = ldw4(grp + 320 + 16 * lane);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < Q4K_BATCH; u++) {
+            int b = 4 * (r0 + u) + j;
+            if (r0 + u < nr) acc = q4k_acc4(acc, l[u], g, a + (size_t)b * QK_K, bs + 16 * b, ad[b]);
+        }
+    }
+    return acc;
+}
+
+// moe_gate_up_h_q4_K on g4-layout experts (Wg, Wu, Sg, Su regrouped; row_bytes and
+// expert_bytes unchanged: the layout permutes bytes within each 576-byte run).
+extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS)
+moe_gate_up_g4_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes, u64 row_bytes,
+                    const u8* __restrict__ Sg, const u8* __restrict__ Su, const u8* __restrict__ xq,
+                    const float* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ route_copy,
+                    float* __restrict__ act, int I, int H, int K) {
+    pdl_trigger();
+    int r = blockIdx.x * MVS_WARPS + threadIdx.x / 32;
+    int k = blockIdx.y;
+    bool up = (threadIdx.x >> 4) & 1;
+    pdl_wait();
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
+        route_copy[threadIdx.x] = ids[threadIdx.x];
+        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+    }
+    if (r >= I) return;
+    const u8* w;
+    if (k < K) w = (up ? Wu : Wg) + (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
+    else w = (up ? Su : Sg) + (size_t)r * row_bytes;
+    float y = group_sum<4>(g4_part_q4k(w, xq, H));
     float u = __shfl_sync(0xffffffffu, y, 16);
     if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(y) * u;
 }

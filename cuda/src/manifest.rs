@@ -171,6 +171,7 @@ manifest! {
     LabMvwQ6K => "lab.cu", "mvw_q6_K";
     LabGateUpSQ4K => "lab.cu", "moe_gate_up_s_q4_K";
     LabGateUpHQ4K => "lab.cu", "moe_gate_up_h_q4_K";
+    LabGateUpG4Q4K => "lab.cu", "moe_gate_up_g4_q4_K";
     LabMvw2Bf16 => "lab.cu", "mvw2_bf16";
     LabMvxBf16 => "lab.cu", "mvx_bf16";
     LabEmpty => "lab.cu", "lab_empty";
