@@ -208,31 +208,6 @@ extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) mvw_q6_K(MVS_DENSE_
     if (lane == 0) out[r] = res ? __fadd_rn(res[r], y) : y;
 }
 
-// moe_gate_up_q with half warps: lanes 0-15 the gate row, 16-31 the up row.
-extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS)
-moe_gate_up_h_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes, u64 row_bytes,
-                   const u8* __restrict__ Sg, const u8* __restrict__ Su, const u8* __restrict__ xq,
-                   const float* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ route_copy,
-                   float* __restrict__ act, int I, int H, int K) {
-    pdl_trigger();
-    int r = blockIdx.x * MVS_WARPS + threadIdx.x / 32;
-    int k = blockIdx.y;
-    bool up = (threadIdx.x >> 4) & 1;
-    if (k == K && r < I && (threadIdx.x & 15) == 0) prefetch_l2((up ? Su : Sg) + (size_t)r * row_bytes, row_bytes);
-    pdl_wait();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
-        route_copy[threadIdx.x] = ids[threadIdx.x];
-        route_copy[K + threadIdx.x] = weights[threadIdx.x];
-    }
-    if (r >= I) return;
-    const u8* w;
-    if (k < K) w = (up ? Wu : Wg) + (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
-    else w = (up ? Su : Sg) + (size_t)r * row_bytes;
-    float y = group_dot_q4k<4>(w, xq, H);
-    float u = __shfl_sync(0xffffffffu, y, 16);
-    if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(y) * u;
-}
-
 // Q4_K rows regrouped for four-lane loads (the "g4" layout, kernel_lab repacks on the host):
 // each run of four super-blocks (576 bytes) holds its four 16-byte headers, then the first
 // 16 bytes of every (super-block j, quarter g) piece in (j, g) order, then their second 16
@@ -270,17 +245,19 @@ __device__ __forceinline__ float g4_part_q4k(const u8* __restrict__ row, const u
     return acc;
 }
 
-// moe_gate_up_h_q4_K on g4-layout experts (Wg, Wu, Sg, Su regrouped; row_bytes and
-// expert_bytes unchanged: the layout permutes bytes within each 576-byte run).
-extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS)
-moe_gate_up_g4_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes, u64 row_bytes,
-                    const u8* __restrict__ Sg, const u8* __restrict__ Su, const u8* __restrict__ xq,
-                    const float* __restrict__ ids, const float* __restrict__ weights, float* __restrict__ route_copy,
-                    float* __restrict__ act, int I, int H, int K) {
+// moe_gate_up_q with half warps: lanes 0-15 the gate row, 16-31 the up row, four lanes per
+// super-block; G4: the experts in the g4 layout (Wg, Wu, Sg, Su regrouped; row_bytes and
+// expert_bytes unchanged, the layout permutes bytes within each 576-byte run).
+template <bool G4>
+__device__ void gate_up_halves(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes, u64 row_bytes,
+                               const u8* __restrict__ Sg, const u8* __restrict__ Su, const u8* __restrict__ xq,
+                               const float* __restrict__ ids, const float* __restrict__ weights,
+                               float* __restrict__ route_copy, float* __restrict__ act, int I, int H, int K) {
     pdl_trigger();
     int r = blockIdx.x * MVS_WARPS + threadIdx.x / 32;
     int k = blockIdx.y;
     bool up = (threadIdx.x >> 4) & 1;
+    if (k == K && r < I && (threadIdx.x & 15) == 0) prefetch_l2((up ? Su : Sg) + (size_t)r * row_bytes, row_bytes);
     pdl_wait();
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
         route_copy[threadIdx.x] = ids[threadIdx.x];
@@ -290,10 +267,21 @@ moe_gate_up_g4_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 ex
     const u8* w;
     if (k < K) w = (up ? Wu : Wg) + (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
     else w = (up ? Su : Sg) + (size_t)r * row_bytes;
-    float y = group_sum<4>(g4_part_q4k(w, xq, H));
+    float y = group_sum<4>(G4 ? g4_part_q4k(w, xq, H) : group_part_q4k<4>(w, xq, H));
     float u = __shfl_sync(0xffffffffu, y, 16);
     if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(y) * u;
 }
+
+#define GATE_UP_HALVES(name, G4)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) name(                             \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
+        const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
+        int H, int K) {                                                                            \
+        gate_up_halves<G4>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy,  \
+                           act, I, H, K);                                                          \
+    }
+GATE_UP_HALVES(moe_gate_up_h_q4_K, false)
+GATE_UP_HALVES(moe_gate_up_g4_q4_K, true)
 
 // moe_gate_up_q's product (mmvq.cu) streamed: act[k, r] = silu(gate_e[r] . x) · (up_e[r] . x)
 // for slot k < K (e = ids[k]) and the shared expert as slot K (Sg, Su). The (K + 1)·I
