@@ -853,6 +853,18 @@ fn activation_quantisers_match_the_cpu_bit_for_bit() {
     }
 }
 
+/// The CPU's rows of `m` dotted with `x` as the quantised-activation path computes them: `x`
+/// quantised in the matrix's activation format, then the (scalar) integer dot kernels.
+fn cpu_dots(k: &lagoon_cpu::kernels::Kernels, m: &MatRef<'_>, x: &[f32]) -> Vec<f32> {
+    use lagoon_cpu::kernels::Kernels;
+    let afmt = k.act_format(m);
+    let mut a = vec![0u8; Kernels::act_row_bytes(afmt, m.cols)];
+    k.quantize_act(afmt, x, &mut a);
+    let mut y = vec![0.0f32; m.rows];
+    k.dot_rows(m, 0, &a, &mut y);
+    y
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn quantised_mat_vec_matches_the_cpu_kernels() {
@@ -884,11 +896,7 @@ fn quantised_mat_vec_matches_the_cpu_kernels() {
             let mv = wt.mvq().unwrap().mv;
             let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
             // CPU: the same activation quantisation and the scalar integer kernels.
-            let afmt = k.act_format(&m);
-            let mut a = vec![0u8; Kernels::act_row_bytes(afmt, cols)];
-            k.quantize_act(afmt, &x, &mut a);
-            let mut want = vec![0.0f32; rows];
-            k.dot_rows(&m, 0, &a, &mut want);
+            let want = cpu_dots(&k, &m, &x);
             let (q, _) = quantize_on_device(&dev, fmt, &x, cols);
             let (_qb, qp) = upload(&dev, &q);
             let (_wb, wp) = upload(&dev, &data);
@@ -1476,12 +1484,7 @@ fn expert_gate_up_matches_the_cpu_dots() {
                 cols: h,
                 enc: Encoding::Ggml { ty, data },
             };
-            let afmt = kern.act_format(&m);
-            let mut a = vec![0u8; Kernels::act_row_bytes(afmt, h)];
-            kern.quantize_act(afmt, &x, &mut a);
-            let mut y = vec![0.0f32; i];
-            kern.dot_rows(&m, 0, &a, &mut y);
-            y
+            cpu_dots(&kern, &m, &x)
         };
         let eb = expert_bytes as usize;
         let mut want = Vec::with_capacity((k + 1) * i);
