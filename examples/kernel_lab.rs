@@ -754,6 +754,35 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
         &format!("moe_gate_up_g4_q4_K (regrouped rows; bits equal to h: {same})"),
         us,
     );
+    // Row pairs per warp with the activation pieces in registers (lab.cu gate_up_rows_q4k):
+    // bit for bit the production kernel's output.
+    for (kernel, rpw, name) in [
+        (K::LabGateUpR1Q4K, 1, "r1"),
+        (K::LabGateUpR2Q4K, 2, "r2"),
+        (K::LabGateUpR4Q4K, 4, "r4"),
+        (K::LabGateUpR2pQ4K, 2, "r2p"),
+        (K::LabGateUpR4pQ4K, 4, "r4p"),
+    ] {
+        let run = |set: usize| {
+            dev.launch(
+                kernel,
+                (blocks(i_dim, 4 * rpw), k as u32 + 1),
+                128,
+                &common(set),
+            )
+        };
+        run(0)?;
+        let got = s.clone_dtoh(&act)?;
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let us = time_us(dev, reps, |i| Ok(run(i % SETS)?))?;
+        row(
+            &format!("moe_gate_up_{name}_q4_K (activation in registers; bits equal to q: {same})"),
+            us,
+        );
+    }
     s.synchronize()?;
     Ok(())
 }

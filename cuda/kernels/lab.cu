@@ -16,7 +16,14 @@
 //   half warps (19.6 us), both slower than moe_gate_up_q_q4_K (17.1 us).
 // - moe_gate_up_g4_q4_K: the half-warp form on rows regrouped at load (g4_part_q4k), so its
 //   loads cover contiguous bytes; the question session 26's ncu left (the half-warp form
-//   L1-bound at 76%). Not yet measured.
+//   L1-bound at 76%). Session 27: 17.8-18.0 µs against the half-warp kernel's 18.0-18.2
+//   (bit-equal), both slower than the eight-lane kernel (15.8-16.5): the contiguous loads
+//   were not what the half-warp form lacked.
+// - moe_gate_up_r{1,2,4}[p]_q4_K: warp_gate_up_q4k_rows (mmvq.cuh) with 1, 2, 4 row pairs
+//   per warp, p: the next pair's weights requested before the current is computed. r1 (the
+//   production kernel since session 27) 14.7 µs; r2 16.6, r4 20.6, r2p 15.4, r4p 19.1 (ncu:
+//   r2 0.40 and r4 0.33 warp instructions issued per scheduler cycle against ~0.5, 60-67% of
+//   cycles without an eligible warp: fewer warps, each waiting on its own chain).
 //
 // The copy pattern (per-thread 16-byte cp.async into a multi-stage ring, wait_group N - 1
 // then a barrier before reading) is the one CUTLASS's multistage mainloops and llama.cpp's
@@ -282,6 +289,43 @@ __device__ void gate_up_halves(const u8* __restrict__ Wg, const u8* __restrict__
     }
 GATE_UP_HALVES(moe_gate_up_h_q4_K, false)
 GATE_UP_HALVES(moe_gate_up_g4_q4_K, true)
+
+// moe_gate_up_q with warp_gate_up_q4k_rows<RPW, PIPE> (mmvq.cuh): RPW row pairs per warp,
+// the activation pieces in registers. Grid (ceil(I / (RPW · MVS_WARPS)), K + 1), the shared
+// expert as slot K; rows of at most 4 · Q4K_BATCH super-blocks.
+template <int RPW, bool PIPE>
+__device__ void gate_up_rows_q4k(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
+                                 u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
+                                 const u8* __restrict__ xq, const float* __restrict__ ids,
+                                 const float* __restrict__ weights, float* __restrict__ route_copy,
+                                 float* __restrict__ act, int I, int H, int K) {
+    pdl_trigger();
+    int r0 = (blockIdx.x * MVS_WARPS + (threadIdx.x >> 5)) * RPW;
+    int k = blockIdx.y;
+    pdl_wait();
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
+        route_copy[threadIdx.x] = ids[threadIdx.x];
+        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+    }
+    if (r0 >= I) return;
+    size_t e = k < K ? (size_t)__float_as_uint(ids[k]) * expert_bytes : 0;
+    warp_gate_up_q4k_rows<RPW, PIPE>(k < K ? Wg + e : Sg, k < K ? Wu + e : Su, row_bytes, r0, I, xq, H,
+                                     act + (size_t)k * I);
+}
+
+#define GATE_UP_ROWS(name, RPW, PIPE)                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) name(                             \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
+        const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
+        int H, int K) {                                                                            \
+        gate_up_rows_q4k<RPW, PIPE>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,     \
+                                    route_copy, act, I, H, K);                                     \
+    }
+GATE_UP_ROWS(moe_gate_up_r1_q4_K, 1, false)
+GATE_UP_ROWS(moe_gate_up_r2_q4_K, 2, false)
+GATE_UP_ROWS(moe_gate_up_r4_q4_K, 4, false)
+GATE_UP_ROWS(moe_gate_up_r2p_q4_K, 2, true)
+GATE_UP_ROWS(moe_gate_up_r4p_q4_K, 4, true)
 
 // moe_gate_up_q's product (mmvq.cu) streamed: act[k, r] = silu(gate_e[r] . x) · (up_e[r] . x)
 // for slot k < K (e = ids[k]) and the shared expert as slot K (Sg, Su). The (K + 1)·I

@@ -162,11 +162,32 @@ __device__ __forceinline__ void q4k_scales4(const uint4& hd, int g, int* sc0, in
     *m1 = (int)((mn >> 8) & 0xFF);
 }
 
-// acc += (d_a·d)·sumi − (d_a·dmin)·summ for a lane's part p of a loaded super-block whose
-// activation quants start at aq (bs its 16 bsums, da its d): q4k_part's sums.
-__device__ __forceinline__ float q4k_acc(float acc, const Q4kLoad& l, int p, const u8* __restrict__ aq,
-                                         const short* __restrict__ bs, float da) {
+// A lane's share of one Q8_K activation super-block for Q4_K part p = 2g + h (eight lanes
+// per super-block): its two 16-byte windows of quants, its two bsums and the block's d. Held
+// in registers by a warp that dots several rows against the same activation (the lab's
+// moe_gate_up_r_q4_K), loaded per row by q4k_acc.
+struct Q8kPiece {
+    int4 lo, hi;
+    int bs0, bs1;
+    float d;
+};
+
+__device__ __forceinline__ Q8kPiece q8k_piece(const u8* __restrict__ aq, const short* __restrict__ bs, float da,
+                                              int p) {
     int g = p >> 1, h = p & 1;
+    Q8kPiece a;
+    a.lo = *(const int4*)(aq + 64 * g + 16 * h);
+    a.hi = *(const int4*)(aq + 64 * g + 32 + 16 * h);
+    a.bs0 = (int)bs[4 * g + h];
+    a.bs1 = (int)bs[4 * g + 2 + h];
+    a.d = da;
+    return a;
+}
+
+// acc += (d_a·d)·sumi − (d_a·dmin)·summ for a lane's part p of a loaded super-block against
+// its activation piece a: q4k_part's sums.
+__device__ __forceinline__ float q4k_acc_a(float acc, const Q4kLoad& l, int p, const Q8kPiece& a) {
+    int g = p >> 1;
     u32 q[4] = {l.qs.x, l.qs.y, l.qs.z, l.qs.w};
     u32 lo[4], hi[4];
     #pragma unroll
@@ -174,26 +195,32 @@ __device__ __forceinline__ float q4k_acc(float acc, const Q4kLoad& l, int p, con
         lo[k] = q[k] & 0x0F0F0F0Fu;
         hi[k] = (q[k] >> 4) & 0x0F0F0F0Fu;
     }
-    int4 alo = *(const int4*)(aq + 64 * g + 16 * h);
-    int4 ahi = *(const int4*)(aq + 64 * g + 32 + 16 * h);
-    int dlo = dp4a4(lo, alo, 0), dhi = dp4a4(hi, ahi, 0);
+    int dlo = dp4a4(lo, a.lo, 0), dhi = dp4a4(hi, a.hi, 0);
     int sc0, m0, sc1, m1;
     // Sub-blocks 2g and 2g + 1, the same pair as the four-lane part g's: unpacked word-wide
     // (q4k_scales4) instead of byte by byte with a lane-dependent branch per sub-block
     // (q4k_scale_min); the same integers (both compiled for the host and compared on 80 M
     // random (header, part) pairs, session 26), ~7% fewer SASS instructions in the gate/up
-    // kernel (1,752 -> 1,624), same 116 registers. Not yet timed on the device.
+    // kernel (1,752 -> 1,624), same 116 registers. Measured on the H200 (session 27, S 2.1
+    // Q4_K_M tg64 alternating, two rounds): 308.06 / 308.17 t/s against 303.08 / 303.12.
     if (Q4K_ACC_SCALES4) q4k_scales4(l.hd, g, &sc0, &sc1, &m0, &m1);
     else {
         q4k_scale_min(l.hd, 2 * g, &sc0, &m0);
         q4k_scale_min(l.hd, 2 * g + 1, &sc1, &m1);
     }
     int sumi = sc0 * dlo + sc1 * dhi;
-    int summ = m0 * (int)bs[4 * g + h] + m1 * (int)bs[4 * g + 2 + h];
+    int summ = m0 * a.bs0 + m1 * a.bs1;
     float d = f16_to_f32((unsigned short)(l.hd.x & 0xFFFF));
     float dmin = f16_to_f32((unsigned short)(l.hd.x >> 16));
-    acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(da, d), (float)sumi));
-    return __fsub_rn(acc, __fmul_rn(__fmul_rn(da, dmin), (float)summ));
+    acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(a.d, d), (float)sumi));
+    return __fsub_rn(acc, __fmul_rn(__fmul_rn(a.d, dmin), (float)summ));
+}
+
+// q4k_acc_a with the activation piece read from aq (its super-block's quants), bs (its 16
+// bsums) and da (its d).
+__device__ __forceinline__ float q4k_acc(float acc, const Q4kLoad& l, int p, const u8* __restrict__ aq,
+                                         const short* __restrict__ bs, float da) {
+    return q4k_acc_a(acc, l, p, q8k_piece(aq, bs, da, p));
 }
 
 // Super-blocks a lane fetches before computing: 3 covers rows up to 3072 wide (S 2.1's
@@ -236,6 +263,62 @@ __device__ __forceinline__ void warp_dot_q4k_rows(const u8* const* rows, const u
     for (int i = 0; i < NR; i++) out[i] = warp_sum(acc[i]);
 }
 
+// Row pairs r0 .. r0 + RPW (below I) of a SwiGLU gate g and up u (Q4_K rows of H columns,
+// at most 4 · Q4K_BATCH super-blocks): act[r] = silu(g[r] . a) · (u[r] . a), written by lane
+// 0. The lane's activation pieces (Q8kPiece, one per super-block it takes) are loaded once
+// into registers for all RPW pairs, so each pair needs only its weight loads, where
+// warp_dot_q4k_rows re-reads five activation values per piece and row (L1 hits, but loads and
+// address arithmetic in a kernel issuing at ~0.5 instructions per scheduler cycle with 48% of
+// its cycles without an eligible warp, session 27's ncu of moe_gate_up_q_q4_K). PIPE: the
+// next pair's weights are requested before the current pair is computed, so the warp keeps
+// loads in flight through its arithmetic (twice the load registers). Each row's terms and
+// their order are warp_dot_q4k_rows<2>'s: the same output bits.
+template <int RPW, bool PIPE>
+__device__ __forceinline__ void warp_gate_up_q4k_rows(const u8* __restrict__ g, const u8* __restrict__ u,
+                                                      u64 row_bytes, int r0, int I, const u8* __restrict__ a,
+                                                      int H, float* __restrict__ act) {
+    int lane = threadIdx.x & 31, p = lane & 7, j = lane >> 3;
+    int nb = H / QK_K;
+    auto load = [&](Q4kLoad(&l)[2][Q4K_BATCH], int r) {
+        #pragma unroll
+        for (int v = 0; v < Q4K_BATCH; v++) {
+            int b = j + 4 * v;
+            if (b < nb) {
+                l[0][v] = q4k_load(g + (size_t)r * row_bytes + (size_t)b * 144, p);
+                l[1][v] = q4k_load(u + (size_t)r * row_bytes + (size_t)b * 144, p);
+            }
+        }
+    };
+    Q4kLoad l[PIPE ? 2 : 1][2][Q4K_BATCH];
+    load(l[0], r0);
+    const float* ad = q8k_d(a, H);
+    const short* bs = q8k_bsums(a, H);
+    Q8kPiece ap[Q4K_BATCH];
+    #pragma unroll
+    for (int v = 0; v < Q4K_BATCH; v++) {
+        int b = j + 4 * v;
+        if (b < nb) ap[v] = q8k_piece(a + (size_t)b * QK_K, bs + 16 * b, ad[b], p);
+    }
+    #pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = r0 + i;
+        if (r >= I) break;
+        auto& cur = l[PIPE ? (i & 1) : 0];
+        if (!PIPE && i > 0) load(cur, r);
+        if (PIPE && i + 1 < RPW && r + 1 < I) load(l[(i + 1) & (PIPE ? 1 : 0)], r + 1);
+        float acc[2] = {0.0f, 0.0f};
+        #pragma unroll
+        for (int v = 0; v < Q4K_BATCH; v++) {
+            if (j + 4 * v < nb) {
+                #pragma unroll
+                for (int m = 0; m < 2; m++) acc[m] = q4k_acc_a(acc[m], cur[m][v], p, ap[v]);
+            }
+        }
+        float y0 = warp_sum(acc[0]), y1 = warp_sum(acc[1]);
+        if (lane == 0) act[r] = silu_f(y0) * y1;
+    }
+}
+
 // ---- Q4_K, four lanes per super-block ----
 // Lane part g (0..3) of a super-block takes the 32 packed bytes 32g .. 32g + 32, i.e.
 // sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles) whole: the header (d, dmin and the
@@ -258,10 +341,30 @@ __device__ __forceinline__ Q4kLoad4 q4k_load4(const u8* __restrict__ blk, int g)
     return l;
 }
 
-// acc += (d_a·d)·sumi − (d_a·dmin)·summ over lane part g of a loaded super-block whose
-// activation quants start at aq (bs its 16 bsums, da its d).
-__device__ __forceinline__ float q4k_acc4(float acc, const Q4kLoad4& l, int g, const u8* __restrict__ aq,
-                                          const short* __restrict__ bs, float da) {
+// A four-lane part g's share of one Q8_K activation super-block: its 64 quants (sub-blocks
+// 2g, 2g + 1), the two pairs of bsums as words, the block's d.
+struct Q8kPiece4 {
+    int4 a[4];
+    u32 bA, bB;
+    float d;
+};
+
+__device__ __forceinline__ Q8kPiece4 q8k_piece4(const u8* __restrict__ aq, const short* __restrict__ bs, float da,
+                                                int g) {
+    Q8kPiece4 p;
+    const int4* a4 = (const int4*)(aq + 64 * g);
+    #pragma unroll
+    for (int k = 0; k < 4; k++) p.a[k] = a4[k];
+    const u32* b2 = (const u32*)(bs + 4 * g);
+    p.bA = b2[0];
+    p.bB = b2[1];
+    p.d = da;
+    return p;
+}
+
+// acc += (d_a·d)·sumi − (d_a·dmin)·summ over lane part g of a loaded super-block against its
+// activation piece a.
+__device__ __forceinline__ float q4k_acc4_a(float acc, const Q4kLoad4& l, int g, const Q8kPiece4& a) {
     u32 q[8] = {l.q0.x, l.q0.y, l.q0.z, l.q0.w, l.q1.x, l.q1.y, l.q1.z, l.q1.w};
     u32 lo[8], hi[8];
     #pragma unroll
@@ -269,21 +372,25 @@ __device__ __forceinline__ float q4k_acc4(float acc, const Q4kLoad4& l, int g, c
         lo[k] = q[k] & 0x0F0F0F0Fu;
         hi[k] = (q[k] >> 4) & 0x0F0F0F0Fu;
     }
-    const int4* a4 = (const int4*)(aq + 64 * g);
-    int dlo = dp4a4(lo + 4, a4[1], dp4a4(lo, a4[0], 0));
-    int dhi = dp4a4(hi + 4, a4[3], dp4a4(hi, a4[2], 0));
+    int dlo = dp4a4(lo + 4, a.a[1], dp4a4(lo, a.a[0], 0));
+    int dhi = dp4a4(hi + 4, a.a[3], dp4a4(hi, a.a[2], 0));
     int sc0, sc1, m0, m1;
     q4k_scales4(l.hd, g, &sc0, &sc1, &m0, &m1);
-    const u32* b2 = (const u32*)(bs + 4 * g);
-    u32 bA = b2[0], bB = b2[1];
-    int s01 = (int)(short)(bA & 0xFFFF) + ((int)bA >> 16);
-    int s23 = (int)(short)(bB & 0xFFFF) + ((int)bB >> 16);
+    int s01 = (int)(short)(a.bA & 0xFFFF) + ((int)a.bA >> 16);
+    int s23 = (int)(short)(a.bB & 0xFFFF) + ((int)a.bB >> 16);
     int sumi = sc0 * dlo + sc1 * dhi;
     int summ = m0 * s01 + m1 * s23;
     float d = f16_to_f32((unsigned short)(l.hd.x & 0xFFFF));
     float dmin = f16_to_f32((unsigned short)(l.hd.x >> 16));
-    acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(da, d), (float)sumi));
-    return __fsub_rn(acc, __fmul_rn(__fmul_rn(da, dmin), (float)summ));
+    acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(a.d, d), (float)sumi));
+    return __fsub_rn(acc, __fmul_rn(__fmul_rn(a.d, dmin), (float)summ));
+}
+
+// q4k_acc4_a with the piece read from aq (the super-block's activation quants), bs (its 16
+// bsums) and da (its d).
+__device__ __forceinline__ float q4k_acc4(float acc, const Q4kLoad4& l, int g, const u8* __restrict__ aq,
+                                          const short* __restrict__ bs, float da) {
+    return q4k_acc4_a(acc, l, g, q8k_piece4(aq, bs, da, g));
 }
 
 // Sum over the lanes of one group of 4·G lanes (G = 8: the warp; G = 4: a half warp).
@@ -323,6 +430,9 @@ __device__ __forceinline__ float group_part_q4k(const u8* __restrict__ row, cons
     fetch(b0);
     if (WAIT) warp_pdl_wait(aw);
     while (b0 < nb) {
+        // (Requesting the round's activation pieces together first, as the gate/up does
+        // (warp_gate_up_q4k_rows), was slower here: 76 -> 125 registers in mv_q4_K, lab
+        // q_proj 9.5 -> 12.0 µs, S 2.1 Q4_K_M tg64 313.3 -> 299.8 t/s; session 27.)
         #pragma unroll
         for (int u = 0; u < Q4K_BATCH; u++) {
             int b = b0 + G * u;

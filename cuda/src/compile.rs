@@ -119,6 +119,15 @@ pub fn lab_defines() -> Vec<String> {
     )
 }
 
+/// The value `LAGOON_CUDA_DEFINES` gives `name` (`NAME=VALUE`), if any: for the switches the
+/// host must agree on with the kernels (a launch grid that depends on a kernel's define).
+pub fn lab_define(name: &str) -> Option<String> {
+    let prefix = format!("-D{name}=");
+    lab_defines()
+        .iter()
+        .find_map(|d| d.strip_prefix(&prefix).map(str::to_owned))
+}
+
 fn defines_from(spec: &str) -> Vec<String> {
     let ident = |s: &str| {
         s.chars()

@@ -172,6 +172,11 @@ manifest! {
     LabGateUpSQ4K => "lab.cu", "moe_gate_up_s_q4_K";
     LabGateUpHQ4K => "lab.cu", "moe_gate_up_h_q4_K";
     LabGateUpG4Q4K => "lab.cu", "moe_gate_up_g4_q4_K";
+    LabGateUpR1Q4K => "lab.cu", "moe_gate_up_r1_q4_K";
+    LabGateUpR2Q4K => "lab.cu", "moe_gate_up_r2_q4_K";
+    LabGateUpR4Q4K => "lab.cu", "moe_gate_up_r4_q4_K";
+    LabGateUpR2pQ4K => "lab.cu", "moe_gate_up_r2p_q4_K";
+    LabGateUpR4pQ4K => "lab.cu", "moe_gate_up_r4p_q4_K";
     LabMvw2Bf16 => "lab.cu", "mvw2_bf16";
     LabMvxBf16 => "lab.cu", "mvx_bf16";
     LabEmpty => "lab.cu", "lab_empty";
@@ -783,6 +788,29 @@ pub const GEMM_RF_SMEM_CT4_128: u32 = 216_064;
 /// 8-byte-aligned rows). Q4_K has kernels for both tiles. Q6_K's 128-token ring would not
 /// fit in shared memory: its grouped kernels for 128-pair expert tiles take passes of 96
 /// pairs, and its dense products must stay on 64-token tiles (the 128-tile set's `dense` is
+/// Blocks along x of an expert gate/up kernel of the `mvq` set (`moe_gate_up_q` /
+/// `moe_gate_up_mixed`, four warps a block) for `rows` rows of `h` columns: one row pair a
+/// warp, except the Q4_K kernel's `GU_Q4K_RPW` pairs a warp (a lab switch in
+/// `LAGOON_CUDA_DEFINES`, 1 unless given there, as in the kernel; ignored under
+/// `GU_Q4K_ROWS=0`) on rows of at most `4 · Q4K_BATCH` = 12 super-blocks.
+pub fn gate_up_blocks(kernel: K, rows: usize, h: usize) -> u32 {
+    static RPW: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let rpw = if kernel == K::GateUpQQ4K && h <= 3 * 4 * 256 {
+        *RPW.get_or_init(|| {
+            if crate::compile::lab_define("GU_Q4K_ROWS").as_deref() == Some("0") {
+                return 1;
+            }
+            crate::compile::lab_define("GU_Q4K_RPW")
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n >= 1)
+                .unwrap_or(1)
+        })
+    } else {
+        1
+    };
+    crate::device::blocks(rows, 4 * rpw)
+}
+
 /// the 64-token kernel).
 pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
     let k = |dense, gate_up, down| GemmKernels {

@@ -10,7 +10,7 @@ use lagoon_core::dtype::GgmlType;
 use lagoon_core::laguna::ModelWeights;
 use lagoon_core::weights::{Encoding, MatRef};
 use lagoon_cuda::device::{Arg, Device, MvMat};
-use lagoon_cuda::manifest::{ActQ, K};
+use lagoon_cuda::manifest::{ActQ, K, gate_up_blocks};
 use lagoon_cuda::weights::{wtype, wtype_grid};
 use lagoon_cuda::{CudaSession, CudaSessionOptions, KvCache};
 use lagoon_gguf::Checkpoint;
@@ -1523,8 +1523,13 @@ fn expert_gate_up_matches_the_cpu_dots() {
             Arg::I(k as i32),
             Arg::I(0),
         ];
-        dev.launch(gate_up, (i.div_ceil(4) as u32, k as u32 + 1), 128, &args)
-            .unwrap();
+        dev.launch(
+            gate_up,
+            (gate_up_blocks(gate_up, i, h), k as u32 + 1),
+            128,
+            &args,
+        )
+        .unwrap();
         let got = download(&dev, &ob);
         let e = max_rel(&got, &want);
         println!("gate/up {ty} {i}x{h}: max rel {e:.2e} against the CPU's dots");

@@ -7,7 +7,7 @@ use lagoon_core::graph::{Graph, Op};
 use super::{CudaSession, NORM_QUANT_MAX, NORM_QUANT_THREADS};
 use crate::device::{Arg, MV_MATS, MvMat, blocks};
 use crate::error::CudaError;
-use crate::manifest::{ActQ, K, MERGE_QUANT_THREADS, WType};
+use crate::manifest::{ActQ, K, MERGE_QUANT_THREADS, WType, gate_up_blocks};
 use crate::weights::{DFfn, DMat};
 
 /// One product of a run of mat-vecs: the matrix, its output and its residual (0: none).
@@ -448,7 +448,7 @@ impl CudaSession {
                 ];
                 dev.launch(
                     gate_up_k,
-                    (blocks(rows, 4), slots as u32),
+                    (gate_up_blocks(gate_up_k, rows, h), slots as u32),
                     128,
                     &gu_args[..gu_args.len() - 3 + n_extra],
                 )?;
