@@ -3,6 +3,7 @@
 // at most MVQ_MAX_TOKENS tokens when the session runs with quantised activations; the f32
 // kernels of matmul.cu / moe.cu remain the exact (reference-numerics) path.
 #include "mmvq.cuh"
+#include "tc.cuh"
 
 #define MV_WARPS 4
 #define MV_MATS 4
@@ -384,11 +385,45 @@ struct DownQ6k {
 
 // The lane's share: scale · Σ_k weights[k] · part_k, plus the shared expert's part (Sd, its
 // activation in row K of actq) when Sd is given.
+// DOWN_ACT_STAGE=1 (lab switch, not yet run on a device): the short-row down paths
+// (moe_down_short, moe_down_pairs) copy the activation rows they read (K routed, and the
+// shared one when it is of the kernel's type) into shared memory once per block right after
+// their wait, so each entry's activation reads are shared-memory loads. Why: the SASS of
+// moe_down_q_q4_K and moe_down_mixed_ct4_bf16 (cuda/dev/sass.sh) issues each entry's
+// activation loads (16-byte windows of quants, d, and for CT4 d·Σq; L2 hits, the quantiser
+// having just written them) just before that entry's dot: one dependent L2 round trip per
+// entry, up to ten a row, in kernels ncu finds latency-bound (session 26: 0.73 waves, 62%
+// of cycles without an eligible warp, W4A16). The gate/up's version of the same fix
+// (warp_gate_up_q4k_rows) gained 7% in the lab (session 27). Rows of up to DOWN_ACT_SMEM
+// bytes in all, 16-byte aligned (S 2.1: 11 × 1,168 bytes Q8_K, 10 × 1,280 Q8_0);
+// otherwise the rows are read where they are.
+#ifndef DOWN_ACT_STAGE
+#define DOWN_ACT_STAGE 0
+#endif
+#define DOWN_ACT_SMEM 16384
+
+// The block's copy of the `bytes` of activation rows at a: the live warps of a
+// ceil(H / MV_WARPS) grid's block (rows below H; the others have returned) copy them with
+// 16-byte cp.async and meet at a named barrier of their own (every live warp of the block
+// takes the same path, the path depending only on the launch's T, I and K). Returns the
+// copy, or a itself when the rows do not fit or are not 16-byte aligned (the same answer for
+// every warp of the launch).
+__device__ __forceinline__ const u8* stage_act_rows(const u8* __restrict__ a, u32 bytes, int H) {
+    __shared__ __align__(16) u8 buf[DOWN_ACT_SMEM];
+    if (bytes > DOWN_ACT_SMEM || (bytes & 15) || ((size_t)a & 15)) return a;
+    u32 n = 32u * (u32)min(MV_WARPS, H - (int)blockIdx.x * MV_WARPS);
+    for (u32 o = 16u * threadIdx.x; o < bytes; o += 16u * n) cp_async16(buf + o, a + o);
+    cp_async_commit();
+    cp_async_wait<0>();
+    asm volatile("bar.sync 1, %0;" ::"r"(n) : "memory");
+    return buf;
+}
+
 template <class F, int B = DOWN_BATCH, bool WAIT = false>
 __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                                 const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
                                                 const u32* __restrict__ id, const float* __restrict__ weights, int r,
-                                                int I, int K, float scale, int order) {
+                                                int I, int K, float scale, int order, int H) {
     int lane = threadIdx.x & 31;
     int nb = F::blocks(I);
     bool on = F::on(lane, I);
@@ -408,6 +443,7 @@ __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 e
         }
         // WAIT (DOWN_EARLY): the kernel's wait, after the first batch's weight loads.
         if (WAIT && s0 == 0) warp_pdl_wait();
+        if (DOWN_ACT_STAGE && s0 == 0) actq = stage_act_rows(actq, (u32)(K + (Sd ? 1 : 0)) * (u32)astride, H);
         #pragma unroll
         for (int u = 0; u < B; u++) {
             if (s0 + u < K) {
@@ -545,7 +581,7 @@ template <class F, bool WAIT = false>
 __device__ __forceinline__ float moe_down_pairs(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                                                 const u8* __restrict__ St, const u8* __restrict__ actq, u64 astride,
                                                 const u32* __restrict__ id, const float* __restrict__ weights, int r,
-                                                int I, int K, float scale, int order) {
+                                                int I, int K, float scale, int order, int H) {
     constexpr int B = F::BATCH;
     int lane = threadIdx.x & 31;
     int h = lane >> 4, b = (lane >> 2) & 3, g = lane & 3;
@@ -569,6 +605,7 @@ __device__ __forceinline__ float moe_down_pairs(const u8* __restrict__ Wd, u64 e
         }
         // WAIT (DOWN_EARLY): the kernel's wait, after the first batch's weight loads.
         if (WAIT && e0 == 0) warp_pdl_wait();
+        if (DOWN_ACT_STAGE && e0 == 0) actq = stage_act_rows(actq, (u32)(K + s0) * (u32)astride, H);
         #pragma unroll
         for (int u = 0; u < B; u++) {
             int e = e0 + 2 * u + h;
@@ -642,19 +679,19 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     float v;
     if (T == WT_CT4 && I <= 32 * QK) {
         v = moe_down_short<DownCt4, DOWN_BATCH, EARLY>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r,
-                                                       I, K, scale, order);
+                                                       I, K, scale, order, H);
     } else if (T == WT_Q4_K && DOWN_Q4K_PAIRS && I <= 4 * QK_K) {
         v = moe_down_pairs<PairQ4k, EARLY>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale,
-                                           order);
+                                           order, H);
     } else if (T == WT_Q6_K && DOWN_Q6K_PAIRS && I <= 4 * QK_K) {
         v = moe_down_pairs<PairQ6k, EARLY>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r, I, K, scale,
-                                           order);
+                                           order, H);
     } else if (T == WT_Q4_K && I <= 4 * QK_K) {
         v = moe_down_short<DownQ4k, DOWN_BATCH, EARLY>(Wd, expert_bytes, row_bytes, St, actq, astride, id, weights, r,
-                                                       I, K, scale, order);
+                                                       I, K, scale, order, H);
     } else if (T == WT_Q6_K && DOWN_Q6K_BATCH > 0 && I <= 4 * QK_K) {
         v = moe_down_short<DownQ6k, (DOWN_Q6K_BATCH > 0 ? DOWN_Q6K_BATCH : 1)>(Wd, expert_bytes, row_bytes, St, actq,
-                                                                               astride, id, weights, r, I, K, scale, order);
+                                                                               astride, id, weights, r, I, K, scale, order, H);
     } else {
         float acc = 0.0f;
         #pragma unroll 4
