@@ -385,8 +385,8 @@ struct DownQ6k {
 
 // The lane's share: scale · Σ_k weights[k] · part_k, plus the shared expert's part (Sd, its
 // activation in row K of actq) when Sd is given.
-// DOWN_ACT_STAGE=1 (lab switch, not yet run on a device): the short-row down paths
-// (moe_down_short, moe_down_pairs) copy the activation rows they read (K routed, and the
+// DOWN_ACT_STAGE=1 (lab switch, not yet run on a device): the down paths of moe_down_q
+// (moe_down_short, moe_down_pairs, the generic loop) copy the activation rows they read (K routed, and the
 // shared one when it is of the kernel's type) into shared memory once per block right after
 // their wait, so each entry's activation reads are shared-memory loads. Why: the SASS of
 // moe_down_q_q4_K and moe_down_mixed_ct4_bf16 (cuda/dev/sass.sh) issues each entry's
@@ -693,6 +693,8 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         v = moe_down_short<DownQ6k, (DOWN_Q6K_BATCH > 0 ? DOWN_Q6K_BATCH : 1)>(Wd, expert_bytes, row_bytes, St, actq,
                                                                                astride, id, weights, r, I, K, scale, order, H);
     } else {
+        // (The wait was above: this path is never early.)
+        if (DOWN_ACT_STAGE) actq = stage_act_rows(actq, (u32)(K + (St ? 1 : 0)) * (u32)astride, H);
         float acc = 0.0f;
         #pragma unroll 4
         for (int s = 0; s < K; s++) {
