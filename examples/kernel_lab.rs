@@ -21,7 +21,9 @@
 //!   shared-memory-activation `mvx_bf16`) and CT4 blocks against Q8_0 (`mv_ct4`);
 //! - the routed experts' gate/up at S 2.1's shape (256 experts, top 10 + shared): the
 //!   production `moe_gate_up_q_q4_K` against the lab's streamed and half-warp versions, and
-//!   the half-warp product on rows regrouped so each load instruction reads contiguous bytes.
+//!   the half-warp product on rows regrouped so each load instruction reads contiguous bytes,
+//!   and `warp_gate_up_q4k_rows` with 1, 2 or 4 row pairs per warp (each checked bit for bit
+//!   against the production kernel).
 //!
 //! `--sync` instead times what a chain of dependent launches costs (`lab.cu`'s `lab_empty`,
 //! `lab_hop`, `lab_barrier`): 240 launches chained in a CUDA graph under programmatic launch,
@@ -614,8 +616,9 @@ fn g4_layout(m: &[u8], row_bytes: usize) -> Vec<u8> {
 }
 
 /// The routed experts' gate/up at S 2.1's shape (256 experts of 1024×3072 Q4_K, top 10 +
-/// the shared expert): `moe_gate_up_q_q4_K` against the streamed `moe_gate_up_s_q4_K`,
-/// each launch with another of 32 random expert selections.
+/// the shared expert): `moe_gate_up_q_q4_K` against the streamed `moe_gate_up_s_q4_K`, the
+/// half-warp and regrouped forms and the row-pairs-per-warp forms, each launch with another
+/// of 32 random expert selections.
 fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Result<()> {
     let (e, i_dim, h, k) = (256usize, 1024usize, 3072usize, 10usize);
     let ty = GgmlType::Q4K;

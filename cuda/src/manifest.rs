@@ -782,12 +782,6 @@ pub const GEMM_RF_SMEM_CT4: u32 = 223_744;
 /// CT4 on 128-token tiles (`RF_SMEM_CT4_128`: two stages).
 pub const GEMM_RF_SMEM_CT4_128: u32 = 216_064;
 
-/// The `gemm_rf.cu` kernels for weights of type `ty` whose rows are `cols` long, for token
-/// tiles (dense) or expert tiles (grouped) of `tile` pairs (64 or 128), where that path takes
-/// them: Q4_K, and Q6_K rows of a multiple of four super-blocks (each stage's copy needs
-/// 8-byte-aligned rows). Q4_K has kernels for both tiles. Q6_K's 128-token ring would not
-/// fit in shared memory: its grouped kernels for 128-pair expert tiles take passes of 96
-/// pairs, and its dense products must stay on 64-token tiles (the 128-tile set's `dense` is
 /// Blocks along x of an expert gate/up kernel of the `mvq` set (`moe_gate_up_q` /
 /// `moe_gate_up_mixed`, four warps a block) for `rows` rows of `h` columns: one row pair a
 /// warp, except the Q4_K kernel's `GU_Q4K_RPW` pairs a warp (a lab switch in
@@ -811,6 +805,12 @@ pub fn gate_up_blocks(kernel: K, rows: usize, h: usize) -> u32 {
     crate::device::blocks(rows, 4 * rpw)
 }
 
+/// The `gemm_rf.cu` kernels for weights of type `ty` whose rows are `cols` long, for token
+/// tiles (dense) or expert tiles (grouped) of `tile` pairs (64 or 128), where that path takes
+/// them: Q4_K, and Q6_K rows of a multiple of four super-blocks (each stage's copy needs
+/// 8-byte-aligned rows). Q4_K has kernels for both tiles. Q6_K's 128-token ring would not
+/// fit in shared memory: its grouped kernels for 128-pair expert tiles take passes of 96
+/// pairs, and its dense products must stay on 64-token tiles (the 128-tile set's `dense` is
 /// the 64-token kernel).
 pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
     let k = |dense, gate_up, down| GemmKernels {
