@@ -551,6 +551,68 @@ __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const
     return warp_sum(lane_part_q8_0(row, a, cols));
 }
 
+// Gate and up Q8_0 rows against one Q8_0 activation (warp_dot2_q's Q8_0 case) when GU_Q8_PAIR
+// (lab switch, off: not yet run on a device): both rows' GU_Q8_BATCH blocks per lane fetched
+// before any is computed, each block's activation read once for the two. Why: the SASS of
+// moe_gate_up_q_q8_0 (two warp_dot_q8_0 calls) requests the up row's weights only after the
+// gate row is computed and reduced, and reads each block's activation just before its dot,
+// twice. Each row's terms and order are lane_part_q8_0's: the same sums.
+#ifndef GU_Q8_PAIR
+#define GU_Q8_PAIR 0
+#endif
+#ifndef GU_Q8_BATCH
+#define GU_Q8_BATCH 3
+#endif
+__device__ __forceinline__ float2 warp_dot2_q8_0(const u8* __restrict__ r0, const u8* __restrict__ r1,
+                                                 const u8* __restrict__ a, int cols) {
+    int lane = threadIdx.x & 31;
+    int nb = cols / QK;
+    const float* ad = q8_0_d(a, cols);
+    float acc[2] = {0.0f, 0.0f};
+    const u8* rows[2] = {r0, r1};
+    for (int b0 = lane; b0 < nb; b0 += 32 * GU_Q8_BATCH) {
+        u32 win[2][GU_Q8_BATCH][9];
+        unsigned short dw[2][GU_Q8_BATCH];
+        u32 sh[2][GU_Q8_BATCH];
+        #pragma unroll
+        for (int i = 0; i < GU_Q8_BATCH; i++) {
+            int b = b0 + 32 * i;
+            if (b < nb) {
+                #pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    const u8* blk = rows[m] + (size_t)b * 34;
+                    dw[m][i] = __ldg((const unsigned short*)blk);
+                    sh[m][i] = 8u * (u32)((size_t)(blk + 2) & 3);
+                    const u32* w = (const u32*)((size_t)(blk + 2) & ~(size_t)3);
+                    #pragma unroll
+                    for (int k = 0; k < 9; k++) win[m][i][k] = __ldg(w + k);
+                }
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < GU_Q8_BATCH; i++) {
+            int b = b0 + 32 * i;
+            if (b < nb) {
+                const int4* aq = (const int4*)(a + (size_t)b * QK);
+                int4 a0 = aq[0], a1 = aq[1];
+                float da = ad[b];
+                #pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    u32 w0[4], w1[4];
+                    #pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        w0[k] = __funnelshift_r(win[m][i][k], win[m][i][k + 1], sh[m][i]);
+                        w1[k] = __funnelshift_r(win[m][i][k + 4], win[m][i][k + 5], sh[m][i]);
+                    }
+                    int sv = dp4a4(w1, a1, dp4a4(w0, a0, 0));
+                    acc[m] = __fadd_rn(acc[m], __fmul_rn((float)sv, __fmul_rn(f16_to_f32(dw[m][i]), da)));
+                }
+            }
+        }
+    }
+    return make_float2(warp_sum(acc[0]), warp_sum(acc[1]));
+}
+
 // ---- CT4 (compressed-tensors int4 in 32-element blocks, blocks.cuh block_ct4) against Q8_0 ----
 // The CPU's pairing (cpu-experts/src/kernels/ct.rs): per block the exact Σ (c − 8)·q of the
 // codes c with the activation quants q, times d_a, times the block's scale s; an asymmetric
@@ -1112,7 +1174,10 @@ __device__ __forceinline__ float lane_part_waiting(const u8* __restrict__ row, c
 template <int T>
 __device__ __forceinline__ float2 warp_dot2_q(const u8* __restrict__ r0, const u8* __restrict__ r1,
                                               const u8* __restrict__ a, int cols) {
-    if constexpr (T == WT_Q8_0) return make_float2(warp_dot_q8_0(r0, a, cols), warp_dot_q8_0(r1, a, cols));
+    if constexpr (T == WT_Q8_0) {
+        if (GU_Q8_PAIR) return warp_dot2_q8_0(r0, r1, a, cols);
+        return make_float2(warp_dot_q8_0(r0, a, cols), warp_dot_q8_0(r1, a, cols));
+    }
     else if constexpr (T == WT_CT4 || T == WT_CT8) {
         // (A version fetching both rows' blocks before computing either, 79 registers
         // against 48, measured no faster: gate/up 789 -> 810 µs per S 2.1 token, H200.
