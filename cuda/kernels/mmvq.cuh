@@ -507,6 +507,40 @@ __device__ __forceinline__ float2 warp_dot2_q6k(const u8* __restrict__ r0, const
 // lane fetches Q8_BATCH blocks' bytes (d and the aligned words covering the quants) before
 // computing them, as warp_dot_q4k_rows does.
 #define Q8_BATCH 4
+// A Q8_0 weight block's bytes as fetched: d, and the nine aligned words covering its 32
+// quants (blocks are 34 bytes, 2-byte aligned) with the shift that lines them up; q8_0_acc
+// is its term. (lane_part_q8_0 below does the same inline: written through these two, its
+// mat-vec and gate/up SASS differ only in an FMUL's operand order, but moe_down_q_q8_0's
+// schedule changes (1,648 -> 1,584 SASS lines), not yet timed; so it stays as it is.)
+struct Q8Win {
+    u32 w[9];
+    u32 sh;
+    unsigned short d;
+};
+
+__device__ __forceinline__ Q8Win q8_0_fetch(const u8* __restrict__ blk) {
+    Q8Win v;
+    v.d = __ldg((const unsigned short*)blk);
+    const u32* w = (const u32*)((size_t)(blk + 2) & ~(size_t)3);
+    v.sh = 8u * (u32)((size_t)(blk + 2) & 3);
+    #pragma unroll
+    for (int k = 0; k < 9; k++) v.w[k] = __ldg(w + k);
+    return v;
+}
+
+// acc + sumi · (d_w · d_a) of a fetched block against the activation block's quants (a0,
+// a1) and its d (da).
+__device__ __forceinline__ float q8_0_acc(float acc, const Q8Win& v, int4 a0, int4 a1, float da) {
+    u32 w0[4], w1[4];
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        w0[k] = __funnelshift_r(v.w[k], v.w[k + 1], v.sh);
+        w1[k] = __funnelshift_r(v.w[k + 4], v.w[k + 5], v.sh);
+    }
+    int s = dp4a4(w1, a1, dp4a4(w0, a0, 0));
+    return __fadd_rn(acc, __fmul_rn((float)s, __fmul_rn(f16_to_f32(v.d), da)));
+}
+
 __device__ __forceinline__ float lane_part_q8_0(const u8* __restrict__ row, const u8* __restrict__ a, int cols) {
     int lane = threadIdx.x & 31;
     int nb = cols / QK;
@@ -568,25 +602,15 @@ __device__ __forceinline__ float2 warp_dot2_q8_0(const u8* __restrict__ r0, cons
     int lane = threadIdx.x & 31;
     int nb = cols / QK;
     const float* ad = q8_0_d(a, cols);
-    float acc[2] = {0.0f, 0.0f};
-    const u8* rows[2] = {r0, r1};
+    float acc0 = 0.0f, acc1 = 0.0f;
     for (int b0 = lane; b0 < nb; b0 += 32 * GU_Q8_BATCH) {
-        u32 win[2][GU_Q8_BATCH][9];
-        unsigned short dw[2][GU_Q8_BATCH];
-        u32 sh[2][GU_Q8_BATCH];
+        Q8Win v0[GU_Q8_BATCH], v1[GU_Q8_BATCH];
         #pragma unroll
         for (int i = 0; i < GU_Q8_BATCH; i++) {
             int b = b0 + 32 * i;
             if (b < nb) {
-                #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    const u8* blk = rows[m] + (size_t)b * 34;
-                    dw[m][i] = __ldg((const unsigned short*)blk);
-                    sh[m][i] = 8u * (u32)((size_t)(blk + 2) & 3);
-                    const u32* w = (const u32*)((size_t)(blk + 2) & ~(size_t)3);
-                    #pragma unroll
-                    for (int k = 0; k < 9; k++) win[m][i][k] = __ldg(w + k);
-                }
+                v0[i] = q8_0_fetch(r0 + (size_t)b * 34);
+                v1[i] = q8_0_fetch(r1 + (size_t)b * 34);
             }
         }
         #pragma unroll
@@ -596,21 +620,12 @@ __device__ __forceinline__ float2 warp_dot2_q8_0(const u8* __restrict__ r0, cons
                 const int4* aq = (const int4*)(a + (size_t)b * QK);
                 int4 a0 = aq[0], a1 = aq[1];
                 float da = ad[b];
-                #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    u32 w0[4], w1[4];
-                    #pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        w0[k] = __funnelshift_r(win[m][i][k], win[m][i][k + 1], sh[m][i]);
-                        w1[k] = __funnelshift_r(win[m][i][k + 4], win[m][i][k + 5], sh[m][i]);
-                    }
-                    int sv = dp4a4(w1, a1, dp4a4(w0, a0, 0));
-                    acc[m] = __fadd_rn(acc[m], __fmul_rn((float)sv, __fmul_rn(f16_to_f32(dw[m][i]), da)));
-                }
+                acc0 = q8_0_acc(acc0, v0[i], a0, a1, da);
+                acc1 = q8_0_acc(acc1, v1[i], a0, a1, da);
             }
         }
     }
-    return make_float2(warp_sum(acc[0]), warp_sum(acc[1]));
+    return make_float2(warp_sum(acc0), warp_sum(acc1));
 }
 
 // ---- CT4 (compressed-tensors int4 in 32-element blocks, blocks.cuh block_ct4) against Q8_0 ----
