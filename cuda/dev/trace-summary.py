@@ -57,13 +57,27 @@ def main():
     launches.sort(key=lambda l: l["start"])
     sigs = [l["sig"] for l in launches]
     n = len(sigs)
+    # The last launches may not repeat (a run that ends on other work, such as the bench's
+    # closing launches after its timed steps): drop them, 50 at a time, until a period shows.
+    # A step holds the lm_head, the widest grid (without that condition a run of layers
+    # repeats too).
+    widest = max(sigs, key=lambda g: g[0] * g[1])
     period = None
-    for p in range(20, n // 3):
-        if all(sigs[n - 1 - i] == sigs[n - 1 - i - p] for i in range(2 * p)):
-            period = p
+    for trim in range(0, n // 2, 50):
+        m = n - trim
+        for p in range(20, m // 3):
+            if widest in sigs[m - p : m] and all(
+                sigs[m - 1 - i] == sigs[m - 1 - i - p] for i in range(2 * p)
+            ):
+                period = p
+                break
+        if period is not None:
             break
     if period is None:
         sys.exit(f"no repeating step found in {n} launches")
+    if trim:
+        print(f"(the last {trim} launches do not repeat: left out)")
+        launches, sigs, n = launches[:m], sigs[:m], m
     steps = min(steps, n // period - 1)
     first = n - steps * period
     print(f"{n} launches traced; a step is {period} launches; the last {steps} steps:")

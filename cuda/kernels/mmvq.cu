@@ -385,7 +385,7 @@ struct DownQ6k {
 
 // The lane's share: scale · Σ_k weights[k] · part_k, plus the shared expert's part (Sd, its
 // activation in row K of actq) when Sd is given.
-// DOWN_ACT_STAGE=1 (lab switch, not yet run on a device): the down paths of moe_down_q
+// DOWN_ACT_STAGE=1 (lab switch, measured slower, off): the down paths of moe_down_q
 // (moe_down_short, moe_down_pairs, the generic loop) copy the activation rows they read (K routed, and the
 // shared one when it is of the kernel's type) into shared memory once per block right after
 // their wait, so each entry's activation reads are shared-memory loads. Why: the SASS of
@@ -397,6 +397,12 @@ struct DownQ6k {
 // (warp_gate_up_q4k_rows) gained 7% in the lab (session 27). Rows of up to DOWN_ACT_SMEM
 // bytes in all, 16-byte aligned (S 2.1: 11 × 1,168 bytes Q8_K, 10 × 1,280 Q8_0);
 // otherwise the rows are read where they are.
+// Measured on the H200 (session 28; device tests expert_down, quant_type_models, tiny_models,
+// decode_graph_replay pass with it): S 2.1 tg64 alternating, two rounds, Q4_K_M 303.51 /
+// 303.58 t/s against 312.42 / 312.80 (-2.9%), W4A16 244.81 / 244.74 against 248.44 / 248.41
+// (-1.5%). Every warp of a block now waits at the barrier for the block's whole copy, where
+// before each warp's first entry needed only its own activation loads, and the copy's
+// round trip sits between the wait and the first dot either way.
 #ifndef DOWN_ACT_STAGE
 #define DOWN_ACT_STAGE 0
 #endif

@@ -586,13 +586,16 @@ __device__ __forceinline__ float warp_dot_q8_0(const u8* __restrict__ row, const
 }
 
 // Gate and up Q8_0 rows against one Q8_0 activation (warp_dot2_q's Q8_0 case) when GU_Q8_PAIR
-// (lab switch, off: not yet run on a device): both rows' GU_Q8_BATCH blocks per lane fetched
-// before any is computed, each block's activation read once for the two. Why: the SASS of
-// moe_gate_up_q_q8_0 (two warp_dot_q8_0 calls) requests the up row's weights only after the
-// gate row is computed and reduced, and reads each block's activation just before its dot,
-// twice. Each row's terms and order are lane_part_q8_0's: the same sums.
+// (on by default; 0 keeps the two warp_dot_q8_0 calls): both rows' GU_Q8_BATCH blocks per
+// lane fetched before any is computed, each block's activation read once for the two. Why:
+// the SASS of moe_gate_up_q_q8_0 (two warp_dot_q8_0 calls) requests the up row's weights
+// only after the gate row is computed and reduced, and reads each block's activation just
+// before its dot, twice. Each row's terms and order are lane_part_q8_0's: the same sums.
+// Measured on the H200 (session 28): 68 -> 92 registers; XS 2.1 Q8_0 (synth) tg64
+// alternating, two rounds, 454.75 / 454.91 t/s against 453.20 / 453.19 (+0.35%, the runs'
+// ranges apart); tests quantised_mat_vec, expert_gate_up, decode_graph_replay pass with it.
 #ifndef GU_Q8_PAIR
-#define GU_Q8_PAIR 0
+#define GU_Q8_PAIR 1
 #endif
 #ifndef GU_Q8_BATCH
 #define GU_Q8_BATCH 3
