@@ -112,6 +112,8 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
 pub struct X8Store {
     map: HashMap<usize, Packed, AddrHash>,
     dot: DotX8Multi,
+    /// Q4_K's kernel for calls of one token.
+    dot_one: DotX8Multi,
     dot_iq4xs: DotX8Multi,
     dot_q6k: DotX8Multi,
     dot_iq3xxs: DotX8Multi,
@@ -317,6 +319,7 @@ impl X8Store {
         X8Store {
             map,
             dot: dot_q4k_x8_multi(),
+            dot_one: dot_q4k_x8_multi_one_token(),
             dot_iq4xs: dot_iq4xs_x8_multi(),
             dot_q6k: dot_q6k_x8_multi(),
             dot_iq3xxs: dot_iq3xxs_x8_multi(),
@@ -372,6 +375,7 @@ impl X8Store {
         };
         let (cols, nb) = (w.cols, w.cols / QK_K);
         let (group, dot) = match (ty, *pty) {
+            (GgmlType::Q4K, GgmlType::Q4K) if n_act == 1 => (nb * Q4K_X8_BLOCK, self.dot_one),
             (GgmlType::Q4K, GgmlType::Q4K) => (nb * Q4K_X8_BLOCK, self.dot),
             (GgmlType::IQ4XS, GgmlType::IQ4XS) => (nb * IQ4XS_X8_BLOCK, self.dot_iq4xs),
             (GgmlType::Q6K, GgmlType::Q6K) => (nb * Q6K_X8_BLOCK, self.dot_q6k),
@@ -708,7 +712,13 @@ pub fn dot_q4k_x8_multi() -> DotX8Multi {
     x8_pick!(q4k_x8_multi, dot_q4k_x8_multi_scalar)
 }
 
-/// The fastest [`DotX8`] this CPU runs (as [`dot_q4k_x8_multi`] chooses).
+/// [`dot_q4k_x8_multi`] for calls of one token (decode): 512 bits wherever the CPU has
+/// AVX512-VNNI (`arch::x86_64::q4k_x8_multi_one_token`); the same bits as every kernel here.
+pub fn dot_q4k_x8_multi_one_token() -> DotX8Multi {
+    x8_pick!(q4k_x8_multi_one_token, dot_q4k_x8_multi_scalar)
+}
+
+/// The fastest [`DotX8`] this CPU runs (512 bits as [`dot_q4k_x8_multi_one_token`] chooses).
 pub fn dot_q4k_x8() -> DotX8 {
     x8_pick!(q4k_x8, dot_q4k_x8_scalar)
 }

@@ -55,8 +55,8 @@ fn is_amd() -> bool {
 /// The repacked 8-row Q4_K several-token kernel (`kernels::x8`): AVX512-VNNI's when `vnni`
 /// and the CPU has it, else AVX2's where the CPU runs it. (The IQ4_XS and Q6_K families below
 /// choose the same way.)
-/// With AVX512-VNNI, the 512-bit kernels (`avx512::k4x8z`) on AMD CPUs and wherever
-/// `LAGOON_CPU_X8_ZMM=1` asks (`=0`: the 256-bit ones everywhere), per [`q4k_zmm`].
+/// With AVX512-VNNI, the 512-bit kernel (`avx512::k4x8z`) on AMD CPUs and wherever
+/// `LAGOON_CPU_X8_ZMM=1` asks (`=0`: the 256-bit one everywhere), per [`q4k_zmm`].
 pub(crate) fn q4k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
         Some(p) if q4k_zmm() => Some(avx512::k4x8z::q4k_x8z_multi_fn(p)),
@@ -65,10 +65,20 @@ pub(crate) fn q4k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi>
     }
 }
 
-/// The repacked 8-row Q4_K one-token kernel, as [`q4k_x8_multi`] chooses.
+/// [`q4k_x8_multi`] for calls of one token (decode), which take 512 bits as [`q4k_x8`] does.
+pub(crate) fn q4k_x8_multi_one_token(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    match avx512::Avx512Vnni::detect().filter(|_| vnni) {
+        Some(p) if q4k_zmm_one_token() => Some(avx512::k4x8z::q4k_x8z_multi_fn(p)),
+        Some(p) => Some(avx512::x8::q4k_x8_multi_fn(p)),
+        None => avx2::Avx2Fma::detect().map(avx2::q4k_x8_multi),
+    }
+}
+
+/// The repacked 8-row Q4_K one-token kernel: AVX512-VNNI's when `vnni` and the CPU has it,
+/// on 512 bits unless `LAGOON_CPU_X8_ZMM=0` ([`q4k_zmm_one_token`]), else AVX2's.
 pub(crate) fn q4k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
-        Some(p) if q4k_zmm() => Some(avx512::k4x8z::q4k_x8z_fn(p)),
+        Some(p) if q4k_zmm_one_token() => Some(avx512::k4x8z::q4k_x8z_fn(p)),
         Some(p) => Some(avx512::x8::q4k_x8_fn(p)),
         None => avx2::Avx2Fma::detect().map(avx2::q4k_x8),
     }
@@ -81,8 +91,8 @@ fn zmm() -> bool {
     std::env::var_os("LAGOON_CPU_X8_ZMM").is_none_or(|v| v != "0")
 }
 
-/// Whether Q4_K's 8-row rows take the 512-bit kernels: `LAGOON_CPU_X8_ZMM=1|0` decides, and
-/// unset, on AMD only. On the 2-core Zen 5 VM they win (paired expert GEMV 81-86% of the
+/// Whether Q4_K's 8-row several-token (prefill) kernel takes 512 bits: `LAGOON_CPU_X8_ZMM=1|0`
+/// decides, and unset, on AMD only (the one-token kernel: [`q4k_zmm_one_token`]). On the 2-core Zen 5 VM they win (paired expert GEMV 81-86% of the
 /// read against 68-74%, XS.2 8 layers Q4_K_M tg128 +6..+13%; one thread from cache 36 GiB/s
 /// against 22-27); on the 16-core Intel host they lose a little (GEMV 68-73% against 72-74%,
 /// grouped prefill -1..-4%, XS 2.1 Q4_K_M pp512 -4..-14%, tg128 level). BENCHMARKS.md,
@@ -93,6 +103,17 @@ fn q4k_zmm() -> bool {
         Ok("0") => false,
         _ => is_amd(),
     }
+}
+
+/// Whether Q4_K's 8-row one-token (decode) kernel takes 512 bits: `LAGOON_CPU_X8_ZMM=1|0`
+/// decides, and unset, yes on every CPU with AVX512-VNNI. Decode streams the weights once,
+/// and the 512-bit kernel touches each 64-byte line with one load: on a 2-core Intel VM with
+/// AVX512-VNNI (session 28) the paired expert GEMV read 73.7% of the paired floor with it
+/// against 57.2% on 256 bits (20.2 against 14.9 GiB/s), while one thread from cache differs
+/// by 7% (26.8 against 25.0 GiB/s); on the 16-core Intel host decode was level (tg128,
+/// session 23). Prefill ([`q4k_zmm`]) keeps 256 bits on Intel, where it lost there.
+fn q4k_zmm_one_token() -> bool {
+    std::env::var("LAGOON_CPU_X8_ZMM").as_deref() != Ok("0")
 }
 
 /// Both AVX-512 Q4_K 8-row several-token kernels where the CPU runs them, whatever
