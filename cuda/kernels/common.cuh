@@ -130,7 +130,7 @@ template <> struct Kv<kv_bf16> {
 // start at byte cap * row, row a multiple of 32). Each block of 32 is quantised as ggml's
 // quantize_row_q8_0_ref quantises (ggml-quants.c; restated): d = amax / 127, q = roundf(x / d)
 // through id = 1 / d (0 when d is 0), d stored rounded to f16 — the Q8_0 activation
-// quantiser's arithmetic (act.cuh thread_quantize_q8_0). A value reads back as f16(d) * q.
+// quantiser's arithmetic (act.cuh group_quantize_q8_0). A value reads back as f16(d) * q.
 struct kv_q8 {
     signed char q;
 };

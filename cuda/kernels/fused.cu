@@ -74,7 +74,12 @@ __device__ void rms_norm_quant(const float* __restrict__ x, const float* __restr
     if (Q == NQ_Q8K) {
         for (int b = warp; b < glen / QK_K; b += NQ_THREADS / 32) warp_quantize_q8K(y + b * QK_K, xq, glen, b);
     } else {
-        for (int b = tid; b < glen / QK; b += NQ_THREADS) thread_quantize_q8_0(y + b * QK, xq, glen, b);
+        // Eight lanes per block; the loop's bound is the warp's, so every lane of a warp
+        // reaches each group_quantize_q8_0.
+        for (int b0 = warp * 4; b0 < glen / QK; b0 += NQ_THREADS / 8) {
+            int b = b0 + (lane >> 3);
+            group_quantize_q8_0(y + b * QK, xq, glen, b, b < glen / QK);
+        }
     }
 }
 
@@ -227,7 +232,10 @@ __device__ void merge_gate_quant(const float* __restrict__ part, const float* __
         for (int j = tid / 32; j < G * d / QK_K; j += MGQ_THREADS / 32)
             warp_quantize_q8K(y + j * QK_K, xq, cols, first / QK_K + j);
     } else {
-        for (int j = tid; j < G * d / QK; j += MGQ_THREADS) thread_quantize_q8_0(y + j * QK, xq, cols, first / QK + j);
+        for (int j0 = (tid >> 5) * 4; j0 < G * d / QK; j0 += MGQ_THREADS / 8) {
+            int j = j0 + ((tid & 31) >> 3);
+            group_quantize_q8_0(y + j * QK, xq, cols, first / QK + j, j < G * d / QK);
+        }
     }
 }
 

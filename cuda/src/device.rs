@@ -310,7 +310,7 @@ impl Device {
         let nb = rows * cols / fmt.block();
         let grid = match fmt {
             ActQ::Q8K => blocks(nb, 4),
-            ActQ::Q8_0 => blocks(nb, 128),
+            ActQ::Q8_0 => blocks(nb, 16),
         };
         self.launch(
             fmt.kernel(),

@@ -816,6 +816,15 @@ fn activation_quantisers_match_the_cpu_bit_for_bit() {
     x[3 * cols + 17] = 2.5;
     x[3 * cols + 18] = -2.5;
     x[4 * cols + 5] = f32::INFINITY;
+    // Row 5: NaN where ggml's in-order amax fold gives something other than the plain
+    // largest magnitude: a 32-block's last element, its first, two in one block (the fold
+    // restarts after the last), one followed by the block's largest magnitude.
+    x[5 * cols + 31] = f32::NAN;
+    x[5 * cols + 32] = f32::NAN;
+    x[5 * cols + 70] = f32::NAN;
+    x[5 * cols + 75] = f32::NAN;
+    x[5 * cols + 100] = f32::NAN;
+    x[5 * cols + 101] = 9.0;
     for fmt in [ActQ::Q8K, ActQ::Q8_0] {
         let (got, stride) = quantize_on_device(&dev, fmt, &x, cols);
         for r in 0..rows {
