@@ -58,6 +58,45 @@ struct MvMats {
     int rows[MV_MATS];
 };
 
+// The warp's row of a multi-matrix mat-vec launch (mv_multi's selection, which keeps its own
+// inline copy: written through this helper its exit check is scheduled later, so the default
+// kernels' SASS would change): which matrix (i) the block-row index falls in, with the table
+// read by constant index only. live false: past the last matrix's rows.
+struct MvPick {
+    const u8* W;
+    u64 rb;
+    float* out;
+    const float* res;
+    int r, i;
+    bool live;
+};
+__device__ __forceinline__ MvPick mv_pick(const MvMats& m, int n_mats) {
+    int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
+    int i = 0;
+    if (n_mats > 1 && r >= m.rows[0]) {
+        r -= m.rows[0];
+        i = 1;
+        if (n_mats > 2 && r >= m.rows[1]) {
+            r -= m.rows[1];
+            i = 2;
+            if (n_mats > 3 && r >= m.rows[2]) {
+                r -= m.rows[2];
+                i = 3;
+            }
+        }
+    }
+    int nr = i == 0 ? m.rows[0] : i == 1 ? m.rows[1] : i == 2 ? m.rows[2] : m.rows[3];
+    MvPick p;
+    p.r = r;
+    p.i = i;
+    p.live = r < nr;
+    p.W = i == 0 ? m.W[0] : i == 1 ? m.W[1] : i == 2 ? m.W[2] : m.W[3];
+    p.rb = i == 0 ? m.row_bytes[0] : i == 1 ? m.row_bytes[1] : i == 2 ? m.row_bytes[2] : m.row_bytes[3];
+    p.out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
+    p.res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
+    return p;
+}
+
 // U != T (mv2_*): the first n_t products are of type T, the rest of type U (both paired with
 // the same activation format), so a run such as Q4_K_M's Q4_K Q/K/gate with its Q6_K value
 // projection is one launch instead of two: the short V product (~2.6 MB on S 2.1) had a whole
@@ -100,6 +139,29 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
                         : lane_part_waiting<U>(W + (size_t)r * rb, aq, cols, &aw);
     float y = warp_sum(part);
     if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(aw.v, y) : y;
+}
+
+// MV_NORM_FUSE (lab switch read by the host, fused.rs; off, not yet run on a device): a run of float
+// products whose input is an RMSNorm's output read by nothing else (a W4A16 checkpoint's
+// bf16 Q/K/V/gate after the attention norm) takes the norm's input x and gain g instead, and
+// each warp computes its row as (1 / rms(x)) · (W[r] . (g ∘ x)), the sum of squares taken
+// from the x pieces it reads anyway: the one-block norm launch (rms_norm_row) goes. Why: on
+// the replayed W4A16 step that launch holds 5.7-5.9 µs of the critical path (BENCHMARKS.md,
+// "Session 28"), against ~2 µs of its own work in the lab (session 25). The rounding differs
+// from the norm then the product (g·(x·r) rounded per element there): within the float
+// path's bounds, not bitwise. Grid and arguments as mv_multi's, then g and eps.
+template <int T>
+__device__ void mv_norm_multi(const MvMats& m, int n_mats, const float* __restrict__ x, int cols,
+                              const float* __restrict__ g, float eps) {
+    pdl_trigger();
+    MvPick p = mv_pick(m, n_mats);
+    if (!p.live) return;
+    const u8* rows[1] = {p.W + (size_t)p.r * p.rb};
+    float acc[1], sq;
+    lane_parts_h<T, 1, 1, H_BATCH, true, true>(rows, (const u8*)x, cols, 0, acc, nullptr, g, &sq);
+    float y = warp_sum(acc[0]);
+    float ss = warp_sum(sq);
+    if ((threadIdx.x & 31) == 0) p.out[p.r] = y * (1.0f / sqrtf(ss / (float)cols + eps));
 }
 
 // act[r] = silu(Wg[r] . a) * (Wu[r] . a): a SwiGLU MLP's gate and up with the activation
@@ -957,6 +1019,15 @@ MV2_PAIRS(DEFINE_MV2)
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_split_##name(                  \
         const u8* W, u64 row_bytes, const float* x, float* out, int rows, int cols) {              \
         mv_split<T>(W, row_bytes, x, out, rows, cols);                                             \
+    }                                                                                              \
+    extern "C" __global__ void MV_LB mv_norm_##name(                                               \
+        const float* x, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,   \
+        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
+        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
+        int n3, const float* g, float eps) {                                                       \
+        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
+                    {n0, n1, n2, n3}};                                                             \
+        mv_norm_multi<T>(m, n_mats, x, cols, g, eps);                                              \
     }
 MVH_TYPES(DEFINE_MVH)
 

@@ -836,11 +836,16 @@ __device__ __forceinline__ float h_dot8(const uint4& w, const float4& x0, const 
 // (w + W)·32 + lane, ..., B pieces per row fetched (all rows' pieces in flight together)
 // before any is added, each piece's activation read once for all R rows. WAIT: the first
 // fetch goes out before the kernel's pdl_wait (weights are never written by a kernel).
-template <int T, int R, int W, int B, bool WAIT>
+// NORM (mv_norm_multi): `a` is the RMSNorm's input x and g its gain; each piece's x is
+// multiplied by g before the dots and *ss gets the lane's sum of squares of x (the caller
+// scales the reduced dot by the norm's 1 / rms).
+template <int T, int R, int W, int B, bool WAIT, bool NORM = false>
 __device__ __forceinline__ void lane_parts_h(const u8* const __restrict__ rows[R], const u8* __restrict__ a,
-                                             int cols, int w, float acc[R], AfterWait* aw = nullptr) {
+                                             int cols, int w, float acc[R], AfterWait* aw = nullptr,
+                                             const float* __restrict__ g = nullptr, float* ss = nullptr) {
     int lane = threadIdx.x & 31;
     const float4* x4 = (const float4*)a;
+    float sq = 0.0f;
     int n8 = cols / 8;
     uint4 wv[R][B];
     #pragma unroll
@@ -864,6 +869,14 @@ __device__ __forceinline__ void lane_parts_h(const u8* const __restrict__ rows[R
             int i = i0 + 32 * W * u;
             if (i < n8) {
                 float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
+                if constexpr (NORM) {
+                    const float4* g4 = (const float4*)g;
+                    float4 g0 = __ldg(g4 + 2 * i), g1 = __ldg(g4 + 2 * i + 1);
+                    sq = fmaf(x0.x, x0.x, fmaf(x0.y, x0.y, fmaf(x0.z, x0.z, fmaf(x0.w, x0.w, sq))));
+                    sq = fmaf(x1.x, x1.x, fmaf(x1.y, x1.y, fmaf(x1.z, x1.z, fmaf(x1.w, x1.w, sq))));
+                    x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
+                    x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
+                }
                 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r] = h_dot8<T>(wv[r][u], x0, x1, acc[r]);
             }
@@ -871,6 +884,7 @@ __device__ __forceinline__ void lane_parts_h(const u8* const __restrict__ rows[R
         i0 += 32 * W * B;
         if (i0 < n8) fetch(i0);
     }
+    if constexpr (NORM) *ss = sq;
 }
 
 // A lane's share of one float row, one warp on the row, H_BATCH pieces in flight.

@@ -329,7 +329,22 @@ impl Device {
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products of the quantised
     /// activation row at `aq` (`cols` wide), one warp per row over all products' rows.
     pub fn mv(&self, kernel: K, aq: u64, cols: usize, mats: &[MvMat]) -> Result<(), CudaError> {
-        self.mv_launch(kernel, aq, cols, mats, None)
+        self.mv_launch(kernel, aq, cols, mats, &[])
+    }
+
+    /// [`Device::mv`] for a norm-taking float kernel (an `mv_norm_*`,
+    /// [`crate::manifest::WType::mvh_norm`]): `x` is the RMSNorm's f32 input, `gain` its
+    /// weight, `eps` its epsilon.
+    pub fn mv_norm(
+        &self,
+        kernel: K,
+        x: u64,
+        cols: usize,
+        mats: &[MvMat],
+        gain: u64,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        self.mv_launch(kernel, x, cols, mats, &[Arg::P(gain), Arg::F(eps)])
     }
 
     /// [`Device::mv`] for a two-type kernel (an `mv2_*`, [`crate::manifest::WType::mv_pair`]):
@@ -342,19 +357,21 @@ impl Device {
         mats: &[MvMat],
         n_first: usize,
     ) -> Result<(), CudaError> {
-        self.mv_launch(kernel, aq, cols, mats, Some(n_first))
+        self.mv_launch(kernel, aq, cols, mats, &[Arg::I(n_first as i32)])
     }
 
+    /// The `mv_*` launch: the activation, its width, the products, then `extra` (at most two
+    /// arguments: `mv2_*`'s type split, `mv_norm_*`'s gain and epsilon).
     fn mv_launch(
         &self,
         kernel: K,
         aq: u64,
         cols: usize,
         mats: &[MvMat],
-        n_first: Option<usize>,
+        extra: &[Arg],
     ) -> Result<(), CudaError> {
         let rows: usize = mats.iter().map(|m| m.rows).sum();
-        let mut args = [Arg::I(0); 4 + 5 * MV_MATS];
+        let mut args = [Arg::I(0); 5 + 5 * MV_MATS];
         args[0] = Arg::P(aq);
         args[1] = Arg::I(cols as i32);
         args[2] = Arg::I(mats.len().min(MV_MATS) as i32);
@@ -370,13 +387,9 @@ impl Device {
                 Arg::I(n as i32),
             ]);
         }
-        let n_args = match n_first {
-            Some(n) => {
-                args[3 + 5 * MV_MATS] = Arg::I(n as i32);
-                args.len()
-            }
-            None => args.len() - 1,
-        };
+        let extra = &extra[..extra.len().min(2)];
+        let n_args = 3 + 5 * MV_MATS + extra.len();
+        args[3 + 5 * MV_MATS..n_args].copy_from_slice(extra);
         self.launch(kernel, (blocks(rows, 4), 1), 128, &args[..n_args])
     }
 }

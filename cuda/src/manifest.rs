@@ -153,6 +153,8 @@ manifest! {
     MvF16 => "mmvq.cu", "mv_f16";
     MvSplitBf16 => "mmvq.cu", "mv_split_bf16";
     MvSplitF16 => "mmvq.cu", "mv_split_f16";
+    MvNormBf16 => "mmvq.cu", "mv_norm_bf16";
+    MvNormF16 => "mmvq.cu", "mv_norm_f16";
     MvSwigluBf16 => "mmvq.cu", "mv_swiglu_bf16";
     MoeGateUpMixedCt4Bf16 => "mmvq.cu", "moe_gate_up_mixed_ct4_bf16";
     MoeDownMixedCt4Bf16 => "mmvq.cu", "moe_down_mixed_ct4_bf16";
@@ -655,6 +657,15 @@ impl WType {
         match self {
             WType::Bf16 => Some((K::MvBf16, K::MvSwigluBf16)),
             WType::F16 => Some((K::MvF16, K::MvSwigluF16)),
+            _ => None,
+        }
+    }
+    /// The batch-1 float kernel that takes an RMSNorm's input and gain instead of its output
+    /// (`mmvq.cu`'s `mv_norm_*`, lab switch `MV_NORM_FUSE`).
+    pub fn mvh_norm(self) -> Option<K> {
+        match self {
+            WType::Bf16 => Some(K::MvNormBf16),
+            WType::F16 => Some(K::MvNormF16),
             _ => None,
         }
     }

@@ -115,6 +115,10 @@ impl CudaSession {
                     if !float || !cols.is_multiple_of(4) {
                         return Ok(0);
                     }
+                    let used = self.norm_into_products(graph, i)?;
+                    if used > 0 {
+                        return Ok(used);
+                    }
                     dev.launch(
                         K::RmsNormRow,
                         (1, 1),
@@ -613,6 +617,66 @@ impl CudaSession {
     /// takes: at most [`MV_MATS`] products in exactly two weight types with a two-type kernel
     /// ([`WType::mv_pair`], either order), with [`CudaSession::mv_pairs`] on. Returns the
     /// kernel, how many products of its first type lead, and the run in that order.
+    /// `MV_NORM_FUSE=1` (lab switch, `LAGOON_CUDA_DEFINES`; the kernels read it too): the
+    /// whole-row RMSNorm at node `i` done by the float products of its output that follow
+    /// it (`mmvq.cu`'s `mv_norm_*`: a W4A16 checkpoint's bf16 Q/K/V/gate), when they are
+    /// that output's only readers and fit one launch; the norm's output is then never made.
+    /// Returns the nodes covered, 0 with nothing launched.
+    fn norm_into_products(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON
+            .get_or_init(|| crate::compile::lab_define("MV_NORM_FUSE").is_some_and(|v| v != "0"));
+        let Op::RmsNorm { x, w, out: qn } = graph.nodes[i] else {
+            return Ok(0);
+        };
+        let g = self.w.vector(w);
+        let cols = graph.values[x].cols;
+        if !on || !self.fuse || g.len != cols || !cols.is_multiple_of(8) {
+            return Ok(0);
+        }
+        let Some(Op::MatMul { w: w0, .. }) = self.next(graph, i, 1) else {
+            return Ok(0);
+        };
+        let mut run = [(self.w.mat(w0), 0u64, 0u64); MV_MATS];
+        let (mut len, mut kernel) = (0, None);
+        while len < MV_MATS
+            && let Some(Op::MatMul {
+                x: xj,
+                w: wj,
+                out: oj,
+            }) = self.next(graph, i, len + 1)
+            && xj == qn
+        {
+            let m = self.w.mat(wj);
+            let Some(k) = m.ty.mvh_norm().filter(|&k| kernel.is_none_or(|kk| kk == k)) else {
+                break;
+            };
+            // The kernel reads x while it writes the products' outputs.
+            if m.cols != cols || !apart(graph, oj, x) {
+                return Ok(0);
+            }
+            kernel = Some(k);
+            run[len] = (m, self.at(graph, oj), 0);
+            len += 1;
+        }
+        let Some(kernel) = kernel else {
+            return Ok(0);
+        };
+        if self.readers[qn] as usize != len {
+            return Ok(0);
+        }
+        let (mv, n) = mv_mats(&run[..len]);
+        self.dev.mv_norm(
+            kernel,
+            self.at(graph, x),
+            cols,
+            &mv[..n],
+            g.ptr,
+            self.cfg.rms_eps,
+        )?;
+        Ok(1 + len)
+    }
+
     fn mv_pair_run(&self, run: &[Product]) -> Option<(K, usize, [Product; MV_MATS])> {
         if !self.mv_pairs || run.len() < 2 || run.len() > MV_MATS {
             return None;
