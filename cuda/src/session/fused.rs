@@ -613,11 +613,7 @@ impl CudaSession {
         Ok(2)
     }
 
-    /// A run of products of one input (`(matrix, out, residual)`) that one `mv2_*` kernel
-    /// takes: at most [`MV_MATS`] products in exactly two weight types with a two-type kernel
-    /// ([`WType::mv_pair`], either order), with [`CudaSession::mv_pairs`] on. Returns the
-    /// kernel, how many products of its first type lead, and the run in that order.
-    /// `MV_NORM_FUSE=1` (lab switch, `LAGOON_CUDA_DEFINES`; the kernels read it too): the
+    /// `MV_NORM_FUSE=1` (lab switch, `LAGOON_CUDA_DEFINES`, read here once): the
     /// whole-row RMSNorm at node `i` done by the float products of its output that follow
     /// it (`mmvq.cu`'s `mv_norm_*`: a W4A16 checkpoint's bf16 Q/K/V/gate), when they are
     /// that output's only readers and fit one launch; the norm's output is then never made.
@@ -677,6 +673,10 @@ impl CudaSession {
         Ok(1 + len)
     }
 
+    /// A run of products of one input (`(matrix, out, residual)`) that one `mv2_*` kernel
+    /// takes: at most [`MV_MATS`] products in exactly two weight types with a two-type kernel
+    /// ([`WType::mv_pair`], either order), with [`CudaSession::mv_pairs`] on. Returns the
+    /// kernel, how many products of its first type lead, and the run in that order.
     fn mv_pair_run(&self, run: &[Product]) -> Option<(K, usize, [Product; MV_MATS])> {
         if !self.mv_pairs || run.len() < 2 || run.len() > MV_MATS {
             return None;

@@ -91,8 +91,9 @@ fn zmm() -> bool {
     std::env::var_os("LAGOON_CPU_X8_ZMM").is_none_or(|v| v != "0")
 }
 
-/// Whether Q4_K's 8-row several-token (prefill) kernel takes 512 bits: `LAGOON_CPU_X8_ZMM=1|0`
-/// decides, and unset, on AMD only (the one-token kernel: [`q4k_zmm_one_token`]). On the 2-core Zen 5 VM they win (paired expert GEMV 81-86% of the
+/// Whether Q4_K's 8-row several-token (prefill) kernel takes 512 bits:
+/// `LAGOON_CPU_X8_ZMM=1|0` decides, and unset, on AMD only (the one-token kernel:
+/// [`q4k_zmm_one_token`]). On the 2-core Zen 5 VM they win (paired expert GEMV 81-86% of the
 /// read against 68-74%, XS.2 8 layers Q4_K_M tg128 +6..+13%; one thread from cache 36 GiB/s
 /// against 22-27); on the 16-core Intel host they lose a little (GEMV 68-73% against 72-74%,
 /// grouped prefill -1..-4%, XS 2.1 Q4_K_M pp512 -4..-14%, tg128 level). BENCHMARKS.md,
