@@ -58,19 +58,11 @@ struct MvMats {
     int rows[MV_MATS];
 };
 
-// The warp's row of a multi-matrix mat-vec launch (mv_multi's selection, which keeps its own
-// inline copy: written through this helper its exit check is scheduled later, so the default
-// kernels' SASS would change): which matrix (i) the block-row index falls in, with the table
-// read by constant index only. live false: past the last matrix's rows.
-struct MvPick {
-    const u8* W;
-    u64 rb;
-    float* out;
-    const float* res;
-    int r, i;
-    bool live;
-};
-__device__ __forceinline__ MvPick mv_pick(const MvMats& m, int n_mats) {
+// The warp's row of a multi-matrix mat-vec launch: which matrix i the block-row index falls
+// in (returned) and the row r within it, with the table read by constant index only (a loop
+// over m.rows[i] put MvMats in local memory: a 144-byte stack frame); mv_at reads an entry
+// the same way. r >= mv_at(m.rows, i): past the last matrix's rows.
+__device__ __forceinline__ int mv_row(const MvMats& m, int n_mats, int* row) {
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     int i = 0;
     if (n_mats > 1 && r >= m.rows[0]) {
@@ -85,16 +77,12 @@ __device__ __forceinline__ MvPick mv_pick(const MvMats& m, int n_mats) {
             }
         }
     }
-    int nr = i == 0 ? m.rows[0] : i == 1 ? m.rows[1] : i == 2 ? m.rows[2] : m.rows[3];
-    MvPick p;
-    p.r = r;
-    p.i = i;
-    p.live = r < nr;
-    p.W = i == 0 ? m.W[0] : i == 1 ? m.W[1] : i == 2 ? m.W[2] : m.W[3];
-    p.rb = i == 0 ? m.row_bytes[0] : i == 1 ? m.row_bytes[1] : i == 2 ? m.row_bytes[2] : m.row_bytes[3];
-    p.out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
-    p.res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
-    return p;
+    *row = r;
+    return i;
+}
+template <class X>
+__device__ __forceinline__ X mv_at(const X (&a)[MV_MATS], int i) {
+    return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
 // U != T (mv2_*): the first n_t products are of type T, the rest of type U (both paired with
@@ -106,31 +94,16 @@ __device__ __forceinline__ MvPick mv_pick(const MvMats& m, int n_mats) {
 template <int T, int U = T>
 __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols, int n_t = MV_MATS) {
     pdl_trigger();
-    int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
-    // Which matrix row r falls in, with the table read by constant index only (a loop over
-    // m.rows[i] put MvMats in local memory: a 144-byte stack frame).
-    int i = 0;
-    if (n_mats > 1 && r >= m.rows[0]) {
-        r -= m.rows[0];
-        i = 1;
-        if (n_mats > 2 && r >= m.rows[1]) {
-            r -= m.rows[1];
-            i = 2;
-            if (n_mats > 3 && r >= m.rows[2]) {
-                r -= m.rows[2];
-                i = 3;
-            }
-        }
-    }
-    int nr = i == 0 ? m.rows[0] : i == 1 ? m.rows[1] : i == 2 ? m.rows[2] : m.rows[3];
-    if (r >= nr) return;
-    const u8* W = i == 0 ? m.W[0] : i == 1 ? m.W[1] : i == 2 ? m.W[2] : m.W[3];
-    u64 rb = i == 0 ? m.row_bytes[0] : i == 1 ? m.row_bytes[1] : i == 2 ? m.row_bytes[2] : m.row_bytes[3];
+    int r;
+    int i = mv_row(m, n_mats, &r);
+    if (r >= mv_at(m.rows, i)) return;
+    const u8* W = mv_at(m.W, i);
+    u64 rb = mv_at(m.row_bytes, i);
     // No L2 prefetch of the row before pdl_wait (measured on the full S 2.1 decode with it,
     // 194.6 t/s against 196.2 without, interleaved runs); the lane's first weight loads are
     // issued before it instead (lane_part_waiting).
-    float* out = i == 0 ? m.out[0] : i == 1 ? m.out[1] : i == 2 ? m.out[2] : m.out[3];
-    const float* res = i == 0 ? m.res[0] : i == 1 ? m.res[1] : i == 2 ? m.res[2] : m.res[3];
+    float* out = mv_at(m.out, i);
+    const float* res = mv_at(m.res, i);
     // The residual is read as soon as the wait is over (AfterWait), not after the reduction.
     AfterWait aw = {res && (threadIdx.x & 31) == 0 ? res + r : nullptr, 0.0f};
     float part;
@@ -154,14 +127,15 @@ template <int T>
 __device__ void mv_norm_multi(const MvMats& m, int n_mats, const float* __restrict__ x, int cols,
                               const float* __restrict__ g, float eps) {
     pdl_trigger();
-    MvPick p = mv_pick(m, n_mats);
-    if (!p.live) return;
-    const u8* rows[1] = {p.W + (size_t)p.r * p.rb};
+    int r;
+    int i = mv_row(m, n_mats, &r);
+    if (r >= mv_at(m.rows, i)) return;
+    const u8* rows[1] = {mv_at(m.W, i) + (size_t)r * mv_at(m.row_bytes, i)};
     float acc[1], sq;
     lane_parts_h<T, 1, 1, H_BATCH, true, true>(rows, (const u8*)x, cols, 0, acc, nullptr, g, &sq);
     float y = warp_sum(acc[0]);
     float ss = warp_sum(sq);
-    if ((threadIdx.x & 31) == 0) p.out[p.r] = y * (1.0f / sqrtf(ss / (float)cols + eps));
+    if ((threadIdx.x & 31) == 0) mv_at(m.out, i)[r] = y * (1.0f / sqrtf(ss / (float)cols + eps));
 }
 
 // act[r] = silu(Wg[r] . a) * (Wu[r] . a): a SwiGLU MLP's gate and up with the activation
