@@ -80,8 +80,9 @@ __device__ __forceinline__ int mv_row(const MvMats& m, int n_mats, int* row) {
     *row = r;
     return i;
 }
-template <class X>
-__device__ __forceinline__ X mv_at(const X (&a)[MV_MATS], int i) {
+// (The element type is Elem, not a one-letter name: a lab define such as X=0 would replace it.)
+template <class Elem>
+__device__ __forceinline__ Elem mv_at(const Elem (&a)[MV_MATS], int i) {
     return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
@@ -114,13 +115,17 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
     if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(aw.v, y) : y;
 }
 
-// MV_NORM_FUSE (lab switch read by the host, fused.rs; off, not yet run on a device): a run of float
+// MV_NORM_FUSE (lab switch read by the host, fused.rs; off: measured 8% slower): a run of float
 // products whose input is an RMSNorm's output read by nothing else (a W4A16 checkpoint's
 // bf16 Q/K/V/gate after the attention norm) takes the norm's input x and gain g instead, and
 // each warp computes its row as (1 / rms(x)) · (W[r] . (g ∘ x)), the sum of squares taken
 // from the x pieces it reads anyway: the one-block norm launch (rms_norm_row) goes. Why: on
 // the replayed W4A16 step that launch holds 5.7-5.9 µs of the critical path (BENCHMARKS.md,
-// "Session 28"), against ~2 µs of its own work in the lab (session 25). The rounding differs
+// "Session 28"), against ~2 µs of its own work in the lab (session 25). Measured (session 29,
+// S 2.1 W4A16 tg64, alternating, two rounds): 228.10 / 228.19 t/s against 248.74 / 248.77,
+// ~7.6 µs a layer slower although a 5.7 µs launch went: every row's warp now also reads g and
+// does two more operations per element, and these products are bound by their per-element
+// work from L1, not by their weight bytes, so ~13 µs were added to them. The rounding differs
 // from the norm then the product (g·(x·r) rounded per element there): within the float
 // path's bounds, not bitwise. Grid and arguments as mv_multi's, then g and eps.
 template <int T>

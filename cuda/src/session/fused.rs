@@ -613,11 +613,11 @@ impl CudaSession {
         Ok(2)
     }
 
-    /// `MV_NORM_FUSE=1` (lab switch, `LAGOON_CUDA_DEFINES`, read here once): the
-    /// whole-row RMSNorm at node `i` done by the float products of its output that follow
-    /// it (`mmvq.cu`'s `mv_norm_*`: a W4A16 checkpoint's bf16 Q/K/V/gate), when they are
-    /// that output's only readers and fit one launch; the norm's output is then never made.
-    /// Returns the nodes covered, 0 with nothing launched.
+    /// `MV_NORM_FUSE=1` (lab switch, `LAGOON_CUDA_DEFINES`, read here once; off, measured
+    /// 8% slower: `mmvq.cu`): the whole-row RMSNorm at node `i` done by the float products
+    /// of its output that follow it (`mmvq.cu`'s `mv_norm_*`: a W4A16 checkpoint's bf16
+    /// Q/K/V/gate), when they are that output's only readers and fit one launch; the norm's
+    /// output is then never made. Returns the nodes covered, 0 with nothing launched.
     fn norm_into_products(&self, graph: &Graph, i: usize) -> Result<usize, CudaError> {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let on = *ON
