@@ -4,7 +4,8 @@
 //! load (four quant bytes of every row), two nibble masks, two broadcasts of four activation
 //! bytes, two `maddubs` and two i16 adds. The i16 sums stay exact over the eight steps
 //! (`|u·a + u·a| ≤ 2·15·128 = 3840` per step, ≤ 30,720 after eight). Then per sub-block one
-//! `madd` by ones (i32 per row) and one `mullo` by the eight rows' scales. The mins term is
+//! `madd` by the eight rows' scales (each in both i16 halves of its row's lane) widens and
+//! scales them. The mins term is
 //! four `madd`s of the rows' (m_2p, m_2p+1) pairs by the token's paired block sums. The f32
 //! steps are the scalar reference's, one row per lane, so the results are its bits.
 //!
@@ -222,11 +223,13 @@ pub(crate) use x8_driver;
 /// Defines the 8-row kernels `q4k_x8` (one token) and `q4k_x8_multi` (several) with the
 /// target features `$feat`. Per weight load and token, `|$x, $w, $a| $step` adds the
 /// products of the eight rows' four nibbles `$w` (u8) and the token's four broadcast bytes
-/// `$a` (i8) to the accumulator `$x`, and per sub-block `|$y| $fin` turns it into the eight
-/// rows' i32 dot products; both forms must give the exact integer sums. `$ones` names an
-/// i16 vector of ones the step may use.
+/// `$a` (i8) to the accumulator `$x`; per sub-block `|$sum, $y, $s| $scaled` adds to the
+/// i32 row sums `$sum` the accumulator `$y` times the rows' scales `$s`, which hold each
+/// row's 6-bit scale in both i16 halves of its i32 lane when `$dup` is true, in the low half
+/// (zero above) otherwise. Both must give the exact integer sums.
 macro_rules! x8_kernels {
-    ($feat:literal, |$x:ident, $w:ident, $a:ident| $step:expr, |$y:ident, $ones:ident| $fin:expr) => {
+    ($feat:literal, |$x:ident, $w:ident, $a:ident| $step:expr,
+     |$sum:ident, $y:ident, $s:ident| $scaled:expr, $dup:expr) => {
         use $crate::kernels::act::Q8KAct;
         use $crate::kernels::arch::x86_64::avx2::k4x8 as x8b;
         use $crate::kernels::arch::x86_64::avx2::ld256;
@@ -240,11 +243,17 @@ macro_rules! x8_kernels {
             Q4K_X8_BLOCK
         );
 
-        /// The eight rows' scales of sub-block `j` as i32 lanes.
+        /// The eight rows' scales of sub-block `j` as i32 lanes, each in both i16 halves
+        /// when `$dup` (see the macro's doc).
         #[inline]
         #[target_feature(enable = $feat)]
         fn scales(o: &[u8; Q4K_X8_BLOCK], j: usize) -> __m256i {
-            _mm256_cvtepu8_epi32(x8b::lo8(o, 32 + 8 * j))
+            let s8 = x8b::lo8(o, 32 + 8 * j);
+            if $dup {
+                _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8))
+            } else {
+                _mm256_cvtepu8_epi32(s8)
+            }
         }
 
         /// One pass over the group's super-blocks for T tokens; returns T.
@@ -252,8 +261,6 @@ macro_rules! x8_kernels {
         #[target_feature(enable = $feat)]
         fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T]) -> usize {
             let m4 = _mm256_set1_epi8(0x0F);
-            #[allow(unused_variables)]
-            let $ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); T];
             let pd = x8b::prefetch_ahead();
             for (b, o) in p.as_chunks::<Q4K_X8_BLOCK>().0.iter().enumerate() {
@@ -290,17 +297,10 @@ macro_rules! x8_kernels {
                     }
                     let (sl, sh) = (scales(o, 2 * c), scales(o, 2 * c + 1));
                     for t in 0..T {
-                        let dl = {
-                            let $y = lo[t];
-                            $fin
-                        };
-                        let dh = {
-                            let $y = hi[t];
-                            $fin
-                        };
-                        let plo = _mm256_mullo_epi32(dl, sl);
-                        let phi = _mm256_mullo_epi32(dh, sh);
-                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
+                        let ($sum, $y, $s) = (sumi[t], lo[t], sl);
+                        let with_lo = $scaled;
+                        let ($sum, $y, $s) = (with_lo, hi[t], sh);
+                        sumi[t] = $scaled;
                     }
                 }
                 $crate::kernels::arch::x86_64::avx2::k4x8::q4k_finish!(o, a, b, sumi, acc);
@@ -313,11 +313,15 @@ macro_rules! x8_kernels {
 pub(crate) use x8_kernels;
 
 // AVX2: the eight steps of a chunk add `maddubs` pairs into i16 lanes, exact: |u·a + u·a| ≤
-// 2·15·128 = 3840 per step, ≤ 30,720 after eight; then `madd` by ones widens to i32.
+// 2·15·128 = 3840 per step, ≤ 30,720 after eight; then one `madd` by the scales, each in
+// both halves of its row's lane, gives (y0 + y1)·s in i32 (≤ 2·30,720·63 in magnitude), the
+// widening and the scaling in one instruction where they had taken a `madd` by ones and a
+// `mullo` (two uops on Intel).
 x8_kernels!(
     "avx2,fma,f16c",
     |x, w, a| _mm256_add_epi16(x, _mm256_maddubs_epi16(w, a)),
-    |y, ones| _mm256_madd_epi16(y, ones)
+    |sum, y, s| _mm256_add_epi32(sum, _mm256_madd_epi16(y, s)),
+    true
 );
 
 wrap!(dot_q4k_x8 => q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) -> ());

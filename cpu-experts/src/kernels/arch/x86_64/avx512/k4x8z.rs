@@ -6,8 +6,9 @@
 //! and 2c + 1, and per token two `vpdpbusd` against 8-byte broadcasts of the activation (its
 //! bytes of step k then k + 1, adjacent in Q8_K order). The 256-bit forms (`avx2::k4x8`'s
 //! body) spend three ALU ops per 32 bytes on the nibbles and two `vpdpbusd` per token; here
-//! two (the `vpermd`, two masks and a shift per 64 bytes) and one. Each sub-block's lane pairs are multiplied by the rows' scales (duplicated
-//! into both lanes of a pair) and summed over the super-block, folded to the eight rows once
+//! two (the `vpermd`, two masks and a shift per 64 bytes) and one. Each sub-block's lane pairs
+//! are multiplied by the rows' scales (duplicated into both lanes of a pair; one `vpdpwssd`,
+//! the lane's sum fitting i16) and summed over the super-block, folded to the eight rows once
 //! per super-block (exact i32: each lane's sub-block sum is at most 16·15·128 in magnitude,
 //! times a 6-bit scale, over eight sub-blocks), then the mins and the scalar reference's f32
 //! steps as in the 256-bit forms: the same bits.
@@ -65,10 +66,12 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
                 }
             }
             let (sl, sh) = (scales2(o, 2 * c), scales2(o, 2 * c + 1));
+            // A lane's sum is 16 products (four steps of four), at most 16·15·128 = 30,720 in
+            // magnitude: an i16 in the lane's low half, its high half the sign. The scales'
+            // high halves are zero, so `vpdpwssd` adds exactly lo·s (one uop where `mullo`
+            // and an add took three).
             for t in 0..T {
-                let p =
-                    _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sl), _mm512_mullo_epi32(hi[t], sh));
-                sumi[t] = _mm512_add_epi32(sumi[t], p);
+                sumi[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sumi[t], lo[t], sl), hi[t], sh);
             }
         }
         // The lane pairs folded to the rows, then the 256-bit forms' end.

@@ -2,7 +2,7 @@
 //! `kernels::x8_q6k`; the bodies of `avx2::k4x8`, `avx2::iq4x8` and `avx2::k6x8`). Q4_K: on 256 bits
 //! with AVX512-VNNI: each step's `maddubs` and i16 add become one `vpdpbusd` (u8 nibbles ·
 //! i8 activations, four products summed into each row's i32 lane), and the per-sub-block
-//! `madd` by ones goes. The lanes hold the same exact integers as AVX2's, so the results
+//! scaling is a `mullo`. The lanes hold the same exact integers as AVX2's, so the results
 //! are the same bits (the scalar reference's).
 
 use core::arch::x86_64::*;
@@ -12,7 +12,10 @@ use super::Avx512Vnni;
 crate::kernels::arch::x86_64::avx2::k4x8::x8_kernels!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     |x, w, a| _mm256_dpbusd_epi32(x, w, a),
-    |y, ones| y
+    // A lane here sums 32 products (up to 61,440 in magnitude), past i16: a `mullo` by the
+    // scales, not the AVX2 form's `madd`.
+    |sum, y, s| _mm256_add_epi32(sum, _mm256_mullo_epi32(y, s)),
+    false
 );
 
 fn dot_q4k_x8(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
