@@ -116,6 +116,20 @@ __device__ __forceinline__ int q6k_part(const u8* __restrict__ blk, int p, const
 // the quants (measured with ncu on the full S 2.1 decode: 20-38% of the read floor; with
 // this, gate/up 22.6 -> 18.3 µs, down 20.6 -> 18.5 µs). Each lane's terms and their order
 // are that loop's.
+// GU_MEMONLY=1 (lab switch, off; wrong outputs): the expert gate/up's Q4_K and CT4 row-pair
+// loops (warp_gate_up_q4k_rows, warp_dot2_ct4) keep their weight loads and replace the
+// arithmetic and the activation reads with a checksum of the loaded words, so a traced or
+// timed step shows what the current access pattern costs alone (the ceiling of the loop's
+// loads) against the whole kernel. Measured (session 29, S 2.1 tg64 alternating, two rounds,
+// and a traced step): Q4_K_M 323.08 / 323.00 t/s against 313.15 / 313.21, the gate/up on the
+// critical path 13.79 µs against 16.45; W4A16 252.03 / 252.24 against 248.70 / 248.52, 14.40
+// against 16.42 µs. So the arithmetic holds only 2.0-2.7 µs of these kernels: their loads
+// alone stream 35-39 MB at 2.6-2.7 TB/s, ~57% of the read floor, where the time is.
+#ifndef GU_MEMONLY
+#define GU_MEMONLY 0
+#endif
+__device__ __forceinline__ float memonly_sum(u32 x) { return (float)(x & 0xFFu) * 1e-9f; }
+
 struct Q4kLoad {
     uint4 hd;
     uint4 qs;
@@ -297,7 +311,7 @@ __device__ __forceinline__ void warp_gate_up_q4k_rows(const u8* __restrict__ g, 
     #pragma unroll
     for (int v = 0; v < Q4K_BATCH; v++) {
         int b = j + 4 * v;
-        if (b < nb) ap[v] = q8k_piece(a + (size_t)b * QK_K, bs + 16 * b, ad[b], p);
+        if (b < nb && !GU_MEMONLY) ap[v] = q8k_piece(a + (size_t)b * QK_K, bs + 16 * b, ad[b], p);
     }
     #pragma unroll
     for (int i = 0; i < RPW; i++) {
@@ -311,7 +325,14 @@ __device__ __forceinline__ void warp_gate_up_q4k_rows(const u8* __restrict__ g, 
         for (int v = 0; v < Q4K_BATCH; v++) {
             if (j + 4 * v < nb) {
                 #pragma unroll
-                for (int m = 0; m < 2; m++) acc[m] = q4k_acc_a(acc[m], cur[m][v], p, ap[v]);
+                for (int m = 0; m < 2; m++) {
+                    if (GU_MEMONLY) {
+                        const Q4kLoad& w = cur[m][v];
+                        acc[m] += memonly_sum(w.hd.x ^ w.hd.y ^ w.hd.z ^ w.hd.w ^ w.qs.x ^ w.qs.y ^ w.qs.z ^ w.qs.w);
+                    } else {
+                        acc[m] = q4k_acc_a(acc[m], cur[m][v], p, ap[v]);
+                    }
+                }
             }
         }
         float y0 = warp_sum(acc[0]), y1 = warp_sum(acc[1]);
@@ -785,7 +806,12 @@ __device__ __forceinline__ float2 warp_dot2_ct4(const u8* __restrict__ r0, const
         #pragma unroll
         for (int i = 0; i < GU_CT4_BATCH; i++) {
             int b = b0 + 32 * i;
-            if (b < nb) {
+            if (b < nb && GU_MEMONLY) {
+                const u32* x = w[0][i];
+                const u32* y = w[1][i];
+                acc0 += memonly_sum(x[0] ^ x[1] ^ x[2] ^ x[3] ^ x[4]);
+                acc1 += memonly_sum(y[0] ^ y[1] ^ y[2] ^ y[3] ^ y[4]);
+            } else if (b < nb) {
                 int qa[8];
                 int sq = ct4_quants(a + (size_t)b * QK, qa);
                 float da = ad[b], ds = ads[b];
