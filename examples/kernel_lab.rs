@@ -22,8 +22,9 @@
 //! - the routed experts' gate/up at S 2.1's shape (256 experts, top 10 + shared): the
 //!   production `moe_gate_up_q_q4_K` against the lab's streamed and half-warp versions, and
 //!   the half-warp product on rows regrouped so each load instruction reads contiguous bytes,
-//!   and `warp_gate_up_q4k_rows` with 1, 2 or 4 row pairs per warp (each checked bit for bit
-//!   against the production kernel).
+//!   and `warp_gate_up_q4k_rows` with 1, 2 or 4 row pairs per warp, and the weights
+//!   bulk-copied into shared memory (`gate_up_tma_q4k`, 8 or 16 rows a block, with memory-only
+//!   twins), each checked bit for bit against the production kernel.
 //!
 //! `--sync` instead times what a chain of dependent launches costs (`lab.cu`'s `lab_empty`,
 //! `lab_hop`, `lab_barrier`): 240 launches chained in a CUDA graph under programmatic launch,
@@ -783,6 +784,39 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
         let us = time_us(dev, reps, |i| Ok(run(i % SETS)?))?;
         row(
             &format!("moe_gate_up_{name}_q4_K (activation in registers; bits equal to q: {same})"),
+            us,
+        );
+    }
+    // The weights bulk-copied into shared memory (lab.cu gate_up_tma_q4k): 4 · PPW rows a
+    // block; bit for bit the production kernel's output (the memory-only forms excepted).
+    for (kernel, ppw, name, memonly) in [
+        (K::LabGateUpT4Q4K, 4, "t4", false),
+        (K::LabGateUpT4mQ4K, 4, "t4m", true),
+        (K::LabGateUpT2Q4K, 2, "t2", false),
+        (K::LabGateUpT2mQ4K, 2, "t2m", true),
+    ] {
+        let run = |set: usize| {
+            dev.launch(
+                kernel,
+                (blocks(i_dim, 4 * ppw), k as u32 + 1),
+                128,
+                &common(set),
+            )
+        };
+        run(0)?;
+        let got = s.clone_dtoh(&act)?;
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let us = time_us(dev, reps, |i| Ok(run(i % SETS)?))?;
+        let what = if memonly {
+            "loads only".to_string()
+        } else {
+            format!("bits equal to q: {same}")
+        };
+        row(
+            &format!("moe_gate_up_{name}_q4_K (bulk copies to shared memory; {what})"),
             us,
         );
     }

@@ -24,6 +24,10 @@
 //   production kernel since session 27) 14.7 µs; r2 16.6, r4 20.6, r2p 15.4, r4p 19.1 (ncu:
 //   r2 0.40 and r4 0.33 warp instructions issued per scheduler cycle against ~0.5, 60-67% of
 //   cycles without an eligible warp: fewer warps, each waiting on its own chain).
+// - moe_gate_up_t{4,2}[m]_q4_K: the gate/up's weights bulk-copied into shared memory
+//   (cp.async.bulk on an mbarrier), 16 or 8 rows a block, all issued at the block's start;
+//   m: loads only (session 29, after GU_MEMONLY found the register-staged loads alone at
+//   56-59% of the read floor).
 //
 // The copy pattern (per-thread 16-byte cp.async into a multi-stage ring, wait_group N - 1
 // then a barrier before reading) is the one CUTLASS's multistage mainloops and llama.cpp's
@@ -326,6 +330,149 @@ GATE_UP_ROWS(moe_gate_up_r2_q4_K, 2, false)
 GATE_UP_ROWS(moe_gate_up_r4_q4_K, 4, false)
 GATE_UP_ROWS(moe_gate_up_r2p_q4_K, 2, true)
 GATE_UP_ROWS(moe_gate_up_r4p_q4_K, 4, true)
+
+// moe_gate_up_q's Q4_K product with its weights brought into shared memory by bulk copies
+// (sm_90 cp.async.bulk, completion counted on an mbarrier), so a block's loads in flight are
+// bounded by shared memory, not by the registers a warp holds them in. Session 29 found the
+// register-staged gate/up's loads alone stream at 56-59% of the read floor (GU_MEMONLY): each
+// warp holds one row pair (3.4 KB) in registers, ~55 KB per SM in flight. Here a block of
+// four warps takes 4 · PPW consecutive rows of one slot; thread 0 issues, for each of PPW
+// stages, one copy of the stage's four gate rows and one of its four up rows (each 4 ·
+// row_bytes contiguous bytes), all at the block's start; warp w computes row 4s + w of stage
+// s once that stage's barrier completes. PPW = 4: 55 KB a block, four blocks (221 KB) an SM.
+// The terms and their order are warp_gate_up_q4k_rows<1>'s, so the output is moe_gate_up_q's
+// bit for bit (kernel_lab checks). MEMONLY: the arithmetic replaced by a checksum of the words
+// read from shared memory (GU_MEMONLY's question for this stream). Rows of at most
+// 4 · Q4K_BATCH super-blocks (GUT_ROW bytes). (The bulk copy and mbarrier sequence is the one
+// CUTLASS's TMA pipelines use, cutlass/arch/barrier.h: init, arrive.expect_tx, cp.async.bulk
+// with complete_tx, try_wait.parity; restated here for a one-shot block.)
+#define GUT_ROW (4 * Q4K_BATCH * 144)
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred P1;\n"
+        "LAB_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+        "@P1 bra DONE;\n"
+        "bra LAB_WAIT;\n"
+        "DONE:\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+template <int PPW, bool MEMONLY>
+__device__ void gate_up_tma_q4k(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
+                                u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
+                                const u8* __restrict__ xq, const float* __restrict__ ids,
+                                const float* __restrict__ weights, float* __restrict__ route_copy,
+                                float* __restrict__ act, int I, int H, int K) {
+    extern __shared__ __align__(128) u8 gut_sm[];
+    constexpr int STAGE = 2 * 4 * GUT_ROW;
+    u64* bar = (u64*)(gut_sm + PPW * STAGE);
+    pdl_trigger();
+    int k = blockIdx.y, r0 = blockIdx.x * 4 * PPW;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, p = lane & 7, j = lane >> 3;
+    if (threadIdx.x == 0) {
+        #pragma unroll
+        for (int s = 0; s < PPW; s++) mbar_init(&bar[s], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    // The shared expert's rows are known before the wait; a routed slot's after it.
+    if (k < K) pdl_wait();
+    const u8* g = k < K ? Wg + (size_t)__float_as_uint(ids[k]) * expert_bytes : Sg;
+    const u8* u = k < K ? Wu + (size_t)__float_as_uint(ids[k]) * expert_bytes : Su;
+    if (threadIdx.x == 0) {
+        #pragma unroll
+        for (int s = 0; s < PPW; s++) {
+            int r = r0 + 4 * s, n = min(4, I - r);
+            if (n <= 0) break;
+            u32 bytes = (u32)(n * row_bytes);
+            mbar_expect_tx(&bar[s], 2 * bytes);
+            bulk_to_smem(gut_sm + s * STAGE, g + (size_t)r * row_bytes, bytes, &bar[s]);
+            bulk_to_smem(gut_sm + s * STAGE + 4 * GUT_ROW, u + (size_t)r * row_bytes, bytes, &bar[s]);
+        }
+    }
+    if (k == K) pdl_wait();
+    if (blockIdx.x == 0 && k == 0 && threadIdx.x < K) {
+        route_copy[threadIdx.x] = ids[threadIdx.x];
+        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+    }
+    int nb = H / QK_K;
+    const float* ad = q8k_d(xq, H);
+    const short* bs = q8k_bsums(xq, H);
+    Q8kPiece ap[Q4K_BATCH];
+    #pragma unroll
+    for (int v = 0; v < Q4K_BATCH; v++) {
+        int b = j + 4 * v;
+        if (b < nb && !MEMONLY) ap[v] = q8k_piece(xq + (size_t)b * QK_K, bs + 16 * b, ad[b], p);
+    }
+    #pragma unroll
+    for (int s = 0; s < PPW; s++) {
+        int r = r0 + 4 * s + warp;
+        if (r >= I) break;
+        mbar_wait(&bar[s], 0);
+        const u8* rows[2] = {gut_sm + s * STAGE + warp * row_bytes, gut_sm + s * STAGE + 4 * GUT_ROW + warp * row_bytes};
+        Q4kLoad l[2][Q4K_BATCH];
+        #pragma unroll
+        for (int v = 0; v < Q4K_BATCH; v++) {
+            int b = j + 4 * v;
+            if (b < nb) {
+                #pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    const u8* blk = rows[m] + (size_t)b * 144;
+                    l[m][v].hd = *(const uint4*)blk;
+                    l[m][v].qs = *(const uint4*)(blk + 16 + 16 * p);
+                }
+            }
+        }
+        float acc[2] = {0.0f, 0.0f};
+        #pragma unroll
+        for (int v = 0; v < Q4K_BATCH; v++) {
+            if (j + 4 * v < nb) {
+                #pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    if (MEMONLY) {
+                        const Q4kLoad& w = l[m][v];
+                        acc[m] += memonly_sum(w.hd.x ^ w.hd.y ^ w.hd.z ^ w.hd.w ^ w.qs.x ^ w.qs.y ^ w.qs.z ^ w.qs.w);
+                    } else {
+                        acc[m] = q4k_acc_a(acc[m], l[m][v], p, ap[v]);
+                    }
+                }
+            }
+        }
+        float y0 = warp_sum(acc[0]), y1 = warp_sum(acc[1]);
+        if (lane == 0) act[(size_t)k * I + r] = silu_f(y0) * y1;
+    }
+}
+
+#define GATE_UP_TMA(name, PPW, MEMONLY)                                                            \
+    extern "C" __global__ void __launch_bounds__(128, 4) name(                                     \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
+        const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
+        int H, int K) {                                                                            \
+        gate_up_tma_q4k<PPW, MEMONLY>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,   \
+                                      route_copy, act, I, H, K);                                   \
+    }
+GATE_UP_TMA(moe_gate_up_t4_q4_K, 4, false)
+GATE_UP_TMA(moe_gate_up_t4m_q4_K, 4, true)
+GATE_UP_TMA(moe_gate_up_t2_q4_K, 2, false)
+GATE_UP_TMA(moe_gate_up_t2m_q4_K, 2, true)
 
 // moe_gate_up_q's product (mmvq.cu) streamed: act[k, r] = silu(gate_e[r] . x) · (up_e[r] . x)
 // for slot k < K (e = ids[k]) and the shared expert as slot K (Sg, Su). The (K + 1)·I

@@ -179,6 +179,10 @@ manifest! {
     LabGateUpR4Q4K => "lab.cu", "moe_gate_up_r4_q4_K";
     LabGateUpR2pQ4K => "lab.cu", "moe_gate_up_r2p_q4_K";
     LabGateUpR4pQ4K => "lab.cu", "moe_gate_up_r4p_q4_K";
+    LabGateUpT4Q4K => "lab.cu", "moe_gate_up_t4_q4_K";
+    LabGateUpT4mQ4K => "lab.cu", "moe_gate_up_t4m_q4_K";
+    LabGateUpT2Q4K => "lab.cu", "moe_gate_up_t2_q4_K";
+    LabGateUpT2mQ4K => "lab.cu", "moe_gate_up_t2m_q4_K";
     LabMvw2Bf16 => "lab.cu", "mvw2_bf16";
     LabMvxBf16 => "lab.cu", "mvx_bf16";
     LabEmpty => "lab.cu", "lab_empty";
@@ -438,6 +442,10 @@ impl K {
             K::GemmH16 => GEMM_H16_SMEM,
             // The lab's activation row in shared memory (LAB_MVX_MAX_COLS f32).
             K::LabMvxBf16 => 4 * 9216,
+            // The lab's bulk-copied gate/up: PPW stages of four gate and four up rows of at
+            // most GUT_ROW (1,728) bytes, then PPW 8-byte barriers.
+            K::LabGateUpT4Q4K | K::LabGateUpT4mQ4K => 4 * (8 * 1728 + 8),
+            K::LabGateUpT2Q4K | K::LabGateUpT2mQ4K => 2 * (8 * 1728 + 8),
             K::AttentionPrefill | K::AttentionDecodeGqa => FLASH_SMEM,
             K::AttentionPrefillF16
             | K::AttentionDecodeGqaF16
