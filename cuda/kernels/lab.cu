@@ -27,7 +27,11 @@
 // - moe_gate_up_t{4,2}[m]_q4_K: the gate/up's weights bulk-copied into shared memory
 //   (cp.async.bulk on an mbarrier), 16 or 8 rows a block, all issued at the block's start;
 //   m: loads only (session 29, after GU_MEMONLY found the register-staged loads alone at
-//   56-59% of the read floor).
+//   56-59% of the read floor). Session 29: t4 16.3 µs, t2 14.7, against r1 (the production
+//   loop) 14.8 and moe_gate_up_q_q4_K 15.3, all bit-equal; loads only t4m 13.9 (62.5% of the
+//   floor), t2m 12.9 (67.3%). So shared-memory staging does not beat registers here, and
+//   more bytes in flight a block made the stream slower, not faster (ncu t4: DRAM 46.6%,
+//   20% achieved occupancy, 4 blocks an SM by registers and by shared memory alike).
 //
 // The copy pattern (per-thread 16-byte cp.async into a multi-stage ring, wait_group N - 1
 // then a barrier before reading) is the one CUTLASS's multistage mainloops and llama.cpp's
