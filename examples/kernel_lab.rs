@@ -758,47 +758,27 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
         &format!("moe_gate_up_g4_q4_K (regrouped rows; bits equal to h: {same})"),
         us,
     );
-    // Row pairs per warp with the activation pieces in registers (lab.cu gate_up_rows_q4k):
-    // bit for bit the production kernel's output.
-    for (kernel, rpw, name) in [
-        (K::LabGateUpR1Q4K, 1, "r1"),
-        (K::LabGateUpR2Q4K, 2, "r2"),
-        (K::LabGateUpR4Q4K, 4, "r4"),
-        (K::LabGateUpR2pQ4K, 2, "r2p"),
-        (K::LabGateUpR4pQ4K, 4, "r4p"),
+    // Row pairs per warp with the activation pieces in registers (lab.cu gate_up_rows_q4k),
+    // and the weights bulk-copied into shared memory (gate_up_tma_q4k: four warps of PPW rows
+    // a block): each kernel takes 4 · n rows a block, and its output is the production
+    // kernel's bit for bit (the loads-only forms excepted).
+    const REGS: &str = "activation in registers";
+    const BULK: &str = "bulk copies to shared memory";
+    for (kernel, n, name, how, memonly) in [
+        (K::LabGateUpR1Q4K, 1, "r1", REGS, false),
+        (K::LabGateUpR2Q4K, 2, "r2", REGS, false),
+        (K::LabGateUpR4Q4K, 4, "r4", REGS, false),
+        (K::LabGateUpR2pQ4K, 2, "r2p", REGS, false),
+        (K::LabGateUpR4pQ4K, 4, "r4p", REGS, false),
+        (K::LabGateUpT4Q4K, 4, "t4", BULK, false),
+        (K::LabGateUpT4mQ4K, 4, "t4m", BULK, true),
+        (K::LabGateUpT2Q4K, 2, "t2", BULK, false),
+        (K::LabGateUpT2mQ4K, 2, "t2m", BULK, true),
     ] {
         let run = |set: usize| {
             dev.launch(
                 kernel,
-                (blocks(i_dim, 4 * rpw), k as u32 + 1),
-                128,
-                &common(set),
-            )
-        };
-        run(0)?;
-        let got = s.clone_dtoh(&act)?;
-        let same = got
-            .iter()
-            .zip(&want)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        let us = time_us(dev, reps, |i| Ok(run(i % SETS)?))?;
-        row(
-            &format!("moe_gate_up_{name}_q4_K (activation in registers; bits equal to q: {same})"),
-            us,
-        );
-    }
-    // The weights bulk-copied into shared memory (lab.cu gate_up_tma_q4k): 4 · PPW rows a
-    // block; bit for bit the production kernel's output (the memory-only forms excepted).
-    for (kernel, ppw, name, memonly) in [
-        (K::LabGateUpT4Q4K, 4, "t4", false),
-        (K::LabGateUpT4mQ4K, 4, "t4m", true),
-        (K::LabGateUpT2Q4K, 2, "t2", false),
-        (K::LabGateUpT2mQ4K, 2, "t2m", true),
-    ] {
-        let run = |set: usize| {
-            dev.launch(
-                kernel,
-                (blocks(i_dim, 4 * ppw), k as u32 + 1),
+                (blocks(i_dim, 4 * n), k as u32 + 1),
                 128,
                 &common(set),
             )
@@ -815,10 +795,7 @@ fn moe_lab(dev: &Device, reps: usize, floor: f64, rng: &mut Rng) -> anyhow::Resu
         } else {
             format!("bits equal to q: {same}")
         };
-        row(
-            &format!("moe_gate_up_{name}_q4_K (bulk copies to shared memory; {what})"),
-            us,
-        );
+        row(&format!("moe_gate_up_{name}_q4_K ({how}; {what})"), us);
     }
     s.synchronize()?;
     Ok(())

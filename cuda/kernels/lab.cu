@@ -321,14 +321,17 @@ __device__ void gate_up_rows_q4k(const u8* __restrict__ Wg, const u8* __restrict
                                      act + (size_t)k * I);
 }
 
-#define GATE_UP_ROWS(name, RPW, PIPE)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS) name(                             \
+// One lab gate/up kernel: moe_gate_up_q's arguments handed to the device function given
+// after the name (a template instance, hence variadic), at MINB blocks an SM.
+#define GATE_UP_LAB(name, MINB, ...)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * MVS_WARPS, MINB) name(                       \
         const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
         const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
         int H, int K) {                                                                            \
-        gate_up_rows_q4k<RPW, PIPE>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,     \
-                                    route_copy, act, I, H, K);                                     \
+        __VA_ARGS__(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights, route_copy, act, I, \
+                    H, K);                                                                         \
     }
+#define GATE_UP_ROWS(name, RPW, PIPE) GATE_UP_LAB(name, 1, gate_up_rows_q4k<RPW, PIPE>)
 GATE_UP_ROWS(moe_gate_up_r1_q4_K, 1, false)
 GATE_UP_ROWS(moe_gate_up_r2_q4_K, 2, false)
 GATE_UP_ROWS(moe_gate_up_r4_q4_K, 4, false)
@@ -445,34 +448,11 @@ __device__ void gate_up_tma_q4k(const u8* __restrict__ Wg, const u8* __restrict_
                 }
             }
         }
-        float acc[2] = {0.0f, 0.0f};
-        #pragma unroll
-        for (int v = 0; v < Q4K_BATCH; v++) {
-            if (j + 4 * v < nb) {
-                #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    if (MEMONLY) {
-                        const Q4kLoad& w = l[m][v];
-                        acc[m] += memonly_sum(w.hd.x ^ w.hd.y ^ w.hd.z ^ w.hd.w ^ w.qs.x ^ w.qs.y ^ w.qs.z ^ w.qs.w);
-                    } else {
-                        acc[m] = q4k_acc_a(acc[m], l[m][v], p, ap[v]);
-                    }
-                }
-            }
-        }
-        float y0 = warp_sum(acc[0]), y1 = warp_sum(acc[1]);
-        if (lane == 0) act[(size_t)k * I + r] = silu_f(y0) * y1;
+        q4k_pair_swiglu<MEMONLY>(l, ap, j, nb, p, act + (size_t)k * I + r);
     }
 }
 
-#define GATE_UP_TMA(name, PPW, MEMONLY)                                                            \
-    extern "C" __global__ void __launch_bounds__(128, 4) name(                                     \
-        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
-        const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
-        int H, int K) {                                                                            \
-        gate_up_tma_q4k<PPW, MEMONLY>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,   \
-                                      route_copy, act, I, H, K);                                   \
-    }
+#define GATE_UP_TMA(name, PPW, MEMONLY) GATE_UP_LAB(name, 4, gate_up_tma_q4k<PPW, MEMONLY>)
 GATE_UP_TMA(moe_gate_up_t4_q4_K, 4, false)
 GATE_UP_TMA(moe_gate_up_t4m_q4_K, 4, true)
 GATE_UP_TMA(moe_gate_up_t2_q4_K, 2, false)

@@ -277,6 +277,31 @@ __device__ __forceinline__ void warp_dot_q4k_rows(const u8* const* rows, const u
     for (int i = 0; i < NR; i++) out[i] = warp_sum(acc[i]);
 }
 
+// *out = silu(g . a) · (u . a), written by lane 0, from the lane's loads l[0] (gate) and l[1]
+// (up) of super-blocks j + 4v of a row pair and its activation pieces ap (warp_gate_up_q4k_rows
+// and the kernel lab's shared-memory form). MEMONLY: GU_MEMONLY's checksum of the words instead.
+template <bool MEMONLY>
+__device__ __forceinline__ void q4k_pair_swiglu(const Q4kLoad (&l)[2][Q4K_BATCH], const Q8kPiece (&ap)[Q4K_BATCH],
+                                                int j, int nb, int p, float* out) {
+    float acc[2] = {0.0f, 0.0f};
+    #pragma unroll
+    for (int v = 0; v < Q4K_BATCH; v++) {
+        if (j + 4 * v < nb) {
+            #pragma unroll
+            for (int m = 0; m < 2; m++) {
+                if (MEMONLY) {
+                    const Q4kLoad& w = l[m][v];
+                    acc[m] += memonly_sum(w.hd.x ^ w.hd.y ^ w.hd.z ^ w.hd.w ^ w.qs.x ^ w.qs.y ^ w.qs.z ^ w.qs.w);
+                } else {
+                    acc[m] = q4k_acc_a(acc[m], l[m][v], p, ap[v]);
+                }
+            }
+        }
+    }
+    float y0 = warp_sum(acc[0]), y1 = warp_sum(acc[1]);
+    if ((threadIdx.x & 31) == 0) *out = silu_f(y0) * y1;
+}
+
 // Row pairs r0 .. r0 + RPW (below I) of a SwiGLU gate g and up u (Q4_K rows of H columns,
 // at most 4 · Q4K_BATCH super-blocks): act[r] = silu(g[r] . a) · (u[r] . a), written by lane
 // 0. The lane's activation pieces (Q8kPiece, one per super-block it takes) are loaded once
@@ -320,23 +345,7 @@ __device__ __forceinline__ void warp_gate_up_q4k_rows(const u8* __restrict__ g, 
         auto& cur = l[PIPE ? (i & 1) : 0];
         if (!PIPE && i > 0) load(cur, r);
         if (PIPE && i + 1 < RPW && r + 1 < I) load(l[(i + 1) & (PIPE ? 1 : 0)], r + 1);
-        float acc[2] = {0.0f, 0.0f};
-        #pragma unroll
-        for (int v = 0; v < Q4K_BATCH; v++) {
-            if (j + 4 * v < nb) {
-                #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    if (GU_MEMONLY) {
-                        const Q4kLoad& w = cur[m][v];
-                        acc[m] += memonly_sum(w.hd.x ^ w.hd.y ^ w.hd.z ^ w.hd.w ^ w.qs.x ^ w.qs.y ^ w.qs.z ^ w.qs.w);
-                    } else {
-                        acc[m] = q4k_acc_a(acc[m], cur[m][v], p, ap[v]);
-                    }
-                }
-            }
-        }
-        float y0 = warp_sum(acc[0]), y1 = warp_sum(acc[1]);
-        if (lane == 0) act[r] = silu_f(y0) * y1;
+        q4k_pair_swiglu<GU_MEMONLY>(cur, ap, j, nb, p, act + r);
     }
 }
 
