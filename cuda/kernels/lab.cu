@@ -421,14 +421,8 @@ __device__ void gate_up_tma_q4k(const u8* __restrict__ Wg, const u8* __restrict_
         route_copy[K + threadIdx.x] = weights[threadIdx.x];
     }
     int nb = H / QK_K;
-    const float* ad = q8k_d(xq, H);
-    const short* bs = q8k_bsums(xq, H);
     Q8kPiece ap[Q4K_BATCH];
-    #pragma unroll
-    for (int v = 0; v < Q4K_BATCH; v++) {
-        int b = j + 4 * v;
-        if (b < nb && !MEMONLY) ap[v] = q8k_piece(xq + (size_t)b * QK_K, bs + 16 * b, ad[b], p);
-    }
+    q8k_lane_pieces<MEMONLY>(ap, xq, H, j, p);
     #pragma unroll
     for (int s = 0; s < PPW; s++) {
         int r = r0 + 4 * s + warp;

@@ -277,6 +277,21 @@ __device__ __forceinline__ void warp_dot_q4k_rows(const u8* const* rows, const u
     for (int i = 0; i < NR; i++) out[i] = warp_sum(acc[i]);
 }
 
+// The lane's activation pieces of super-blocks j + 4v of the Q8_K row a (H columns), for
+// q4k_pair_swiglu; none when MEMONLY (GU_MEMONLY reads no activation).
+template <bool MEMONLY>
+__device__ __forceinline__ void q8k_lane_pieces(Q8kPiece (&ap)[Q4K_BATCH], const u8* __restrict__ a, int H, int j,
+                                                int p) {
+    int nb = H / QK_K;
+    const float* ad = q8k_d(a, H);
+    const short* bs = q8k_bsums(a, H);
+    #pragma unroll
+    for (int v = 0; v < Q4K_BATCH; v++) {
+        int b = j + 4 * v;
+        if (b < nb && !MEMONLY) ap[v] = q8k_piece(a + (size_t)b * QK_K, bs + 16 * b, ad[b], p);
+    }
+}
+
 // *out = silu(g . a) · (u . a), written by lane 0, from the lane's loads l[0] (gate) and l[1]
 // (up) of super-blocks j + 4v of a row pair and its activation pieces ap (warp_gate_up_q4k_rows
 // and the kernel lab's shared-memory form). MEMONLY: GU_MEMONLY's checksum of the words instead.
@@ -330,14 +345,8 @@ __device__ __forceinline__ void warp_gate_up_q4k_rows(const u8* __restrict__ g, 
     };
     Q4kLoad l[PIPE ? 2 : 1][2][Q4K_BATCH];
     load(l[0], r0);
-    const float* ad = q8k_d(a, H);
-    const short* bs = q8k_bsums(a, H);
     Q8kPiece ap[Q4K_BATCH];
-    #pragma unroll
-    for (int v = 0; v < Q4K_BATCH; v++) {
-        int b = j + 4 * v;
-        if (b < nb && !GU_MEMONLY) ap[v] = q8k_piece(a + (size_t)b * QK_K, bs + 16 * b, ad[b], p);
-    }
+    q8k_lane_pieces<GU_MEMONLY>(ap, a, H, j, p);
     #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = r0 + i;
