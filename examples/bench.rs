@@ -242,14 +242,8 @@ fn main() -> anyhow::Result<()> {
         && cs.repacked_bytes() > 0
     {
         eprintln!(
-            "cpu: {} kernels; rows repacked 8 at a time (Q4_K, IQ4_XS, IQ3_XXS where this CPU has its kernel; int4 unless LAGOON_CPU_X8_CT4=0; Q6_K {}): {:.2} GiB (LAGOON_CPU_X8=0 skips it)",
+            "cpu: {} kernels; rows repacked 8 at a time (Q4_K, IQ4_XS, IQ3_XXS where this CPU has its kernel; int4 unless LAGOON_CPU_X8_CT4=0, Q6_K with LAGOON_CPU_X8_Q6K=1): {:.2} GiB (LAGOON_CPU_X8=0 skips it)",
             cs.kernels_name(),
-            match std::env::var("LAGOON_CPU_X8_Q6K").as_deref() {
-                Ok("1") => "(LAGOON_CPU_X8_Q6K=1)",
-                Ok("0") => "off (LAGOON_CPU_X8_Q6K=0)",
-                _ if lagoon::cpu::kernels::x8::repack_q6k_by_default() => "by default on this CPU",
-                _ => "with LAGOON_CPU_X8_Q6K=1",
-            },
             cs.repacked_bytes() as f64 / (1u64 << 30) as f64
         );
     }

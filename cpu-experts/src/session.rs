@@ -152,17 +152,11 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
             }
         }
     }
-    // Q6_K where `LAGOON_CPU_X8_Q6K=1`, or unset where `repack_q6k_by_default` says so (Intel
-    // CPUs with AVX512-VNNI: +16..+19% one-token decode on a 2-core VM, session 29, the Q6_K
-    // lm_head 42% → 61% of the floor); its layout wins prefill (2.6x single thread on an
-    // AVX2 VM) but lost one-token decode there (−35%, session 18), and a session takes one
-    // kernel for both (decode and prefill give the same bits). BENCHMARKS.md, "Session 29".
-    let q6k = match std::env::var("LAGOON_CPU_X8_Q6K").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => crate::kernels::x8::repack_q6k_by_default(),
-    };
-    if !q6k {
+    // Q6_K only when asked for (`LAGOON_CPU_X8_Q6K=1`): its layout wins prefill (2.6x single
+    // thread on an AVX2 VM) but loses one-token decode (−35%) to the table's one-row kernel,
+    // and a session takes one kernel for both (decode and prefill give the same bits).
+    // BENCHMARKS.md, "Session 18".
+    if std::env::var_os("LAGOON_CPU_X8_Q6K").is_none_or(|v| v != "1") {
         mats.retain(|m| {
             !matches!(
                 m.enc,

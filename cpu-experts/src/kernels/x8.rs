@@ -679,15 +679,6 @@ pub fn repack_by_default() -> bool {
     true
 }
 
-/// Whether sessions repack Q6_K rows by default on this CPU (`LAGOON_CPU_X8_Q6K=0|1`
-/// overrides): on Intel CPUs with AVX512-VNNI (`arch::x86_64::x8_q6k_by_default`).
-pub fn repack_q6k_by_default() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return super::arch::x86_64::x8_q6k_by_default();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// `simd` where this CPU runs it, unless `LAGOON_FORCE_SCALAR=1`; else `scalar`.
 pub(crate) fn fastest<F>(simd: Option<F>, scalar: F) -> F {
     match simd {

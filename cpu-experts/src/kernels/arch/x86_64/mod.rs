@@ -42,18 +42,6 @@ pub(crate) fn x8_by_default() -> bool {
     !(vnni && is_amd()) || avx2::k4x8::prefetch_ahead() > 0
 }
 
-/// Whether a session repacks Q6_K rows eight at a time by default (`kernels::x8_q6k`): on
-/// Intel CPUs with AVX512-VNNI (not forced off by `LAGOON_FORCE_AVX2`), where it was measured
-/// to win. On a 2-core Intel AVX512-VNNI VM (session 29; XS.2 8 layers Q4_K_M, three
-/// alternating A/B pairs of two rounds) tg128 +16/+19%, +1/+5% and +5/+3% repacked (the Q6_K
-/// lm_head read at 42% of the floor by the one-row kernel, 61% repacked, `bench --profile`)
-/// and pp512 +2..+4%. Elsewhere only on request: on the AVX2-only VM of
-/// session 18 the layout cost one-token decode 35% (before the 8-row kernels' software
-/// prefetch and VNNI form); AMD's AVX-512 CPUs are not measured.
-pub(crate) fn x8_q6k_by_default() -> bool {
-    avx512::Avx512Vnni::detect().is_some() && !crate::kernels::x8::no_avx512() && !is_amd()
-}
-
 /// Whether the CPU's vendor string (CPUID leaf 0) is AMD's.
 fn is_amd() -> bool {
     let r = core::arch::x86_64::__cpuid(0);
