@@ -338,22 +338,10 @@ GATE_UP_ROWS(moe_gate_up_r4_q4_K, 4, false)
 GATE_UP_ROWS(moe_gate_up_r2p_q4_K, 2, true)
 GATE_UP_ROWS(moe_gate_up_r4p_q4_K, 4, true)
 
-// moe_gate_up_q's Q4_K product with its weights brought into shared memory by bulk copies
-// (sm_90 cp.async.bulk, completion counted on an mbarrier), so a block's loads in flight are
-// bounded by shared memory, not by the registers a warp holds them in. Session 29 found the
-// register-staged gate/up's loads alone stream at 56-59% of the read floor (GU_MEMONLY): each
-// warp holds one row pair (3.4 KB) in registers, ~55 KB per SM in flight. Here a block of
-// four warps takes 4 · PPW consecutive rows of one slot; thread 0 issues, for each of PPW
-// stages, one copy of the stage's four gate rows and one of its four up rows (each 4 ·
-// row_bytes contiguous bytes), all at the block's start; warp w computes row 4s + w of stage
-// s once that stage's barrier completes. PPW = 4: 55 KB a block, four blocks (221 KB) an SM.
-// The terms and their order are warp_gate_up_q4k_rows<1>'s, so the output is moe_gate_up_q's
-// bit for bit (kernel_lab checks). MEMONLY: the arithmetic replaced by a checksum of the words
-// read from shared memory (GU_MEMONLY's question for this stream). Rows of at most
-// 4 · Q4K_BATCH super-blocks (GUT_ROW bytes). (The bulk copy and mbarrier sequence is the one
-// CUTLASS's TMA pipelines use, cutlass/arch/barrier.h: init, arrive.expect_tx, cp.async.bulk
-// with complete_tx, try_wait.parity; restated here for a one-shot block.)
-#define GUT_ROW (4 * Q4K_BATCH * 144)
+// sm_90 bulk copies into shared memory, their completion counted on an mbarrier: the
+// sequence CUTLASS's TMA pipelines use (cutlass/arch/barrier.h: init, arrive.expect_tx,
+// cp.async.bulk with complete_tx, try_wait.parity), restated for gate_up_tma_q4k's one-shot
+// blocks.
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -382,6 +370,21 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
         : "memory");
 }
 
+// moe_gate_up_q's Q4_K product with its weights brought into shared memory by bulk copies
+// (sm_90 cp.async.bulk, completion counted on an mbarrier), so a block's loads in flight are
+// bounded by shared memory, not by the registers a warp holds them in. Session 29 found the
+// register-staged gate/up's loads alone stream at 56-59% of the read floor (GU_MEMONLY): each
+// warp holds one row pair (3.4 KB) in registers, ~55 KB per SM in flight. Here a block of
+// four warps takes 4 · PPW consecutive rows of one slot; thread 0 issues, for each of PPW
+// stages, one copy of the stage's four gate rows and one of its four up rows (each 4 ·
+// row_bytes contiguous bytes), all at the block's start; warp w computes row 4s + w of stage
+// s once that stage's barrier completes. PPW = 4: 55 KB a block, four blocks (221 KB) an SM.
+// The terms and their order are warp_gate_up_q4k_rows<1>'s, so the output is moe_gate_up_q's
+// bit for bit (kernel_lab checks). MEMONLY: the arithmetic replaced by a checksum of the words
+// read from shared memory (GU_MEMONLY's question for this stream). Rows of at most
+// 4 · Q4K_BATCH super-blocks (GUT_ROW bytes). Measured: bit-equal and not faster (the list at
+// the top of this file).
+#define GUT_ROW (4 * Q4K_BATCH * 144)
 template <int PPW, bool MEMONLY>
 __device__ void gate_up_tma_q4k(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                                 u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,

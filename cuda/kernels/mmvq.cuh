@@ -103,19 +103,6 @@ __device__ __forceinline__ int q6k_part(const u8* __restrict__ blk, int p, const
 }
 
 // ---- Q4_K with the loads issued first ----
-// Q4K_ACC_SCALES4=0 (lab switch): q4k_acc unpacks its two scales and mins byte by byte.
-#ifndef Q4K_ACC_SCALES4
-#define Q4K_ACC_SCALES4 1
-#endif
-// A Q4_K super-block is 144 bytes, 16-byte aligned in every row: a 16-byte header (d, dmin,
-// the 12 scale bytes) then 128 packed bytes. A lane's whole share of one super-block is two
-// 16-byte loads, the header (the same address for the block's eight lanes, one transaction)
-// and its 16 packed bytes, so a lane can fetch all of its super-blocks of a row (or of
-// several rows) before it computes any: the loads are then in flight together, where the
-// loop it replaced (warp_dot_q6k's loop, for Q4_K) issued the scale bytes one by one after
-// the quants (measured with ncu on the full S 2.1 decode: 20-38% of the read floor; with
-// this, gate/up 22.6 -> 18.3 µs, down 20.6 -> 18.5 µs). Each lane's terms and their order
-// are that loop's.
 // GU_MEMONLY=1 (lab switch, off; wrong outputs): the expert gate/up's Q4_K and CT4 row-pair
 // loops (warp_gate_up_q4k_rows, warp_dot2_ct4) keep their weight loads and replace the
 // arithmetic and the activation reads with a checksum of the loaded words, so a traced or
@@ -130,6 +117,19 @@ __device__ __forceinline__ int q6k_part(const u8* __restrict__ blk, int p, const
 #endif
 __device__ __forceinline__ float memonly_sum(u32 x) { return (float)(x & 0xFFu) * 1e-9f; }
 
+// Q4K_ACC_SCALES4=0 (lab switch): q4k_acc unpacks its two scales and mins byte by byte.
+#ifndef Q4K_ACC_SCALES4
+#define Q4K_ACC_SCALES4 1
+#endif
+// A Q4_K super-block is 144 bytes, 16-byte aligned in every row: a 16-byte header (d, dmin,
+// the 12 scale bytes) then 128 packed bytes. A lane's whole share of one super-block is two
+// 16-byte loads, the header (the same address for the block's eight lanes, one transaction)
+// and its 16 packed bytes, so a lane can fetch all of its super-blocks of a row (or of
+// several rows) before it computes any: the loads are then in flight together, where the
+// loop it replaced (warp_dot_q6k's loop, for Q4_K) issued the scale bytes one by one after
+// the quants (measured with ncu on the full S 2.1 decode: 20-38% of the read floor; with
+// this, gate/up 22.6 -> 18.3 µs, down 20.6 -> 18.5 µs). Each lane's terms and their order
+// are that loop's.
 struct Q4kLoad {
     uint4 hd;
     uint4 qs;

@@ -5,9 +5,9 @@
 //! bytes, two `maddubs` and two i16 adds. The i16 sums stay exact over the eight steps
 //! (`|u·a + u·a| ≤ 2·15·128 = 3840` per step, ≤ 30,720 after eight). Then per sub-block one
 //! `madd` by the eight rows' scales (each in both i16 halves of its row's lane) widens and
-//! scales them. The mins term is
-//! four `madd`s of the rows' (m_2p, m_2p+1) pairs by the token's paired block sums. The f32
-//! steps are the scalar reference's, one row per lane, so the results are its bits.
+//! scales them. The mins term is four `madd`s of the rows' (m_2p, m_2p+1) pairs by the
+//! token's paired block sums. The f32 steps are the scalar reference's, one row per lane, so
+//! the results are its bits.
 //!
 //! The kernel body is the macro [`x8_kernels!`], instantiated here for AVX2 (`maddubs` into
 //! i16, then `madd` by ones) and in `avx512::x8` for AVX512-VNNI on 256 bits (`vpdpbusd`
