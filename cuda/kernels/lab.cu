@@ -260,6 +260,18 @@ __device__ __forceinline__ float g4_part_q4k(const u8* __restrict__ row, const u
     return acc;
 }
 
+// The routing copy moe_down_q reads (ids then weights, K each), written by the first block's
+// first K threads (`first`: this block is that block), as moe_gate_up_q does; every lab
+// gate/up kernel does it after its wait.
+__device__ __forceinline__ void lab_route_copy(bool first, const float* __restrict__ ids,
+                                               const float* __restrict__ weights, float* __restrict__ route_copy,
+                                               int K) {
+    if (first && threadIdx.x < K) {
+        route_copy[threadIdx.x] = ids[threadIdx.x];
+        route_copy[K + threadIdx.x] = weights[threadIdx.x];
+    }
+}
+
 // moe_gate_up_q with half warps: lanes 0-15 the gate row, 16-31 the up row, four lanes per
 // super-block; G4: the experts in the g4 layout (Wg, Wu, Sg, Su regrouped; row_bytes and
 // expert_bytes unchanged, the layout permutes bytes within each 576-byte run).
@@ -274,10 +286,7 @@ __device__ void gate_up_halves(const u8* __restrict__ Wg, const u8* __restrict__
     bool up = (threadIdx.x >> 4) & 1;
     if (k == K && r < I && (threadIdx.x & 15) == 0) prefetch_l2((up ? Su : Sg) + (size_t)r * row_bytes, row_bytes);
     pdl_wait();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
-        route_copy[threadIdx.x] = ids[threadIdx.x];
-        route_copy[K + threadIdx.x] = weights[threadIdx.x];
-    }
+    lab_route_copy(blockIdx.x == 0 && blockIdx.y == 0, ids, weights, route_copy, K);
     if (r >= I) return;
     const u8* w;
     if (k < K) w = (up ? Wu : Wg) + (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
@@ -311,10 +320,7 @@ __device__ void gate_up_rows_q4k(const u8* __restrict__ Wg, const u8* __restrict
     int r0 = (blockIdx.x * MVS_WARPS + (threadIdx.x >> 5)) * RPW;
     int k = blockIdx.y;
     pdl_wait();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < K) {
-        route_copy[threadIdx.x] = ids[threadIdx.x];
-        route_copy[K + threadIdx.x] = weights[threadIdx.x];
-    }
+    lab_route_copy(blockIdx.x == 0 && blockIdx.y == 0, ids, weights, route_copy, K);
     if (r0 >= I) return;
     size_t e = k < K ? (size_t)__float_as_uint(ids[k]) * expert_bytes : 0;
     warp_gate_up_q4k_rows<RPW, PIPE>(k < K ? Wg + e : Sg, k < K ? Wu + e : Su, row_bytes, r0, I, xq, H,
@@ -419,10 +425,7 @@ __device__ void gate_up_tma_q4k(const u8* __restrict__ Wg, const u8* __restrict_
         }
     }
     if (k == K) pdl_wait();
-    if (blockIdx.x == 0 && k == 0 && threadIdx.x < K) {
-        route_copy[threadIdx.x] = ids[threadIdx.x];
-        route_copy[K + threadIdx.x] = weights[threadIdx.x];
-    }
+    lab_route_copy(blockIdx.x == 0 && k == 0, ids, weights, route_copy, K);
     int nb = H / QK_K;
     Q8kPiece ap[Q4K_BATCH];
     q8k_lane_pieces<MEMONLY>(ap, xq, H, j, p);
@@ -498,10 +501,7 @@ moe_gate_up_s_q4_K(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 exp
         }
     }
     pdl_wait();
-    if (blockIdx.x == 0 && threadIdx.x < K) {
-        route_copy[threadIdx.x] = ids[threadIdx.x];
-        route_copy[K + threadIdx.x] = weights[threadIdx.x];
-    }
+    lab_route_copy(blockIdx.x == 0, ids, weights, route_copy, K);
     if (nq <= 0) return;
     for (int s = pre; s < MVS_STAGES - 1; s++) {
         if (s < n) issue(s, src(s, true));
