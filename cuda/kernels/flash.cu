@@ -497,12 +497,22 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
     // position and the gate (an output of the Q/K/V/gate product) are read before the wait,
     // and only the rotated queries and the step's own key and value need it. Otherwise both
     // after the wait, as before.
+    // The next kernel is let in at this kernel's start, not after its wait, so a product
+    // after it (the O projection, mv_stage) has its blocks resident and its first weights
+    // requested while the QK-norm kernel still runs (S 2.1 W4A16 tg64 257.9 against 257.4
+    // t/s with the trigger after the wait, one run each, session 30). Lab switch
+    // ATTN_TRIGGER_LATE: after the wait, as before.
+#ifndef ATTN_TRIGGER_LATE
+    pdl_trigger();
+#endif
     if (!early) pdl_wait();
     int pos = (int)params[P_POS0];
     if (gt && n_split == 1)
         for (int r = 0; r < G; r++) gs[r * FA_D + tid] = gt[((h0 + r) * FA_D + tid) / per];
     if (early) pdl_wait();
+#ifdef ATTN_TRIGGER_LATE
     pdl_trigger();
+#endif
     int first, last;
     split_keys(pos, window, split, n_split, first, last);
     // Q fragments (attention_prefill's layout) for rows gr and gr + 8: query heads h0 + gr

@@ -115,6 +115,90 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
     if ((threadIdx.x & 31) == 0) out[r] = res ? __fadd_rn(aw.v, y) : y;
 }
 
+// The staged float mat-vec's ring (mv_stage): MV_STAGE_GROUPS groups of MV_STAGE_GROUP
+// pieces a lane in shared memory, 512 bytes a piece a warp, four warps a block (2 x 2: 8 KiB
+// a block). Measured on the H200 (S 2.1 W4A16 tg64, session 30; the plain mv_bf16 248.9
+// t/s): 2 x 2 259.8-259.9 (four runs), 4 x 2 257.9, 2 x 4 256.3, 4 x 4 253.1, 1 x 2 / 1 x 3 /
+// 1 x 4 249.8-251.0, and a first form without the ring (16 pieces copied before the wait,
+// the rest in batches of H_BATCH) 251.4. Larger rings leave the SM less L1 for the
+// activation row (36 KiB at 9216 wide), which every warp reads twice per weight byte.
+#ifndef MV_STAGE_GROUP
+#define MV_STAGE_GROUP 2
+#endif
+#ifndef MV_STAGE_GROUPS
+#define MV_STAGE_GROUPS 2
+#endif
+// Least blocks per SM mv_stage is compiled for (its register cap): uncapped it took 96
+// registers, five blocks per SM, 660 resident blocks for the O projection's 768 (capped: 80).
+#ifndef MV_STAGE_BLOCKS
+#define MV_STAGE_BLOCKS 6
+#endif
+
+// mv_multi for float weights with more of each row requested before pdl_wait and the rest
+// streamed through a ring in shared memory: the lane's first H_BATCH pieces into registers
+// (as lane_parts_h) and the next MV_STAGE_GROUPS groups of MV_STAGE_GROUP pieces into the
+// ring by cp.async, all before the wait; after it, each group as it lands is added and its
+// slot refilled with the group MV_STAGE_GROUPS further on, so the lane always has the ring's
+// pieces in flight where lane_parts_h waits a whole round trip per batch of H_BATCH. Why: HBM
+// idles through the attention kernels, and the O projection (rows of 9216: 36 pieces a lane,
+// 4.5 such round trips) then streamed its 56.6 MB at ~3.7 TB/s on the critical path
+// (BENCHMARKS.md, "Session 28"). The lane adds its pieces in lane_parts_h's order (registers,
+// then the ring's groups in row order, one accumulator), so the outputs are mv_multi's bit
+// for bit. Each lane reads back only the pieces it copied, so its own cp.async waits order
+// them (an empty group is still committed, keeping the count the waits rely on). Grid and
+// arguments as mv_multi's; rows 16-byte aligned, cols % 8 == 0.
+template <int T>
+__device__ void mv_stage(const MvMats& m, int n_mats, const float* __restrict__ x, int cols) {
+    constexpr int G = MV_STAGE_GROUP, NG = MV_STAGE_GROUPS;
+    __shared__ uint4 st[MV_WARPS][NG * G][32];
+    pdl_trigger();
+    int r;
+    int i = mv_row(m, n_mats, &r);
+    if (r >= mv_at(m.rows, i)) return;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint4* w4 = (const uint4*)(mv_at(m.W, i) + (size_t)r * mv_at(m.row_bytes, i));
+    float* out = mv_at(m.out, i);
+    const float* res = mv_at(m.res, i);
+    const float4* x4 = (const float4*)x;
+    int n8 = cols / 8;
+    uint4 wv[H_BATCH];
+    #pragma unroll
+    for (int u = 0; u < H_BATCH; u++) {
+        int k = lane + 32 * u;
+        if (k < n8) wv[u] = ldw4(w4 + k);
+    }
+    // Group g holds pieces lane + 32 (H_BATCH + G g + j), j < G, in slot g % NG.
+    auto issue = [&](int g) {
+        #pragma unroll
+        for (int j = 0; j < G; j++) {
+            int k = lane + 32 * (H_BATCH + G * g + j);
+            if (k < n8) cp_async16(&st[warp][G * (g % NG) + j][lane], w4 + k);
+        }
+        cp_async_commit();
+    };
+    #pragma unroll
+    for (int g = 0; g < NG; g++) issue(g);
+    AfterWait aw = {res && lane == 0 ? res + r : nullptr, 0.0f};
+    warp_pdl_wait(&aw);
+    float acc = 0.0f;
+    #pragma unroll
+    for (int u = 0; u < H_BATCH; u++) {
+        int k = lane + 32 * u;
+        if (k < n8) acc = h_dot8<T>(wv[u], x4[2 * k], x4[2 * k + 1], acc);
+    }
+    for (int g = 0; lane + 32 * (H_BATCH + G * g) < n8; g++) {
+        cp_async_wait<NG - 1>();
+        #pragma unroll
+        for (int j = 0; j < G; j++) {
+            int k = lane + 32 * (H_BATCH + G * g + j);
+            if (k < n8) acc = h_dot8<T>(st[warp][G * (g % NG) + j][lane], x4[2 * k], x4[2 * k + 1], acc);
+        }
+        issue(g + NG);
+    }
+    float y = warp_sum(acc);
+    if (lane == 0) out[r] = res ? __fadd_rn(aw.v, y) : y;
+}
+
 // MV_NORM_FUSE (lab switch read by the host, fused.rs; off: measured 8% slower): a run of float
 // products whose input is an RMSNorm's output read by nothing else (a W4A16 checkpoint's
 // bf16 Q/K/V/gate after the attention norm) takes the norm's input x and gain g instead, and
@@ -1007,6 +1091,15 @@ MV2_PAIRS(DEFINE_MV2)
         MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
                     {n0, n1, n2, n3}};                                                             \
         mv_norm_multi<T>(m, n_mats, x, cols, g, eps);                                              \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MV_STAGE_BLOCKS) mv_stage_##name(                                              \
+        const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
+        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
+        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
+        int n3) {                                                                                  \
+        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
+                    {n0, n1, n2, n3}};                                                             \
+        mv_stage<T>(m, n_mats, (const float*)aq, cols);                                            \
     }
 MVH_TYPES(DEFINE_MVH)
 

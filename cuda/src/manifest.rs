@@ -155,6 +155,8 @@ manifest! {
     MvSplitF16 => "mmvq.cu", "mv_split_f16";
     MvNormBf16 => "mmvq.cu", "mv_norm_bf16";
     MvNormF16 => "mmvq.cu", "mv_norm_f16";
+    MvStageBf16 => "mmvq.cu", "mv_stage_bf16";
+    MvStageF16 => "mmvq.cu", "mv_stage_f16";
     MvSwigluBf16 => "mmvq.cu", "mv_swiglu_bf16";
     MoeGateUpMixedCt4Bf16 => "mmvq.cu", "moe_gate_up_mixed_ct4_bf16";
     MoeDownMixedCt4Bf16 => "mmvq.cu", "moe_down_mixed_ct4_bf16";
@@ -665,6 +667,16 @@ impl WType {
         match self {
             WType::Bf16 => Some((K::MvBf16, K::MvSwigluBf16)),
             WType::F16 => Some((K::MvF16, K::MvSwigluF16)),
+            _ => None,
+        }
+    }
+    /// The batch-1 float kernel that requests more of each row before its wait
+    /// (`mmvq.cu`'s `mv_stage_*`, lab switch `MV_STAGE`): same arguments and outputs as
+    /// [`WType::mvh`]'s mat-vec.
+    pub fn mvh_stage(self) -> Option<K> {
+        match self {
+            WType::Bf16 => Some(K::MvStageBf16),
+            WType::F16 => Some(K::MvStageF16),
             _ => None,
         }
     }

@@ -1167,6 +1167,53 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
     }
 }
 
+/// `mv_stage_*` (more of each row requested before the wait, lab switch `MV_STAGE`) adds each
+/// lane's pieces in `mv_*`'s order, so its outputs equal the plain float kernel's bit for bit:
+/// rows wider than the staged part (S 2.1's 9216-wide O projection), ending inside it (6144),
+/// within the register batch (1000), with a residual and without.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn staged_float_mat_vec_equals_the_plain_kernel() {
+    let dev = device();
+    let mut rng = Rng(0x57a6_e001);
+    for (rows, cols) in [(770usize, 9216usize), (37, 6144), (9, 1000), (130, 12808)] {
+        for ty in [GgmlType::BF16, GgmlType::F16] {
+            let wt = wtype(ty).unwrap();
+            let data = random_rows(&mut rng, ty, rows, cols);
+            let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+            let res: Vec<f32> = (0..rows).map(|_| rng.f()).collect();
+            let (_wb, wp) = upload(&dev, &data);
+            let (_xb, xp) = upload(&dev, &x);
+            let (_rb, rp) = upload(&dev, &res);
+            for with_res in [false, true] {
+                let outs: Vec<Vec<f32>> = [wt.mvh().unwrap().0, wt.mvh_stage().unwrap()]
+                    .into_iter()
+                    .map(|k| {
+                        let ob = dev.stream.alloc_zeros::<f32>(rows).unwrap();
+                        let m = MvMat {
+                            w: wp,
+                            row_bytes: 2 * cols as u64,
+                            rows,
+                            out: ob.device_ptr(&dev.stream).0,
+                            res: if with_res { rp } else { 0 },
+                        };
+                        dev.mv(k, xp, cols, &[m]).unwrap();
+                        download(&dev, &ob)
+                    })
+                    .collect();
+                assert!(
+                    outs[0]
+                        .iter()
+                        .zip(&outs[1])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty} {rows}x{cols} residual {with_res}: staged differs from mv"
+                );
+                assert!(outs[0].iter().any(|&v| v != 0.0));
+            }
+        }
+    }
+}
+
 /// The quant-type fixtures (`tests/fixtures/models/quant`, llama.cpp-quantised, see
 /// `tests/quant_logits.rs` for the bounds): the exact path against llama.cpp's f32 path on
 /// the dequantised weights, and the quantised decode (the K-quant fused MoE and mat-vec

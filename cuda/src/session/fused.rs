@@ -15,6 +15,25 @@ type Product = (DMat, u64, u64);
 
 /// The launch descriptions of up to [`MV_MATS`] products, and how many there are (no
 /// allocation: decode steps walk this).
+/// Lab switch `MV_STAGE` (`LAGOON_CUDA_DEFINES`): 1 (the default) puts a float product with a
+/// residual add (the O projection of a W4A16 checkpoint) on `mv_stage_*`, which requests
+/// more of each row before its wait and streams the rest through a ring in shared memory; 2
+/// also the float products of one input (Q/K/V/gate); 0: neither. Measured on the H200 (S
+/// 2.1 W4A16 tg64, session 30): 1 259.9 t/s, 0 248.9; 2 226.4 (with a 16-piece stage then:
+/// the Q/K/V/gate launch is several waves of blocks, which the stage only makes fewer).
+fn mv_stage() -> u32 {
+    static ON: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        crate::compile::lab_define("MV_STAGE")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+    })
+}
+
+/// Rows no wider than this are requested whole before the wait by the plain float mat-vec
+/// (`H_BATCH` pieces of 8 a lane, 32 lanes): only wider ones gain from `mv_stage_*`.
+const MV_STAGE_MIN_COLS: usize = 8 * 32 * 8;
+
 fn mv_mats(mats: &[Product]) -> ([MvMat; MV_MATS], usize) {
     let mut mv = [MvMat {
         w: 0,
@@ -236,7 +255,11 @@ impl CudaSession {
                     && clear(sum)
                 {
                     let src = input()?;
-                    self.mv(mv_k, src, &[(m, at(sum), at(a))])?;
+                    let k = match (fmt, m.ty.mvh_stage()) {
+                        (None, Some(k)) if mv_stage() >= 1 && m.cols > MV_STAGE_MIN_COLS => k,
+                        _ => mv_k,
+                    };
+                    self.mv(k, src, &[(m, at(sum), at(a))])?;
                     return Ok(2);
                 }
                 // A run of products of the same input (Q, K, V, gate): one launch per weight
@@ -292,7 +315,11 @@ impl CudaSession {
                             g += 1;
                         }
                     }
-                    self.mv(kernel(ty), src, &group[..g])?;
+                    let k = match (fmt, ty.mvh_stage()) {
+                        (None, Some(k)) if mv_stage() >= 2 && m.cols > MV_STAGE_MIN_COLS => k,
+                        _ => kernel(ty),
+                    };
+                    self.mv(k, src, &group[..g])?;
                 }
                 Ok(len)
             }
