@@ -585,22 +585,42 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
 /// Grouped-query attention of one token at position 511 (512 positions) for each of the 8
 /// KV heads of Laguna XS.2 (8 query heads each, head width 128), over a 512-row f32 cache
 /// (2 × 2 MiB, as one layer during a 512-token prefill); the tables that have the kernel.
-/// Throughput in elements is FLOP (QK and PV: 4·heads·positions·d).
+/// Throughput in elements is FLOP (QK and PV: 4·heads·positions·d). `LAGOON_BENCH_ATTN_G`
+/// sets the query heads per KV head (default 8; XS.2's full-attention layers have 6).
 #[cfg(target_os = "linux")]
 fn bench_attention(c: &mut Criterion<ThreadCpu>, tables: &[Kernels]) {
     use lagoon_cpu::kernels::AttnGroup;
     const D: usize = 128;
     const KV: usize = 8;
-    const G: usize = 8;
-    const CAP: usize = 512;
-    let row = KV * D;
+    let g_heads: usize = std::env::var("LAGOON_BENCH_ATTN_G")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|g| (1..=Kernels::ATTEND_MAX_HEADS).contains(g))
+        .unwrap_or(8);
+    #[allow(non_snake_case)]
+    let G = g_heads;
+    // LAGOON_BENCH_ATTN_CAP: positions (and cache rows), default 512;
+    // LAGOON_BENCH_ATTN_HEAD_MAJOR=1: each KV head's rows back to back (row = D) instead of
+    // whole KV rows with the head at its offset.
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    #[allow(non_snake_case)]
+    let CAP = env("LAGOON_BENCH_ATTN_CAP")
+        .filter(|&c| c >= 16)
+        .unwrap_or(512);
+    let head_major = env("LAGOON_BENCH_ATTN_HEAD_MAJOR") == Some(1);
+    let (row, off) = if head_major {
+        (D, CAP * D)
+    } else {
+        (KV * D, D)
+    };
+    let row_all = KV * D;
     let mut rng = Rng(5);
     let mut f = |n: usize| -> Vec<f32> {
         (0..n)
             .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
             .collect()
     };
-    let (kc, vc, q) = (f(CAP * row), f(CAP * row), f(KV * G * D));
+    let (kc, vc, q) = (f(CAP * row_all), f(CAP * row_all), f(KV * G * D));
     let mut scores = vec![0f32; G * CAP];
     let mut out = vec![0f32; KV * G * D];
     let mut group = c.benchmark_group("simd_cmp_attention");
@@ -612,7 +632,7 @@ fn bench_attention(c: &mut Criterion<ThreadCpu>, tables: &[Kernels]) {
             vc: &vc,
             row,
             cap: CAP,
-            off: kvh * D,
+            off: kvh * off,
             d: D,
             n_heads: G,
             first: 0,
@@ -621,7 +641,7 @@ fn bench_attention(c: &mut Criterion<ThreadCpu>, tables: &[Kernels]) {
         if !k.attend_group(&a(0), &mut scores, &mut out[..G * D]) {
             continue;
         }
-        group.bench_function(format!("gqa8_d128_512pos/{}", k.name()), |b| {
+        group.bench_function(format!("gqa{G}_d128_{CAP}pos/{}", k.name()), |b| {
             b.iter(|| {
                 for (kvh, o) in out.chunks_exact_mut(G * D).enumerate() {
                     k.attend_group(&a(kvh), &mut scores, o);
@@ -641,14 +661,14 @@ fn bench_attention(c: &mut Criterion<ThreadCpu>, tables: &[Kernels]) {
             vc: &vc,
             row,
             cap: CAP,
-            off: kvh * D,
+            off: kvh * off,
             d: D,
             n_heads: G,
             pos0: CAP - TB,
             window: usize::MAX,
         };
         group.bench_function(
-            format!("gqa8_d128_512pos_per_token_of_{TB}/{}", k.name()),
+            format!("gqa{G}_d128_{CAP}pos_per_token_of_{TB}/{}", k.name()),
             |b| {
                 b.iter(|| {
                     for kvh in 0..KV {

@@ -355,29 +355,34 @@ pub(crate) fn run(
                 let (kv, vv) = (vals[k], vals[v]);
                 let cache = &mut st.kv.layers[layer];
                 let arena = &st.arena;
-                let (row, cap) = (kv.cols, cache.cap);
+                let (row, cap, d) = (kv.cols, cache.cap, st.kv.d);
                 let ks = &arena[kv.offset..kv.offset + n * row];
                 let vs = &arena[vv.offset..vv.offset + n * vv.cols];
                 assert!(vv.cols == row && cache.k.len() >= cap * row && cache.v.len() >= cap * row);
+                assert!(row.is_multiple_of(d));
                 if n > cap {
                     // More tokens than ring rows (never planned): later tokens overwrite
                     // earlier ones, so keep the order.
                     for t in 0..n {
                         let r = t * row..(t + 1) * row;
-                        cache.store(pos0 + t, &ks[r.clone()], &vs[r]);
+                        cache.store(pos0 + t, &ks[r.clone()], &vs[r], d);
                     }
                     continue;
                 }
                 let (kc, vc) = (SharedOut::new(&mut cache.k), SharedOut::new(&mut cache.v));
                 for_rows(&st.pool, n, &|t0, t1| {
                     for t in t0..t1 {
-                        let s = ((pos0 + t) % cap) * row;
-                        let r = t * row..(t + 1) * row;
-                        // SAFETY: n ≤ cap, so the tokens' ring rows are distinct and row
-                        // `(pos0 + t) % cap` belongs to token t only.
-                        unsafe { kc.slice(s..s + row) }.copy_from_slice(&ks[r.clone()]);
-                        // SAFETY: as above.
-                        unsafe { vc.slice(s..s + row) }.copy_from_slice(&vs[r]);
+                        let p = (pos0 + t) % cap;
+                        // Head h of the token to its head-major place (kv.rs).
+                        for h in 0..row / d {
+                            let s = (h * cap + p) * d;
+                            let r = t * row + h * d..t * row + (h + 1) * d;
+                            // SAFETY: n ≤ cap, so the tokens' ring positions are distinct and
+                            // position p's place in every head belongs to token t only.
+                            unsafe { kc.slice(s..s + d) }.copy_from_slice(&ks[r.clone()]);
+                            // SAFETY: as above.
+                            unsafe { vc.slice(s..s + d) }.copy_from_slice(&vs[r]);
+                        }
                     }
                 });
             }
@@ -386,7 +391,6 @@ pub(crate) fn run(
                 let hq = c.n_heads[layer];
                 let group = hq / c.n_kv_heads;
                 let cache = &st.kv.layers[layer];
-                let row = st.kv.row;
                 let sliding = c.is_sliding(layer);
                 let window = c.sliding_window;
                 let out = SharedOut::new(o);
@@ -431,9 +435,9 @@ pub(crate) fn run(
                                 n_tokens: tn,
                                 kc: &cache.k,
                                 vc: &cache.v,
-                                row,
+                                row: d,
                                 cap: cache.cap,
-                                off: g * d,
+                                off: cache.head_off(g, d),
                                 d,
                                 n_heads: gb,
                                 pos0: pos0 + t0,
@@ -442,7 +446,8 @@ pub(crate) fn run(
                             if k.attend_tokens(&a, &mut outs[..tn]) {
                                 continue;
                             }
-                            let kv = |j| cache.get(j, row);
+                            // KV head g's rows (kv.rs), so the head index below is 0.
+                            let kv = |j| cache.head(j, g, d);
                             for (i, o) in outs[..tn].iter_mut().enumerate() {
                                 let pos = pos0 + t0 + i;
                                 let first = if sliding {
@@ -453,7 +458,7 @@ pub(crate) fn run(
                                 for (hh, oh) in o.chunks_exact_mut(d).enumerate() {
                                     let qh = &qs[rows(t0 + i).start + hh * d..][..d];
                                     let sc = &mut sc.scores;
-                                    attend_head_lanes(qh, g, d, first, pos, &kv, sc, oh);
+                                    attend_head_lanes(qh, 0, d, first, pos, &kv, sc, oh);
                                 }
                             }
                         }
@@ -485,9 +490,9 @@ pub(crate) fn run(
                                 q: &qs[base..base + gb * d],
                                 kc: &cache.k,
                                 vc: &cache.v,
-                                row,
+                                row: d,
                                 cap: cache.cap,
-                                off: g * d,
+                                off: cache.head_off(g, d),
                                 d,
                                 n_heads: gb,
                                 first,
@@ -496,10 +501,10 @@ pub(crate) fn run(
                             if k.attend_group(&a, &mut sc.scores, oh) {
                                 continue;
                             }
-                            let kv = |j| cache.get(j, row);
+                            let kv = |j| cache.head(j, g, d);
                             for (i, oh) in oh.chunks_exact_mut(d).enumerate() {
                                 let qh = &a.q[i * d..(i + 1) * d];
-                                attend_head_lanes(qh, g, d, first, pos, &kv, &mut sc.scores, oh);
+                                attend_head_lanes(qh, 0, d, first, pos, &kv, &mut sc.scores, oh);
                             }
                         }
                     });
@@ -520,22 +525,14 @@ pub(crate) fn run(
                         // SAFETY: each (token, head) pair, hence each output range, belongs to
                         // exactly one job.
                         let oh = unsafe { out.slice(base..base + d) };
-                        let kv = |j| cache.get(j, row);
+                        // KV head h / group's rows (kv.rs), so the head index below is 0.
+                        let kv = |j| cache.head(j, h / group, d);
                         let qh = &qs[base..base + d];
                         let scores = &mut sc.scores;
                         if fast {
-                            attend_head_lanes(qh, h / group, d, first, pos, &kv, scores, oh);
+                            attend_head_lanes(qh, 0, d, first, pos, &kv, scores, oh);
                         } else {
-                            ops::attention::attend_head(
-                                qh,
-                                h / group,
-                                d,
-                                first,
-                                pos,
-                                &kv,
-                                scores,
-                                oh,
-                            );
+                            ops::attention::attend_head(qh, 0, d, first, pos, &kv, scores, oh);
                         }
                     }
                 });
@@ -1216,50 +1213,55 @@ mod tests {
                 (32, 1, 300, 0, 299, 3),
                 (128, 2, 9, 7, 7, 4),
             ] {
-                let row = n_kv * d;
-                let kc = floats(cap * row, seed);
-                let vc = floats(cap * row, seed + 100);
-                for g in 1..=Kernels::ATTEND_MAX_HEADS {
-                    let q: Vec<f32> = floats(g * d, seed + g as u64)
-                        .iter()
-                        .map(|x| 3.0 * x)
-                        .collect();
-                    let kvh = n_kv - 1;
-                    let a = AttnGroup {
-                        q: &q,
-                        kc: &kc,
-                        vc: &vc,
-                        row,
-                        cap,
-                        off: kvh * d,
-                        d,
-                        n_heads: g,
-                        first,
-                        pos,
-                    };
-                    let mut scores = vec![0.0; g * cap];
-                    let mut got = vec![f32::NAN; g * d];
-                    if !k.attend_group(&a, &mut scores, &mut got) {
-                        assert!(got.iter().all(|x| x.is_nan()), "declined but wrote");
-                        continue;
-                    }
-                    let kv = |j: usize| {
-                        let s = (j % cap) * row;
-                        (&kc[s..s + row], &vc[s..s + row])
-                    };
-                    for h in 0..g {
-                        let mut want = vec![0.0; d];
-                        let qh = &q[h * d..(h + 1) * d];
-                        attend_head_lanes(qh, kvh, d, first, pos, &kv, &mut scores, &mut want);
-                        for (i, (&x, &y)) in got[h * d..(h + 1) * d].iter().zip(&want).enumerate() {
-                            assert!(
-                                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                                "{} d {d} g {g} head {h} [{i}]: {x} vs {y}",
-                                k.name()
-                            );
+                let kc = floats(cap * n_kv * d, seed);
+                let vc = floats(cap * n_kv * d, seed + 100);
+                let kvh = n_kv - 1;
+                // Whole KV rows with the head at its offset, and one head's rows back to
+                // back (kv.rs's layout).
+                for (row, off) in [(n_kv * d, kvh * d), (d, kvh * cap * d)] {
+                    for g in 1..=Kernels::ATTEND_MAX_HEADS {
+                        let q: Vec<f32> = floats(g * d, seed + g as u64)
+                            .iter()
+                            .map(|x| 3.0 * x)
+                            .collect();
+                        let a = AttnGroup {
+                            q: &q,
+                            kc: &kc,
+                            vc: &vc,
+                            row,
+                            cap,
+                            off,
+                            d,
+                            n_heads: g,
+                            first,
+                            pos,
+                        };
+                        let mut scores = vec![0.0; g * cap];
+                        let mut got = vec![f32::NAN; g * d];
+                        if !k.attend_group(&a, &mut scores, &mut got) {
+                            assert!(got.iter().all(|x| x.is_nan()), "declined but wrote");
+                            continue;
                         }
+                        let kv = |j: usize| {
+                            let s = (j % cap) * row + off;
+                            (&kc[s..s + d], &vc[s..s + d])
+                        };
+                        for h in 0..g {
+                            let mut want = vec![0.0; d];
+                            let qh = &q[h * d..(h + 1) * d];
+                            attend_head_lanes(qh, 0, d, first, pos, &kv, &mut scores, &mut want);
+                            for (i, (&x, &y)) in
+                                got[h * d..(h + 1) * d].iter().zip(&want).enumerate()
+                            {
+                                assert!(
+                                    (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                                    "{} d {d} g {g} head {h} [{i}]: {x} vs {y}",
+                                    k.name()
+                                );
+                            }
+                        }
+                        checked.push(k.name());
                     }
-                    checked.push(k.name());
                 }
             }
         }
@@ -1285,74 +1287,76 @@ mod tests {
                 (128, 1, 40, 3, 17, 4),
                 (64, 2, 200, 100, 64, 5),
             ] {
-                let row = n_kv * d;
-                let kc = floats(cap * row, seed);
-                let vc = floats(cap * row, seed + 100);
-                for g in [1, 3, 6, 8] {
-                    for nt in 1..=Kernels::ATTEND_MAX_TOKENS {
-                        let stride = g * d + 3 * d;
-                        let q: Vec<f32> = floats(nt * stride, seed + 7 * g as u64)
-                            .iter()
-                            .map(|x| 3.0 * x)
-                            .collect();
-                        let kvh = n_kv - 1;
-                        let a = AttnTokens {
-                            q: &q,
-                            q_stride: stride,
-                            n_tokens: nt,
-                            kc: &kc,
-                            vc: &vc,
-                            row,
-                            cap,
-                            off: kvh * d,
-                            d,
-                            n_heads: g,
-                            pos0,
-                            window,
-                        };
-                        let mut bufs = vec![vec![f32::NAN; g * d]; nt];
-                        let mut outs: Vec<&mut [f32]> =
-                            bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-                        if !k.attend_tokens(&a, &mut outs) {
-                            assert!(
-                                bufs.iter().flatten().all(|x| x.is_nan()),
-                                "declined but wrote"
-                            );
-                            continue;
-                        }
-                        let kv = |j: usize| {
-                            let s = (j % cap) * row;
-                            (&kc[s..s + row], &vc[s..s + row])
-                        };
-                        let mut scores = vec![0.0; cap];
-                        for (t, got) in bufs.iter().enumerate() {
-                            let pos = pos0 + t;
-                            let first = (pos + 1).saturating_sub(window);
-                            for h in 0..g {
-                                let mut want = vec![0.0; d];
-                                let qh = &q[t * stride + h * d..][..d];
-                                attend_head_lanes(
-                                    qh,
-                                    kvh,
-                                    d,
-                                    first,
-                                    pos,
-                                    &kv,
-                                    &mut scores,
-                                    &mut want,
+                let kc = floats(cap * n_kv * d, seed);
+                let vc = floats(cap * n_kv * d, seed + 100);
+                let kvh = n_kv - 1;
+                // Both cache layouts, as in grouped_attention_matches_per_head.
+                for (row, off) in [(n_kv * d, kvh * d), (d, kvh * cap * d)] {
+                    for g in [1, 3, 6, 8] {
+                        for nt in 1..=Kernels::ATTEND_MAX_TOKENS {
+                            let stride = g * d + 3 * d;
+                            let q: Vec<f32> = floats(nt * stride, seed + 7 * g as u64)
+                                .iter()
+                                .map(|x| 3.0 * x)
+                                .collect();
+                            let a = AttnTokens {
+                                q: &q,
+                                q_stride: stride,
+                                n_tokens: nt,
+                                kc: &kc,
+                                vc: &vc,
+                                row,
+                                cap,
+                                off,
+                                d,
+                                n_heads: g,
+                                pos0,
+                                window,
+                            };
+                            let mut bufs = vec![vec![f32::NAN; g * d]; nt];
+                            let mut outs: Vec<&mut [f32]> =
+                                bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                            if !k.attend_tokens(&a, &mut outs) {
+                                assert!(
+                                    bufs.iter().flatten().all(|x| x.is_nan()),
+                                    "declined but wrote"
                                 );
-                                for (i, (&x, &y)) in
-                                    got[h * d..(h + 1) * d].iter().zip(&want).enumerate()
-                                {
-                                    assert!(
-                                        (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                                        "{} d {d} g {g} nt {nt} token {t} head {h} [{i}]: {x} vs {y}",
-                                        k.name()
+                                continue;
+                            }
+                            let kv = |j: usize| {
+                                let s = (j % cap) * row + off;
+                                (&kc[s..s + d], &vc[s..s + d])
+                            };
+                            let mut scores = vec![0.0; cap];
+                            for (t, got) in bufs.iter().enumerate() {
+                                let pos = pos0 + t;
+                                let first = (pos + 1).saturating_sub(window);
+                                for h in 0..g {
+                                    let mut want = vec![0.0; d];
+                                    let qh = &q[t * stride + h * d..][..d];
+                                    attend_head_lanes(
+                                        qh,
+                                        0,
+                                        d,
+                                        first,
+                                        pos,
+                                        &kv,
+                                        &mut scores,
+                                        &mut want,
                                     );
+                                    for (i, (&x, &y)) in
+                                        got[h * d..(h + 1) * d].iter().zip(&want).enumerate()
+                                    {
+                                        assert!(
+                                            (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                                            "{} d {d} g {g} nt {nt} token {t} head {h} [{i}]: {x} vs {y}",
+                                            k.name()
+                                        );
+                                    }
                                 }
                             }
+                            checked.push(k.name());
                         }
-                        checked.push(k.name());
                     }
                 }
             }

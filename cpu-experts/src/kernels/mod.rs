@@ -146,6 +146,18 @@ pub struct AttnGroup<'a> {
     pub pos: usize,
 }
 
+/// Whether the `d` floats at `(p % cap)·row + off` lie inside a buffer of `len` for every
+/// position p, rows not overlapping (`row ≥ d`): the cache's rows may be whole KV rows with
+/// the head at `off` in each, or one KV head's rows back to back (`row = d`) from `off`.
+fn rows_in(cap: usize, row: usize, off: usize, d: usize, len: usize) -> bool {
+    row >= d
+        && (cap - 1)
+            .checked_mul(row)
+            .and_then(|x| x.checked_add(off))
+            .and_then(|x| x.checked_add(d))
+            .is_some_and(|end| end <= len)
+}
+
 impl AttnGroup<'_> {
     /// The number of positions attended (`pos + 1 − first`) when a kernel taking heads of a
     /// multiple of `d_mult` floats and at most `max_g` heads can run on these rows and
@@ -162,8 +174,13 @@ impl AttnGroup<'_> {
         let rows_ok = self.cap > 0
             && n > 0
             && n <= self.cap
-            && self.off + d <= self.row
-            && self.cap * self.row <= self.kc.len().min(self.vc.len());
+            && rows_in(
+                self.cap,
+                self.row,
+                self.off,
+                d,
+                self.kc.len().min(self.vc.len()),
+            );
         (d.is_multiple_of(d_mult)
             && d > 0
             && (1..=max_g).contains(&g)
@@ -193,8 +210,13 @@ impl AttnTokens<'_> {
         let rows_ok = self.cap > 0
             && self.window > 0
             && last + 1 - first0 <= self.cap
-            && self.off + d <= self.row
-            && self.cap * self.row <= self.kc.len().min(self.vc.len());
+            && rows_in(
+                self.cap,
+                self.row,
+                self.off,
+                d,
+                self.kc.len().min(self.vc.len()),
+            );
         d.is_multiple_of(d_mult)
             && d > 0
             && d <= max_d

@@ -199,8 +199,9 @@ fn group<const G: usize>(a: &AttnGroup<'_>, n: usize, scores: &mut [f32], out: &
     let kp = a.kc.as_ptr();
     for j0 in (0..full).step_by(8) {
         let kb: [usize; 8] = core::array::from_fn(|i| base(j0 + i));
-        // Each position's row is in its own page (a KV row is n_kv·d floats), which the
-        // hardware prefetchers do not cross: ask for the next block's K rows now.
+        // With whole KV rows (n_kv·d floats a position) each position's head is in its own
+        // page, which the hardware prefetchers do not cross: ask for the next block's K rows
+        // now. (The session's cache is head-major, kv.rs, where they are back to back.)
         if j0 + 16 <= n {
             for i in 0..8 {
                 prefetch_row(&a.kc[base(j0 + 8 + i)..][..d]);
