@@ -1015,16 +1015,22 @@ mv_f32(const float* __restrict__ W, u64 row_bytes, const float* __restrict__ x, 
 #define MVQ_TYPES(X) X(q8_0, WT_Q8_0) X(q4_K, WT_Q4_K) X(q6_K, WT_Q6_K) X(ct4, WT_CT4) X(iq3_xxs, WT_IQ3_XXS) \
     X(iq2_xxs, WT_IQ2_XXS) X(iq2_s, WT_IQ2_S) X(q5_K, WT_Q5_K) X(iq4_xs, WT_IQ4_XS) X(ct8, WT_CT8)
 
+// The products of an mv_* launch as kernel parameters (after the input, its width and n_mats:
+// device.rs mv_launch's order), and the MvMats the kernel builds from them.
+#define MV_MATS_PARAMS                                                                             \
+    const u8* W0, u64 rb0, float* o0, const float* r0, int n0, const u8* W1, u64 rb1, float* o1,   \
+        const float* r1, int n1, const u8* W2, u64 rb2, float* o2, const float* r2, int n2,         \
+        const u8* W3, u64 rb3, float* o3, const float* r3, int n3
+#define MV_MATS_M                                                                                  \
+    MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},        \
+                {n0, n1, n2, n3}}
+
 // The mat-vec kernels every batch-1 type has: up to MV_MATS products of one input, and a
 // SwiGLU MLP's gate and up (SWIGLU: mv_swiglu, or mv_swiglu_split for float weights).
 #define DEFINE_MV(name, T, SWIGLU)                                                                 \
-    extern "C" __global__ void MV_LB mv_##name(                        \
-        const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
-        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
-        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
-        int n3) {                                                                                  \
-        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
-                    {n0, n1, n2, n3}};                                                             \
+    extern "C" __global__ void MV_LB mv_##name(                                                    \
+        const u8* aq, int cols, int n_mats, MV_MATS_PARAMS) {                                      \
+        MV_MATS_M;                                                                                 \
         mv_multi<T>(m, n_mats, aq, cols);                                                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) mv_swiglu_##name(                 \
@@ -1062,13 +1068,9 @@ MVQ_TYPES(DEFINE_MVQ)
 // and Q5_K_M (Q6_K attn_v on the use_more_bits layers), IQ4_XS (Q5_K attn_v).
 #define MV2_PAIRS(X) X(q4_K_q6_K, WT_Q4_K, WT_Q6_K) X(q5_K_q6_K, WT_Q5_K, WT_Q6_K) X(iq4_xs_q5_K, WT_IQ4_XS, WT_Q5_K)
 #define DEFINE_MV2(name, T, U)                                                                     \
-    extern "C" __global__ void MV_LB mv2_##name(                       \
-        const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
-        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
-        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
-        int n3, int n_t) {                                                                         \
-        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
-                    {n0, n1, n2, n3}};                                                             \
+    extern "C" __global__ void MV_LB mv2_##name(                                                   \
+        const u8* aq, int cols, int n_mats, MV_MATS_PARAMS, int n_t) {                             \
+        MV_MATS_M;                                                                                 \
         mv_multi<T, U>(m, n_mats, aq, cols, n_t);                                                  \
     }
 MV2_PAIRS(DEFINE_MV2)
@@ -1084,21 +1086,13 @@ MV2_PAIRS(DEFINE_MV2)
         mv_split<T>(W, row_bytes, x, out, rows, cols);                                             \
     }                                                                                              \
     extern "C" __global__ void MV_LB mv_norm_##name(                                               \
-        const float* x, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,   \
-        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
-        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
-        int n3, const float* g, float eps) {                                                       \
-        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
-                    {n0, n1, n2, n3}};                                                             \
+        const float* x, int cols, int n_mats, MV_MATS_PARAMS, const float* g, float eps) {         \
+        MV_MATS_M;                                                                                 \
         mv_norm_multi<T>(m, n_mats, x, cols, g, eps);                                              \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MV_STAGE_BLOCKS) mv_stage_##name(                                              \
-        const u8* aq, int cols, int n_mats, const u8* W0, u64 rb0, float* o0, const float* r0,     \
-        int n0, const u8* W1, u64 rb1, float* o1, const float* r1, int n1, const u8* W2, u64 rb2,  \
-        float* o2, const float* r2, int n2, const u8* W3, u64 rb3, float* o3, const float* r3,     \
-        int n3) {                                                                                  \
-        MvMats m = {{W0, W1, W2, W3}, {rb0, rb1, rb2, rb3}, {o0, o1, o2, o3}, {r0, r1, r2, r3},    \
-                    {n0, n1, n2, n3}};                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MV_STAGE_BLOCKS) mv_stage_##name(  \
+        const u8* aq, int cols, int n_mats, MV_MATS_PARAMS) {                                      \
+        MV_MATS_M;                                                                                 \
         mv_stage<T>(m, n_mats, (const float*)aq, cols);                                            \
     }
 MVH_TYPES(DEFINE_MVH)

@@ -1188,6 +1188,26 @@ mod tests {
     }
 
     /// xorshift64 floats in [-1, 1).
+    /// `got` equals `want` up to rounding (1e-5 relative); `what` names the case.
+    fn assert_close(got: &[f32], want: &[f32], what: impl Fn() -> String) {
+        for (i, (&x, &y)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                "{} [{i}]: {x} vs {y}",
+                what()
+            );
+        }
+    }
+
+    /// Every SIMD table (AVX2, AVX-512) has the attention kernels: each must have taken
+    /// shapes (`checked` names the table of every case a kernel took).
+    fn every_table_took_shapes(checked: &[&str]) {
+        for k in Kernels::simd_tables() {
+            let n = checked.iter().filter(|&&name| name == k.name()).count();
+            assert!(n > 0, "the {} table declined every shape", k.name());
+        }
+    }
+
     fn floats(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed | 1;
         (0..n)
@@ -1250,26 +1270,17 @@ mod tests {
                             let mut want = vec![0.0; d];
                             let qh = &q[h * d..(h + 1) * d];
                             attend_head_lanes(qh, 0, d, first, pos, &kv, &mut scores, &mut want);
-                            for (i, (&x, &y)) in
-                                got[h * d..(h + 1) * d].iter().zip(&want).enumerate()
-                            {
-                                assert!(
-                                    (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                                    "{} d {d} g {g} head {h} [{i}]: {x} vs {y}",
-                                    k.name()
-                                );
-                            }
+                            let got = &got[h * d..(h + 1) * d];
+                            assert_close(got, &want, || {
+                                format!("{} d {d} g {g} head {h}", k.name())
+                            });
                         }
                         checked.push(k.name());
                     }
                 }
             }
         }
-        // Every SIMD table (AVX2, AVX-512) has these kernels: each must have taken shapes.
-        for k in Kernels::simd_tables() {
-            let n = checked.iter().filter(|&&name| name == k.name()).count();
-            assert!(n > 0, "the {} table declined every shape", k.name());
-        }
+        every_table_took_shapes(&checked);
     }
 
     /// The several-token kernel against the per-head loop token by token: every token
@@ -1344,15 +1355,12 @@ mod tests {
                                         &mut scores,
                                         &mut want,
                                     );
-                                    for (i, (&x, &y)) in
-                                        got[h * d..(h + 1) * d].iter().zip(&want).enumerate()
-                                    {
-                                        assert!(
-                                            (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                                            "{} d {d} g {g} nt {nt} token {t} head {h} [{i}]: {x} vs {y}",
+                                    assert_close(&got[h * d..(h + 1) * d], &want, || {
+                                        format!(
+                                            "{} d {d} g {g} nt {nt} token {t} head {h}",
                                             k.name()
-                                        );
-                                    }
+                                        )
+                                    });
                                 }
                             }
                             checked.push(k.name());
@@ -1361,10 +1369,6 @@ mod tests {
                 }
             }
         }
-        // Every SIMD table (AVX2, AVX-512) has these kernels: each must have taken shapes.
-        for k in Kernels::simd_tables() {
-            let n = checked.iter().filter(|&&name| name == k.name()).count();
-            assert!(n > 0, "the {} table declined every shape", k.name());
-        }
+        every_table_took_shapes(&checked);
     }
 }
