@@ -28,6 +28,25 @@ pub(super) fn row_outputs(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> [*mut f
     o_ptr
 }
 
+/// The call's query rows packed `RQ` at a time with their element c together:
+/// `qp[(r0 / RQ)·d·RQ + c·RQ + k]` is row r0 + k's element c (row r = token r / g, head
+/// r % g; rows past the last repeat it), so a score loop broadcasts from one pointer at fixed
+/// offsets where reading `RQ` row slices cost a bounds check and a pointer reload per row and
+/// element (avx512 16-token kernel +4–10%, BENCHMARKS.md "Session 30 on the 2-core …").
+pub(super) fn pack_queries<const RQ: usize>(a: &AttnTokens<'_>, qp: &mut [f32]) {
+    let (d, g) = (a.d, a.n_heads);
+    let nr = a.n_tokens * g;
+    for gi in 0..nr.div_ceil(RQ) {
+        for k in 0..RQ {
+            let r = (gi * RQ + k).min(nr - 1);
+            let q = &a.q[(r / g) * a.q_stride + (r % g) * d..][..d];
+            for (c, &x) in q.iter().enumerate() {
+                qp[(gi * d + c) * RQ + k] = x;
+            }
+        }
+    }
+}
+
 /// Positions `j0 .. j0 + B` (`len` of them real; the rest repeat the first, to be masked
 /// off): dim c of position i to `kt[c·B + i]`, V row i to `vbuf[i·d ..]`; then prefetches of
 /// the next block's rows (up to `end`).

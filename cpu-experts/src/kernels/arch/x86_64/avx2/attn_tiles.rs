@@ -30,9 +30,11 @@ pub(super) fn tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) {
     let (start, end) = ((a.pos0 + 1).saturating_sub(a.window), a.pos0 + nt);
     let mut m = [f32::NEG_INFINITY; MAX_ROWS];
     let mut l = [0.0f32; MAX_ROWS];
-    // Row r = (token r / g, head r % g): its query and its output.
-    let q_of = |r: usize| &a.q[(r / g) * a.q_stride + (r % g) * d..][..d];
+    // Row r = (token r / g, head r % g): its output.
     let o_ptr = tiles::row_outputs(a, out);
+    // The query rows packed once per call (tiles::pack_queries).
+    let mut qp = [0.0f32; MAX_ROWS * MAX_D];
+    tiles::pack_queries::<RQ>(a, &mut qp);
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut kt = [0.0f32; MAX_D * B];
     let mut vbuf = [0.0f32; B * MAX_D];
@@ -54,18 +56,20 @@ pub(super) fn tokens(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) {
             }
             // Scores: four rows × two 8-position halves, so each broadcast query element
             // serves two FMAs.
-            let qs: [&[f32]; RQ] = core::array::from_fn(|k| q_of(r0 + k.min(live - 1)));
+            let qg = qp[r0 * d..(r0 + RQ) * d].as_ptr();
             let mut s = [[_mm256_setzero_ps(); 2]; RQ];
             for c in 0..d {
-                // SAFETY: c·B + B ≤ B·d ≤ kt.len() (d ≤ MAX_D, checked by the caller).
-                let (k0, k1) = unsafe {
+                // SAFETY: c·B + B ≤ B·d ≤ kt.len() (d ≤ MAX_D, checked by the caller); c·RQ +
+                // k < d·RQ, inside this group's packed rows (the slice above).
+                unsafe {
                     let p = kt.as_ptr().add(c * B);
-                    (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-                };
-                for k in 0..RQ {
-                    let w = _mm256_set1_ps(qs[k][c]);
-                    s[k][0] = _mm256_fmadd_ps(w, k0, s[k][0]);
-                    s[k][1] = _mm256_fmadd_ps(w, k1, s[k][1]);
+                    let (k0, k1) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+                    let qc = qg.add(c * RQ);
+                    for k in 0..RQ {
+                        let w = _mm256_set1_ps(*qc.add(k));
+                        s[k][0] = _mm256_fmadd_ps(w, k0, s[k][0]);
+                        s[k][1] = _mm256_fmadd_ps(w, k1, s[k][1]);
+                    }
                 }
             }
             // Online softmax per row; weights to `pw`, output scale to `alpha`.
