@@ -32,7 +32,7 @@ pub(super) fn row_outputs(a: &AttnTokens<'_>, out: &mut [&mut [f32]]) -> [*mut f
 /// `qp[(r0 / RQ)·d·RQ + c·RQ + k]` is row r0 + k's element c (row r = token r / g, head
 /// r % g; rows past the last repeat it), so a score loop broadcasts from one pointer at fixed
 /// offsets where reading `RQ` row slices cost a bounds check and a pointer reload per row and
-/// element (avx512 16-token kernel +4–10%, BENCHMARKS.md "Session 30 on the 2-core …").
+/// element (the AVX-512 16-token kernel +2–8%, BENCHMARKS.md "Session 30 on the 2-core …").
 pub(super) fn pack_queries<const RQ: usize>(a: &AttnTokens<'_>, qp: &mut [f32]) {
     let (d, g) = (a.d, a.n_heads);
     let nr = a.n_tokens * g;
