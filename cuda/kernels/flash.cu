@@ -492,11 +492,6 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
     int G = hq / n_kv, h0 = kvh * G;
     int row = n_kv * FA_D;
     int per = gt ? hq * FA_D / gcols : 1;
-    // early != 0: the host launched this kernel right after one that waits before it
-    // triggers (qk_norm_rope_store), so every kernel before that one has finished: the step's
-    // position and the gate (an output of the Q/K/V/gate product) are read before the wait,
-    // and only the rotated queries and the step's own key and value need it. Otherwise both
-    // after the wait, as before.
     // The next kernel is let in at this kernel's start, not after its wait, so a product
     // after it (the O projection, mv_stage) has its blocks resident and its first weights
     // requested while the QK-norm kernel still runs (S 2.1 W4A16 tg64 257.9 against 257.4
@@ -505,6 +500,11 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
 #ifndef ATTN_TRIGGER_LATE
     pdl_trigger();
 #endif
+    // early != 0: the host launched this kernel right after one that waits before it
+    // triggers (qk_norm_rope_store), so every kernel before that one has finished: the step's
+    // position and the gate (an output of the Q/K/V/gate product) are read before the wait,
+    // and only the rotated queries and the step's own key and value need it. Otherwise both
+    // after the wait, as before.
     if (!early) pdl_wait();
     int pos = (int)params[P_POS0];
     if (gt && n_split == 1)

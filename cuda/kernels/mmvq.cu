@@ -120,8 +120,9 @@ __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq,
 // a block). Measured on the H200 (S 2.1 W4A16 tg64, session 30; the plain mv_bf16 248.9
 // t/s): 2 x 2 259.8-259.9 (four runs), 4 x 2 257.9, 2 x 4 256.3, 4 x 4 253.1, 1 x 2 / 1 x 3 /
 // 1 x 4 249.8-251.0, and a first form without the ring (16 pieces copied before the wait,
-// the rest in batches of H_BATCH) 251.4. Larger rings leave the SM less L1 for the
-// activation row (36 KiB at 9216 wide), which every warp reads twice per weight byte.
+// the rest in batches of H_BATCH) 251.4. The likely reason larger rings lose (not
+// measured): their shared memory is carved from the SM's L1, which the activation row (36
+// KiB at 9216 wide, read twice per weight byte by every warp) then no longer fits.
 #ifndef MV_STAGE_GROUP
 #define MV_STAGE_GROUP 2
 #endif

@@ -13,14 +13,13 @@ use crate::weights::{DFfn, DMat};
 /// One product of a run of mat-vecs: the matrix, its output and its residual (0: none).
 type Product = (DMat, u64, u64);
 
-/// The launch descriptions of up to [`MV_MATS`] products, and how many there are (no
-/// allocation: decode steps walk this).
 /// Lab switch `MV_STAGE` (`LAGOON_CUDA_DEFINES`): 1 (the default) puts a float product with a
 /// residual add (the O projection of a W4A16 checkpoint) on `mv_stage_*`, which requests
 /// more of each row before its wait and streams the rest through a ring in shared memory; 2
 /// also the float products of one input (Q/K/V/gate); 0: neither. Measured on the H200 (S
-/// 2.1 W4A16 tg64, session 30): 1 259.9 t/s, 0 248.9; 2 226.4 (with a 16-piece stage then:
-/// the Q/K/V/gate launch is several waves of blocks, which the stage only makes fewer).
+/// 2.1 W4A16 tg64, session 30): 1 259.9 t/s, 0 248.9; 2 226.4 (with the first, 16-piece
+/// stage; not re-measured with the ring. Likely cause, not measured: that launch is several
+/// waves of blocks, and the stage's shared memory and registers fit fewer blocks per SM).
 fn mv_stage() -> u32 {
     static ON: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -34,6 +33,8 @@ fn mv_stage() -> u32 {
 /// (`H_BATCH` pieces of 8 a lane, 32 lanes): only wider ones gain from `mv_stage_*`.
 const MV_STAGE_MIN_COLS: usize = 8 * 32 * 8;
 
+/// The launch descriptions of up to [`MV_MATS`] products, and how many there are (no
+/// allocation: decode steps walk this).
 fn mv_mats(mats: &[Product]) -> ([MvMat; MV_MATS], usize) {
     let mut mv = [MvMat {
         w: 0,
