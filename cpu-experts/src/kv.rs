@@ -28,8 +28,6 @@ pub struct LayerKv {
 #[derive(Debug)]
 pub struct KvCache {
     pub layers: Vec<LayerKv>,
-    /// A position's width over all KV heads: `n_kv_heads · head_dim`.
-    pub row: usize,
     /// `head_dim`: one head's rows are this far apart.
     pub d: usize,
     pub n_ctx: usize,
@@ -55,7 +53,6 @@ impl KvCache {
             .collect();
         KvCache {
             layers,
-            row,
             d: c.head_dim,
             n_ctx,
             window: c.sliding_window,

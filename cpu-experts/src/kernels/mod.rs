@@ -129,7 +129,8 @@ pub struct AttnTokens<'a> {
 }
 
 /// One token's query heads of one KV head, and the layer's K/V cache rows: position `p`'s
-/// K row is `kc[(p % cap)·row..][..row]`, the KV head's part `[off..off + d]` of it.
+/// K for this head is `kc[(p % cap)·row + off..][..d]` — whole KV rows with the head at `off`
+/// in each, or (the session's cache, `kv.rs`) the head's rows back to back, `row = d`.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnGroup<'a> {
     /// `n_heads` query rows of `d`, consecutive.
