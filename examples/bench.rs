@@ -354,6 +354,8 @@ fn profile(
     if warm {
         s.step(&batch(tokens))?;
     }
+    // The depth the profiled steps start at (after the last test and the warm-up step).
+    let depth = s.shape().2;
     s.set_profiling(true);
     for _ in 0..steps {
         s.step(&batch(tokens))?;
@@ -369,7 +371,7 @@ fn profile(
     if n_tok == 1 {
         let bytes = costs.bytes_per_token(c, Test::Tg(1), 1);
         eprintln!(
-            "\n{unit} time per decode token ({steps} steps, {parts}): {:.1} µs; \
+            "\n{unit} time per decode token ({steps} steps from depth {depth}, {parts}): {:.1} µs; \
              floor {:.1} µs ({:.0} MB at {:.0} GB/s)",
             1e3 * total,
             bytes / floor_gb_s * 1e-3,
@@ -378,7 +380,7 @@ fn profile(
         );
     } else {
         eprintln!(
-            "\n{unit} time per token of a {n_tok}-token prefill step ({parts}): {:.2} µs ({:.0} t/s)",
+            "\n{unit} time per token of a {n_tok}-token prefill step at depth {depth} ({parts}): {:.2} µs ({:.0} t/s)",
             1e3 * total,
             1e3 / total
         );
