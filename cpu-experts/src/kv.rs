@@ -46,8 +46,8 @@ impl KvCache {
                 };
                 LayerKv {
                     cap,
-                    k: vec![0.0; cap * row],
-                    v: vec![0.0; cap * row],
+                    k: committed(cap * row),
+                    v: committed(cap * row),
                 }
             })
             .collect();
@@ -63,6 +63,23 @@ impl KvCache {
     pub fn n_bytes(&self) -> usize {
         self.layers.iter().map(|l| 2 * l.k.len() * 4).sum()
     }
+}
+
+/// `n` zeros whose pages are committed now: a zeroed allocation of this size is mapped
+/// lazily, and each page's first write (the KV store of a new position, on the step's
+/// critical path) would fault. One write per 4 KiB page. Measured on the 2-core KVM VM
+/// (BENCHMARKS.md, "Session 31 …"): the prefill profile's `kv store` node 29–147 µs a token
+/// with first-touch faults against 5.1–6.5 committed. It also makes the cache's memory the
+/// session's from its creation, as llama.cpp's cleared KV buffer is, instead of a fault that
+/// may find no memory mid-generation.
+fn committed(n: usize) -> Vec<f32> {
+    let mut v = vec![0.0f32; n];
+    for x in v.iter_mut().step_by(1024) {
+        // SAFETY: x is a valid, aligned, exclusive reference into v; the volatile write
+        // keeps the compiler from dropping a store of the value already there.
+        unsafe { core::ptr::write_volatile(x, 0.0) };
+    }
+    v
 }
 
 impl LayerKv {
