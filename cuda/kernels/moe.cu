@@ -161,9 +161,14 @@ route_block(const float* __restrict__ z, const float* __restrict__ bias, float* 
         }
     }
     __syncthreads();
-    // DOWN_L2 (lab switch): one token's chosen experts' down matrices (Wd, down_bytes each)
-    // asked of L2 as soon as they are known, in 16 KB pieces spread over the block, so the
-    // down kernel after the gate/up finds them there.
+    // DOWN_L2 (lab switch, off; not measured yet -- written when session 31's device time
+    // was spent): one token's chosen experts' down matrices (Wd, down_bytes each) asked of L2
+    // as soon as they are known, in 16 KB pieces spread over the block, so the down kernel
+    // after the gate/up finds them there. Why it might pay now: the down kernel moves its
+    // 17.7-24 MB at ~1.8 TB/s in two dependent rounds of DRAM loads (the trace's quantiser +
+    // down rows, 12.6-13.5 µs), while the gate/up before it leaves ~1.6 TB/s of DRAM idle.
+    // Against it: the same prefetch issued by the gate/up kernel measured 3% slower in
+    // session 26 (and session 5), when the down kernel was a different loop.
     if (DOWN_L2 && Wd != nullptr && n == 1 && K <= E) {
         u64 pieces = (down_bytes + 16383) / 16384;
         for (u64 j = tid; j < (u64)K * pieces; j += RB_THREADS) {
