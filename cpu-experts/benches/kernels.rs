@@ -553,7 +553,7 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
     // the table's several-token path (`dot_rows_multi`, 16-row tiles).
     use lagoon_cpu::kernels::x8::dot_q4k_x8_multi;
     let fm = dot_q4k_x8_multi();
-    for tok in [64usize, 16] {
+    for tok in [64usize, 16, 8] {
         prefill_one(&k, &mut g, GgmlType::Q4K, tok, true);
         let mut rng = Rng(11);
         let m = Mat::build(Kind::G(GgmlType::Q4K), FFN, HIDDEN, &mut rng);
@@ -578,6 +578,19 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
                 }
             })
         });
+        // The AMX kernel where the CPU has it, 16 tokens a call (the store's chunks).
+        if let Some(fa) = lagoon_cpu::kernels::x8::dot_q4k_x8_multi_amx() {
+            g.bench_function(format!("prefill_q4k_{tok}tok/amx"), |b| {
+                b.iter(|| {
+                    for pg in p.chunks_exact(group) {
+                        for (r, o) in refs.chunks(16).zip(out.chunks_mut(16)) {
+                            fa(pg, r, HIDDEN, o);
+                        }
+                        black_box(&out);
+                    }
+                })
+            });
+        }
     }
     g.finish();
 }

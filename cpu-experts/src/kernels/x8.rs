@@ -712,6 +712,15 @@ pub fn dot_q4k_x8_multi() -> DotX8Multi {
     x8_pick!(q4k_x8_multi, dot_q4k_x8_multi_scalar)
 }
 
+/// The AMX several-token kernel where this CPU and OS run it (`LAGOON_CPU_AMX=0` turns it
+/// off): calls of up to 16 tokens at one row stride; others go to the 512-bit kernel.
+pub fn dot_q4k_x8_multi_amx() -> Option<DotX8Multi> {
+    #[cfg(target_arch = "x86_64")]
+    return super::arch::x86_64::q4k_x8_amx_multi();
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 /// [`dot_q4k_x8_multi`] for calls of one token (decode): 512 bits wherever the CPU has
 /// AVX512-VNNI (`arch::x86_64::q4k_x8_multi_one_token`); the same bits as every kernel here.
 pub fn dot_q4k_x8_multi_one_token() -> DotX8Multi {
@@ -725,7 +734,7 @@ pub fn dot_q4k_x8() -> DotX8 {
 
 #[cfg(test)]
 mod tests {
-    use super::testing::{Layout, act, check_reference_bits, kernels, rng};
+    use super::testing::{Layout, act, check_reference_bits, extreme, kernels, rng};
     use super::*;
     use crate::kernels::scalar;
 
@@ -742,6 +751,64 @@ mod tests {
             blk[2..4].copy_from_slice(&m.to_le_bytes());
         }
         w
+    }
+
+    /// The AMX kernel (where the CPU and OS allow it) on 1..=16 tokens whose rows lie at one
+    /// stride, as the store passes them: the scalar reference's bits, random and all-15
+    /// nibbles, activations at five scales and both extremes. (Rows at other strides take
+    /// its 512-bit fallback, checked with the other kernels below.)
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn amx_kernel_gives_the_scalar_reference_bits_for_up_to_16_tokens() {
+        let Some(f) = super::super::arch::x86_64::q4k_x8_amx_multi() else {
+            eprintln!("no AMX on this CPU (or not granted): skipped");
+            return;
+        };
+        let mut seed = 0x0a3c_5e7f_9b1d_2c4eu64;
+        for (n_rows, cols, full) in [
+            (8usize, 256usize, false),
+            (16, 2048, false),
+            (8, 3072, true),
+        ] {
+            let mut w = rows(&mut seed, n_rows, cols);
+            if full {
+                for blk in w.chunks_exact_mut(Q4K_BLOCK) {
+                    blk[16..].fill(0xFF);
+                }
+            }
+            let p = repack_q4k_x8(&w, n_rows, cols).unwrap();
+            let (rb, group) = (cols / QK_K * Q4K_BLOCK, cols / QK_K * Q4K_X8_BLOCK);
+            let ab = super::super::act::q8k_row_bytes(cols);
+            let stride = ab + 48;
+            let mut buf = vec![0u8; 16 * stride];
+            for t in 0..16 {
+                let a = match t {
+                    3 => extreme(cols, 1.0),
+                    9 => extreme(cols, -1.0),
+                    _ => act(&mut seed, cols, [1e-3f32, 1.0, 1e4, 0.5, 2.0][t % 5]),
+                };
+                buf[t * stride..][..ab].copy_from_slice(&a);
+            }
+            for n in 1..=16 {
+                let refs: Vec<&[u8]> = (0..n).map(|t| &buf[t * stride..][..ab]).collect();
+                for (g, pg) in p.chunks_exact(group).enumerate() {
+                    let mut out = vec![[0.0f32; 8]; n];
+                    f(pg, &refs, cols, &mut out);
+                    for (t, o) in out.iter().enumerate() {
+                        for (r, &got) in o.iter().enumerate() {
+                            let row = &w[(8 * g + r) * rb..][..rb];
+                            let want = scalar::vec_dot_q4k_q8k(row, refs[t], cols);
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "amx {n_rows}x{cols} full={full} n={n} t={t} row {}: {got} vs {want}",
+                                8 * g + r
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -56,8 +56,18 @@ fn is_amd() -> bool {
 /// and the CPU has it, else AVX2's where the CPU runs it. (The IQ4_XS and Q6_K families below
 /// choose the same way.)
 /// With AVX512-VNNI, the 512-bit kernel (`avx512::k4x8z`) on AMD CPUs and wherever
-/// `LAGOON_CPU_X8_ZMM=1` asks (`=0`: the 256-bit one everywhere), per [`q4k_zmm`].
+/// `LAGOON_CPU_X8_ZMM=1` asks (`=0`: the 256-bit one everywhere), per [`q4k_zmm`]; and where
+/// the CPU and OS also allow AMX (`LAGOON_CPU_AMX=0` turns it off), the tile kernel
+/// (`avx512::k4x8amx`), which hands calls of fewer tokens to that choice.
 pub(crate) fn q4k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    if vnni && let Some(a) = avx512::k4x8amx::Amx::detect() {
+        return Some(avx512::k4x8amx::q4k_x8_amx_multi_fn(a));
+    }
+    q4k_x8_multi_simd(vnni)
+}
+
+/// [`q4k_x8_multi`] without the tile kernel.
+pub(crate) fn q4k_x8_multi_simd(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
     match avx512::Avx512Vnni::detect().filter(|_| vnni) {
         Some(p) if q4k_zmm() => Some(avx512::k4x8z::q4k_x8z_multi_fn(p)),
         Some(p) => Some(avx512::x8::q4k_x8_multi_fn(p)),
@@ -122,11 +132,22 @@ fn q4k_zmm_one_token() -> bool {
 #[cfg(test)]
 pub(crate) fn q4k_x8_avx512_multi() -> Vec<(&'static str, crate::kernels::x8::DotX8Multi)> {
     avx512::Avx512Vnni::detect().map_or_else(Vec::new, |p| {
-        vec![
+        let mut k = vec![
             ("vnni256", avx512::x8::q4k_x8_multi_fn(p)),
             ("zmm", avx512::k4x8z::q4k_x8z_multi_fn(p)),
-        ]
+        ];
+        k.extend(
+            avx512::k4x8amx::Amx::detect()
+                .map(|a| ("amx", avx512::k4x8amx::q4k_x8_amx_multi_fn(a))),
+        );
+        k
     })
+}
+
+/// The AMX Q4_K 8-row several-token kernel (`avx512::k4x8amx`) where the CPU and OS allow
+/// it and `LAGOON_CPU_AMX` is not `0`.
+pub(crate) fn q4k_x8_amx_multi() -> Option<crate::kernels::x8::DotX8Multi> {
+    avx512::k4x8amx::Amx::detect().map(avx512::k4x8amx::q4k_x8_amx_multi_fn)
 }
 
 /// The repacked 8-row IQ4_XS several-token kernel (`kernels::x8_iq4xs`), as
