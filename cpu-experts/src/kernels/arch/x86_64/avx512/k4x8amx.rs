@@ -143,9 +143,10 @@ fn q4k_x8_amx_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]])
     unsafe { tiles(p, acts[0].as_ptr(), stride, n, cols, out) }
 }
 
-/// Palette-1 tile configuration for `n` tokens: tmm0 the activations (n × 32 bytes), tmm1
-/// a sub-block's weights (8 × 32), tmm2/tmm3 sub-block products (n × 8 i32), tmm4 the bsums'
-/// bytes (n × 16), tmm5 the mins (4 × 32), tmm6/tmm7 the min products.
+/// Palette-1 tile configuration for `n` tokens: tmm0 the activations of a sub-block pair
+/// (n × 64 bytes), tmm1 the pair's weights (16 × 64), tmm2/tmm3 pair products (n × 16 i32),
+/// tmm4 the bsums' bytes (n × 16), tmm5 the mins (4 × 32), tmm6/tmm7 the min products
+/// (n × 8 i32).
 #[repr(C, align(64))]
 struct TileCfg([u8; 64]);
 
@@ -153,10 +154,10 @@ fn config(n: usize) -> TileCfg {
     let mut c = [0u8; 64];
     c[0] = 1;
     for (t, (rows, colsb)) in [
-        (n, 32u16),
-        (8, 32),
-        (n, 32),
-        (n, 32),
+        (n, 64u16),
+        (16, 64),
+        (n, 64),
+        (n, 64),
         (n, 16),
         (4, 32),
         (n, 32),
@@ -173,15 +174,19 @@ fn config(n: usize) -> TileCfg {
 
 #[repr(C, align(64))]
 struct Stage {
-    /// Sub-block j's weights, nibble-masked: B tiles of 8 × 32 bytes.
-    w: [[u8; 256]; 8],
+    /// Sub-blocks 2c and 2c + 1's weights, nibble-masked, as one 16 × 64-byte B tile: rows
+    /// 0..8 hold sub-block 2c's steps in columns 0..8 (bytes 0..32) and zeros beside them,
+    /// rows 8..16 zeros then sub-block 2c + 1's steps in columns 8..16, so one K = 64
+    /// product against the pair's 64 activation bytes gives both sub-blocks' dots apart.
+    w: [[[u8; 64]; 16]; 4],
     /// The rows' mins with each byte doubled: the 4 × 32-byte B tile.
     mins: [u8; 128],
     /// The tokens' 16 bsums of the super-block, low and high bytes (A tiles, 16 bytes a row).
     bs_lo: [[u8; 16]; AMX_TOKENS],
     bs_hi: [[u8; 16]; AMX_TOKENS],
-    /// Sub-block products (n × 8 i32 each, token-major) and the min products.
-    c: [[[i32; 8]; AMX_TOKENS]; 8],
+    /// Pair products (token-major: sub-block 2c's eight rows, then 2c + 1's) and the min
+    /// products.
+    c: [[[i32; 16]; AMX_TOKENS]; 4],
     c_lo: [[i32; 8]; AMX_TOKENS],
     c_hi: [[i32; 8]; AMX_TOKENS],
 }
@@ -202,15 +207,15 @@ unsafe fn tiles(
     let nb = cols / 256;
     let cfg = config(n);
     let mut st = Stage {
-        w: [[0; 256]; 8],
+        w: [[[0; 64]; 16]; 4],
         mins: [0; 128],
         bs_lo: [[0; 16]; AMX_TOKENS],
         bs_hi: [[0; 16]; AMX_TOKENS],
-        c: [[[0; 8]; AMX_TOKENS]; 8],
+        c: [[[0; 16]; AMX_TOKENS]; 4],
         c_lo: [[0; 8]; AMX_TOKENS],
         c_hi: [[0; 8]; AMX_TOKENS],
     };
-    let m4 = _mm512_set1_epi8(0x0F);
+    let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); AMX_TOKENS / 2];
     let pairs = n.div_ceil(2);
     // Token t's row, its super-block b's scale and bsums (Q8_K: qs, d, bsums).
@@ -227,14 +232,15 @@ unsafe fn tiles(
         // stores at multiples of 64 or 16 bytes of a 64-aligned struct), and token t's bsums
         // of super-block b inside its row (t < n, b < nb).
         unsafe {
-            // The weights: low nibbles of step chunk c are sub-block 2c, high ones 2c + 1.
+            // The weights: low nibbles of step chunk c are sub-block 2c (tile rows 0..8, bytes
+            // 0..32), high ones 2c + 1 (rows 8..16, bytes 32..64); the other halves stay zero.
             for c in 0..4 {
-                for h in 0..4 {
-                    let w = _mm512_loadu_si512(o.as_ptr().add(160 + 256 * c + 64 * h).cast());
-                    let lo = _mm512_and_si512(w, m4);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
-                    _mm512_store_si512(st.w[2 * c].as_mut_ptr().add(64 * h).cast(), lo);
-                    _mm512_store_si512(st.w[2 * c + 1].as_mut_ptr().add(64 * h).cast(), hi);
+                for k in 0..8 {
+                    let w = _mm256_loadu_si256(o.as_ptr().add(160 + 256 * c + 32 * k).cast());
+                    let lo = _mm256_and_si256(w, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                    _mm256_store_si256(st.w[c][k].as_mut_ptr().cast(), lo);
+                    _mm256_store_si256(st.w[c][8 + k].as_mut_ptr().add(32).cast(), hi);
                 }
             }
             // The mins' tile: row kk holds, for row r, the mins of sub-blocks 2kk, 2kk,
@@ -259,9 +265,9 @@ unsafe fn tiles(
             }
         }
         let qa = row(0).wrapping_add(256 * b);
-        for j in (0..8).step_by(2) {
-            // SAFETY: the A tiles read n rows of 32 bytes at qa + 32j (+ 32) and `stride`,
-            // inside the tokens' quants; B reads 8 × 32 bytes of st.w; C stores n × 32 bytes
+        for c in (0..4).step_by(2) {
+            // SAFETY: the A tiles read n rows of 64 bytes at qa + 64c (+ 64) and `stride`,
+            // inside the tokens' quants; B reads 16 × 64 bytes of st.w; C stores n × 64 bytes
             // into st.c (16 rows).
             unsafe {
                 asm!(
@@ -275,15 +281,15 @@ unsafe fn tiles(
                     "tdpbssd tmm3, tmm0, tmm1",
                     "tilestored [{c0} + {cs}*1], tmm2",
                     "tilestored [{c1} + {cs}*1], tmm3",
-                    a = in(reg) qa.wrapping_add(32 * j),
-                    a1 = in(reg) qa.wrapping_add(32 * j + 32),
+                    a = in(reg) qa.wrapping_add(64 * c),
+                    a1 = in(reg) qa.wrapping_add(64 * c + 64),
                     s = in(reg) stride,
-                    w0 = in(reg) st.w[j].as_ptr(),
-                    w1 = in(reg) st.w[j + 1].as_ptr(),
-                    ws = in(reg) 32usize,
-                    c0 = in(reg) st.c[j].as_mut_ptr(),
-                    c1 = in(reg) st.c[j + 1].as_mut_ptr(),
-                    cs = in(reg) 32usize,
+                    w0 = in(reg) st.w[c].as_ptr(),
+                    w1 = in(reg) st.w[c + 1].as_ptr(),
+                    ws = in(reg) 64usize,
+                    c0 = in(reg) st.c[c].as_mut_ptr(),
+                    c1 = in(reg) st.c[c + 1].as_mut_ptr(),
+                    cs = in(reg) 64usize,
                     options(nostack),
                 );
             }
@@ -313,24 +319,37 @@ unsafe fn tiles(
             );
         }
         // SAFETY: the loads below: the rows' d, dmin and sub-block scales lie in the
-        // super-block's first 96 bytes; st.c[j][t] and st.c_lo/hi[t] with t even are 64-byte
-        // aligned and t + 1 < 16.
+        // super-block's first 96 bytes; st.c[c][t], st.c[c][t + 1] and st.c_lo/hi[t] with t
+        // even are 64-byte aligned and t + 1 < 16.
         unsafe {
             // d, dmin and the sub-block scales over both halves of a register (two tokens).
             let d = both_ps(_mm256_cvtph_ps(_mm_loadu_si128(o.as_ptr().cast())));
             let dmin = both_ps(_mm256_cvtph_ps(_mm_loadu_si128(o.as_ptr().add(16).cast())));
-            let mut sc = [_mm512_setzero_si512(); 8];
-            for (j, s) in sc.iter_mut().enumerate() {
-                let s8 = _mm_loadl_epi64(o.as_ptr().add(32 + 8 * j).cast());
-                *s = both_epi(_mm256_cvtepu8_epi32(s8));
+            // Sub-blocks 2c and 2c + 1's scales of the eight rows: the 16 bytes at 32 + 16c.
+            let mut sc = [_mm512_setzero_si512(); 4];
+            for (c, s) in sc.iter_mut().enumerate() {
+                *s = _mm512_cvtepu8_epi32(_mm_loadu_si128(o.as_ptr().add(32 + 16 * c).cast()));
             }
             for (q, acc) in acc.iter_mut().enumerate().take(pairs) {
                 let t = 2 * q;
-                let mut sumi = _mm512_setzero_si512();
-                for (j, s) in sc.iter().enumerate() {
-                    let c = _mm512_load_si512(st.c[j][t].as_ptr().cast());
-                    sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(c, *s));
+                // Each token's Σ_j sc_j·dot_j: the pair products' lanes (2c's rows, then
+                // 2c + 1's) scaled and summed over c, the two halves folded onto the rows.
+                let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for (c, s) in sc.iter().enumerate() {
+                    let c0 = _mm512_load_si512(st.c[c][t].as_ptr().cast());
+                    let c1 = _mm512_load_si512(st.c[c][t + 1].as_ptr().cast());
+                    s0 = _mm512_add_epi32(s0, _mm512_mullo_epi32(c0, *s));
+                    s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(c1, *s));
                 }
+                let f0 = _mm256_add_epi32(
+                    _mm512_castsi512_si256(s0),
+                    _mm512_extracti64x4_epi64::<1>(s0),
+                );
+                let f1 = _mm256_add_epi32(
+                    _mm512_castsi512_si256(s1),
+                    _mm512_extracti64x4_epi64::<1>(s1),
+                );
+                let sumi = both_halves(f0, f1);
                 let lo = _mm512_load_si512(st.c_lo[t].as_ptr().cast());
                 let hi = _mm512_load_si512(st.c_hi[t].as_ptr().cast());
                 let summ = _mm512_add_epi32(lo, _mm512_slli_epi32::<8>(hi));
@@ -368,9 +387,9 @@ fn both_ps(x: __m256) -> __m512 {
     ))
 }
 
-/// `x` in both halves of a 512-bit register.
+/// `lo` and `hi` as the two halves of a 512-bit register.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn both_epi(x: __m256i) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), x)
+fn both_halves(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
