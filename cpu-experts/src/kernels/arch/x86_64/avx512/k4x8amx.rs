@@ -22,11 +22,19 @@
 //! (`ggml-cpu/amx/`), not read for this.
 //!
 //! Measured on the 2-core AVX512-VNNI + AMX VM (BENCHMARKS.md, "Session 31 …"): kernel bench
-//! `q4k_x8_1tok/prefill_q4k_16tok/amx` 392 GOP/s against the 512-bit kernel's 265 (one
+//! `q4k_x8_1tok/prefill_q4k_16tok/amx` 400 GOP/s against the 512-bit kernel's 265 (one
 //! thread, 1024 × 3072, in cache; slower below ~9 tokens, see [`AMX_MIN_TOKENS`]); XS.2 8
-//! layers Q4_K_M pp512 270.0 / 270.2 → 305.0 / 302.2 t/s (2 threads, `LAGOON_CPU_AMX=0`
-//! against the default, alternating). The tiles take ~1/26 of a super-block's time: the
-//! rest is the stage (nibble masks, bsum bytes) and the per-sub-block scale multiply.
+//! layers Q4_K_M pp512 273.4 / 274.5 → 317.2 / 319.4 t/s (2 threads, `LAGOON_CPU_AMX=0`
+//! against the default, alternating). Where a super-block's ~170 ns go (ablations of the
+//! first, one-sub-block-a-product form, 16 tokens): the tile instructions ~73 ns, the stage
+//! ~35, the epilogue ~50; pairing the sub-blocks halved the tile instructions for +2%, and
+//! A tiles read from an aligned copy instead of the activation rows (3,504 bytes apart, so
+//! most tile rows straddle two cache lines) would be +27%, but the copy costs more than it
+//! saves; staging the next super-block between a product and its epilogue was slower
+//! (−12%). Not measured: two groups a call (the tokens' rows read once for 16 weight rows).
+//!
+//! Asking for the tile state enlarges the process's signal frames (the kernel's xstate
+//! grows by ~8 KB): a host program with a small `sigaltstack` should set `LAGOON_CPU_AMX=0`.
 
 use core::arch::asm;
 use core::arch::x86_64::*;
