@@ -4,13 +4,14 @@
 //! `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked once in [`Amx::detect`]).
 //!
 //! The x8 layout's 32-byte step (four bytes of each of the eight rows) is, nibble-masked,
-//! exactly one row of a `tdpbssd` B tile (K/4 rows of N = 8 columns × 4 bytes), so a
-//! sub-block's 32 weights of eight rows are one 8 × 32-byte B tile, and the tokens' 32
-//! activation bytes of that sub-block one A tile of `n` rows read in place from the
-//! activation rows (which the store lays out at one stride). Per super-block and sub-block
-//! one `tdpbssd` gives every (token, row) integer dot exactly; the tile is stored and
-//! multiplied by the rows' 6-bit scale on 512 bits (two tokens a register), summed over
-//! the eight sub-blocks (exact i32, as the other kernels). The mins go through the tiles
+//! exactly one row of a `tdpbssd` B tile (K/4 rows of N columns × 4 bytes). Sub-blocks 2c
+//! and 2c + 1 share their steps (low and high nibbles), so their weights make one 16 × 64-byte
+//! B tile — 2c's steps in rows 0..8 and columns 0..8, 2c + 1's in rows 8..16 and columns
+//! 8..16, zeros elsewhere — against an A tile of the tokens' 64 activation bytes of the pair,
+//! read in place from the activation rows (which the store lays out at one stride): one
+//! K = 64 `tdpbssd` gives every (token, row) integer dot of both sub-blocks, apart and exact.
+//! The tile is stored and multiplied by the rows' 6-bit scales on 512 bits, summed over the
+//! pairs and folded onto the eight rows (exact i32, as the other kernels). The mins go through the tiles
 //! too: the rows' mins, each byte duplicated, form a 4 × 32-byte B tile against the
 //! tokens' sixteen 16-element sums split into low (unsigned) and high (signed) bytes
 //! (`tdpbusd` and `tdpbssd`: Σ m·bsum = lo + 256·hi, exact). Then the scalar reference's
@@ -27,11 +28,12 @@
 //! layers Q4_K_M pp512 273.4 / 274.5 → 317.2 / 319.4 t/s (2 threads, `LAGOON_CPU_AMX=0`
 //! against the default, alternating). Where a super-block's ~170 ns go (ablations of the
 //! first, one-sub-block-a-product form, 16 tokens): the tile instructions ~73 ns, the stage
-//! ~35, the epilogue ~50; pairing the sub-blocks halved the tile instructions for +2%, and
-//! A tiles read from an aligned copy instead of the activation rows (3,504 bytes apart, so
-//! most tile rows straddle two cache lines) would be +27%, but the copy costs more than it
-//! saves; staging the next super-block between a product and its epilogue was slower
-//! (−12%), and two groups a call sharing each A tile (358 against 371 GOP/s in one run).
+//! ~35, the epilogue ~50; pairing the sub-blocks halved the tile instructions for +2%.
+//! Activation rows 64-byte aligned (they are 3,504 bytes apart at S 2.1's width, so most A
+//! tile rows straddle two cache lines) measured +10% with a bench buffer made so; copying
+//! them aligned inside the kernel cost more than it saved. Slower, not kept: staging the next
+//! super-block between a product and its epilogue (−12%), two groups a call sharing each A
+//! tile (358 against 371 GOP/s in one run).
 //!
 //! Asking for the tile state enlarges the process's signal frames (the kernel's xstate
 //! grows by ~8 KB): a host program with a small `sigaltstack` should set `LAGOON_CPU_AMX=0`.
