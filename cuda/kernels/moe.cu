@@ -69,10 +69,11 @@ route(const float* __restrict__ z, const float* __restrict__ bias, float* __rest
 // extra barrier, shared atomics and serial candidate loop made S 2.1 Q4_K_M decode 303.3 ->
 // 292 t/s on the H200.)
 #define RB_THREADS 256
+#define RB_MAX_K 64
+// Lab switch: route_block asks L2 for the chosen experts' down matrices (see its use).
 #ifndef DOWN_L2
 #define DOWN_L2 0
 #endif
-#define RB_MAX_K 64
 // How many of keys[0 .. n) come before key v at index i (larger first, ties to the lower
 // index): v's 0-based rank among them.
 __device__ __forceinline__ int rank_among(const float* __restrict__ keys, int n, float v, int i) {

@@ -51,8 +51,9 @@ pub(crate) const AMX_TOKENS: usize = 16;
 /// Fewest tokens a call takes to the tiles; fewer go to the 512-bit kernels. Measured on the
 /// 2-core AVX512-VNNI VM (kernel bench `q4k_x8_1tok/prefill_q4k_*tok`, one thread, 1024 ×
 /// 3072, in cache), GOP/s tiles against `dot_q4k_x8_multi`'s other choice: 4 tokens 143 /
-/// 258, 8 tokens 253 / 269, 16 tokens 392 / 265 (the per-call staging and the per-pair
-/// epilogue cost the same for 4 tokens as for 16).
+/// 258, 8 tokens 253 / 269, 16 tokens 392 / 265 (the first, one-product-per-sub-block form;
+/// the paired form 400 at 16; the per-call staging and the per-pair epilogue cost the same
+/// for 4 tokens as for 16).
 const AMX_MIN_TOKENS: usize = 10;
 
 /// Proof that this CPU runs AMX-TILE and AMX-INT8 with the OS's permission, and the
