@@ -70,10 +70,6 @@ route(const float* __restrict__ z, const float* __restrict__ bias, float* __rest
 // 292 t/s on the H200.)
 #define RB_THREADS 256
 #define RB_MAX_K 64
-// Lab switch: route_block asks L2 for the chosen experts' down matrices (see its use).
-#ifndef DOWN_L2
-#define DOWN_L2 0
-#endif
 // How many of keys[0 .. n) come before key v at index i (larger first, ties to the lower
 // index): v's 0-based rank among them.
 __device__ __forceinline__ int rank_among(const float* __restrict__ keys, int n, float v, int i) {
@@ -102,12 +98,10 @@ __device__ __forceinline__ int rank_among(const float* __restrict__ keys, int n,
 }
 extern "C" __global__ void __launch_bounds__(RB_THREADS)
 route_block(const float* __restrict__ z, const float* __restrict__ bias, float* __restrict__ ids,
-            float* __restrict__ weights, int E, int K, int norm, int n, const u8* __restrict__ Wd,
-            u64 down_bytes) {
+            float* __restrict__ weights, int E, int K, int norm, int n) {
     __shared__ __align__(16) float sel[ROUTE_MAX_EXPERTS];
     __shared__ float sg[ROUTE_MAX_EXPERTS];
     __shared__ float ws[RB_MAX_K];
-    __shared__ u32 sid[RB_MAX_K];
     __shared__ float wsum;
     __shared__ int odd;
     int t = blockIdx.x, tid = threadIdx.x;
@@ -146,7 +140,6 @@ route_block(const float* __restrict__ z, const float* __restrict__ bias, float* 
                 if (be == 0x7fffffff) be = slot;
                 if (be < E) sel[be] = -LG_INF;
                 idt[slot] = (u32)be;
-                sid[slot] = (u32)be;
                 ws[slot] = be < E ? sg[be] : sigmoid_f(zt[be]);
             }
         }
@@ -156,27 +149,11 @@ route_block(const float* __restrict__ z, const float* __restrict__ bias, float* 
             int rank = rank_among(sel, E, v, e);
             if (rank < K) {
                 idt[rank] = (u32)e;
-                sid[rank] = (u32)e;
                 ws[rank] = sg[e];
             }
         }
     }
     __syncthreads();
-    // DOWN_L2 (lab switch, off; not measured yet -- written when session 31's device time
-    // was spent): one token's chosen experts' down matrices (Wd, down_bytes each) asked of L2
-    // as soon as they are known, in 16 KB pieces spread over the block, so the down kernel
-    // after the gate/up finds them there. Why it might pay now: the down kernel moves its
-    // 17.7-24 MB at ~1.8 TB/s in two dependent rounds of DRAM loads (the trace's quantiser +
-    // down rows, 12.6-13.5 µs), while the gate/up before it leaves ~1.6 TB/s of DRAM idle.
-    // Against it: the same prefetch issued by the gate/up kernel measured 3% slower in
-    // session 26 (and session 5), when the down kernel was a different loop.
-    if (DOWN_L2 && Wd != nullptr && n == 1 && K <= E) {
-        u64 pieces = (down_bytes + 16383) / 16384;
-        for (u64 j = tid; j < (u64)K * pieces; j += RB_THREADS) {
-            u64 o = (j % pieces) * 16384;
-            prefetch_l2(Wd + (size_t)sid[j / pieces] * down_bytes + o, min((u64)16384, down_bytes - o));
-        }
-    }
     if (norm && tid == 0) {
         float sum = 0.0f;
         for (int slot = 0; slot < K; slot++) sum += ws[slot];

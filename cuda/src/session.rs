@@ -1594,7 +1594,7 @@ impl CudaSession {
                     ids,
                     weights,
                 } => {
-                    let DFfn::Moe { bias, down, .. } = &self.w.layers[layer].ffn else {
+                    let DFfn::Moe { bias, .. } = &self.w.layers[layer].ffn else {
                         unreachable!("route on a dense layer")
                     };
                     dev.launch(
@@ -1610,10 +1610,6 @@ impl CudaSession {
                             I(c.n_experts_used as i32),
                             I(c.norm_topk_prob as i32),
                             I(n as i32),
-                            // The experts' down matrices, for the lab switch DOWN_L2 (the
-                            // chosen ones asked of L2 when one token is routed).
-                            P(down.ptr),
-                            P(down.expert_bytes),
                         ],
                     )?;
                 }

@@ -155,9 +155,6 @@ fn router_matches_reference_including_ties() {
                     Arg::I(k as i32),
                     Arg::I(norm as i32),
                     Arg::I(n as i32),
-                    // (route_block: no down matrices to ask L2 for)
-                    Arg::P(0),
-                    Arg::P(0),
                 ],
             )
             .unwrap();
