@@ -595,6 +595,36 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
             });
         }
     }
+    // Q6_K's 8-row layout (`kernels::x8_q6k`, the store's for every Q6_K matrix but the
+    // output) at 16 tokens a call, the same shape, against the Q4_K entries above.
+    {
+        use lagoon_cpu::kernels::x8_q6k::{Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
+        const TOK: usize = 16;
+        let f6 = dot_q6k_x8_multi();
+        let mut rng = Rng(12);
+        let m = Mat::build(Kind::G(GgmlType::Q6K), FFN, HIDDEN, &mut rng);
+        let p = repack_q6k_x8(&m.data, FFN, HIDDEN).expect("8-row groups");
+        let ab = Kernels::act_row_bytes(k.act_format(&m.view()), HIDDEN);
+        let mut acts = vec![0u8; TOK * ab];
+        for a in acts.chunks_exact_mut(ab) {
+            let x: Vec<f32> = (0..HIDDEN)
+                .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
+                .collect();
+            k.quantize_act(k.act_format(&m.view()), &x, a);
+        }
+        let refs: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+        let mut out = vec![[0f32; 8]; TOK];
+        let group = HIDDEN / 256 * Q6K_X8_BLOCK;
+        g.throughput(Throughput::Elements((2 * FFN * HIDDEN * TOK) as u64));
+        g.bench_function("prefill_q6k_16tok/x8", |b| {
+            b.iter(|| {
+                for pg in p.chunks_exact(group) {
+                    f6(pg, &refs, HIDDEN, &mut out);
+                    black_box(&out);
+                }
+            })
+        });
+    }
     g.finish();
 }
 

@@ -152,19 +152,28 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
             }
         }
     }
-    // Q6_K only when asked for (`LAGOON_CPU_X8_Q6K=1`): its layout wins prefill (2.6x single
-    // thread on an AVX2 VM) but loses one-token decode (−35%) to the table's one-row kernel,
-    // and a session takes one kernel for both (decode and prefill give the same bits).
-    // BENCHMARKS.md, "Session 18".
-    if std::env::var_os("LAGOON_CPU_X8_Q6K").is_none_or(|v| v != "1") {
+    // Q6_K: every matrix but the output (lm_head) by default; `LAGOON_CPU_X8_Q6K=0` none,
+    // `=1` the output too. Its 8-row layout wins prefill (2.6x single thread on an AVX2 VM,
+    // session 18) but its one-token kernel loses to the table's one-row one (−35% there), and
+    // a matrix takes one kernel for decode and prefill (the two give different bits). The
+    // output is the one Q6_K matrix that prefill runs on a single row (the last), and the
+    // largest that decode reads; left to the one-row kernel, the others' repack is level in
+    // decode and wins prefill. 2-core AVX512-VNNI VM, XS.2 8 layers Q4_K_M (Q6_K: 3 of 7
+    // expert downs, 4 attn_v, the dense down, 3 shared downs, the output), pp512 / tg128 t/s,
+    // alternating, session 32: none 319.5 / 48.95, 320.6 / 47.79; all but the output 327.8 /
+    // 48.91, 330.9 / 49.30; all 328.9 / 44.64, 326.8 / 47.14 (BENCHMARKS.md).
+    let q6 = std::env::var("LAGOON_CPU_X8_Q6K").unwrap_or_default();
+    if q6 != "1" {
+        let out: *const lagoon_core::weights::MatRef<'_> = &w.output;
         mats.retain(|m| {
-            !matches!(
+            let is_q6k = matches!(
                 m.enc,
                 lagoon_core::weights::Encoding::Ggml {
                     ty: lagoon_core::dtype::GgmlType::Q6K,
                     ..
                 }
-            )
+            );
+            !is_q6k || (q6 != "0" && !core::ptr::eq(*m, out))
         });
     }
     // int4 compressed-tensors rows unless `LAGOON_CPU_X8_CT4=0`: since session 23 (scales

@@ -99,8 +99,8 @@ fn repacked_q4k_products_in_a_session() {
     let toks: Vec<u32> = (0..19)
         .map(|i| (i * 37 + 5) % c.vocab_size as u32)
         .collect();
-    // SAFETY: this binary's only test; set before the sessions below read them. (Q6_K is
-    // repacked only when asked for.)
+    // SAFETY: this binary's only test; set before the sessions below read them. (`=1`: every
+    // Q6_K matrix, the output too.)
     unsafe { std::env::set_var("LAGOON_CPU_X8_Q6K", "1") };
     // SAFETY: as above.
     unsafe { std::env::set_var("LAGOON_CPU_X8", "0") };

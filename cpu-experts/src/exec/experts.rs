@@ -41,7 +41,7 @@ use alloc::vec::Vec;
 use lagoon_core::ops;
 use lagoon_core::weights::MatRef;
 
-use super::{CLAIMS_PER_THREAD, ThreadScratch, row_tile};
+use super::{CLAIMS_PER_THREAD, ThreadScratch, aligned_rows, aligned_rows_bytes, row_tile};
 use crate::kernels::{ActFormat, Kernels, act};
 use crate::pool::{Dynamic, SharedOut, ThreadPool};
 
@@ -176,15 +176,15 @@ impl ExpertScratch {
             eg: vec![0.0; pairs * expert_ffn],
             eu: vec![0.0; pairs * expert_ffn],
             ey: vec![0.0; if pairs > 0 { k * h } else { 0 }],
-            act_t: vec![0; max_tokens * rb[0]],
-            act_g: vec![0; pairs * rb[0]],
-            act_u: vec![0; pairs * rb[1]],
-            act_d: vec![0; pairs * rb[2]],
+            act_t: vec![0; aligned_rows_bytes(max_tokens, rb[0])],
+            act_g: vec![0; aligned_rows_bytes(pairs, rb[0])],
+            act_u: vec![0; aligned_rows_bytes(pairs, rb[1])],
+            act_d: vec![0; aligned_rows_bytes(pairs, rb[2])],
             sg: vec![0.0; tokens * sh_ffn],
             su: vec![0.0; tokens * sh_ffn],
-            act_sd: vec![0; tokens * rb_sd],
+            act_sd: vec![0; aligned_rows_bytes(tokens, rb_sd)],
             sd: vec![0.0; tokens * h],
-            act_ts: vec![0; tokens * rb_ts],
+            act_ts: vec![0; aligned_rows_bytes(tokens, rb_ts)],
             tokens,
         }
     }
@@ -439,35 +439,41 @@ pub(crate) fn run(
         Some(kern) => {
             let [ab_g, ab_u, _] = row_bytes(kern, g0, u0, d0);
             let (fg, fu) = (kern.act_format(g0), kern.act_format(u0));
+            // Where the rows go (`aligned_rows`): token rows in act_t, pair rows in act_g and
+            // act_u; one token: every pair reads the token's row (stride 0).
+            let np = pairs.len();
+            let (ot, st_t) = aligned_rows(act_t, ab_g, n);
+            let (og, st_g) = aligned_rows(act_g, ab_g, np);
+            let (ou, st_u) = aligned_rows(act_u, ab_u, np);
             if n == 1 {
                 kern.quantize_act(fg, &xs[..h], &mut act_t[..ab_g]);
                 if ab_u > 0 {
                     kern.quantize_act(fu, &xs[..h], &mut act_u[..ab_u]);
                 }
             } else {
-                let g = (fg, ab_g, &mut act_t[..], &mut act_g[..]);
-                gather(kern, pool, g, (fu, ab_u, act_u), slot_pos, xs, h, k, n);
+                let g = (fg, ab_g, &mut act_t[ot..], st_t, &mut act_g[og..], st_g);
+                let u = (fu, ab_u, &mut act_u[ou..], st_u);
+                gather(kern, pool, g, u, slot_pos, xs, h, k, n);
             }
-            // One token: every pair reads the token's row (stride 0).
-            let (pair_rows, stride) = if n == 1 {
-                (&act_t[..], 0)
+            let (pair_rows, st_g, pair_u, st_u) = if n == 1 {
+                (&act_t[..], 0, &act_u[..], 0)
             } else {
-                (&act_g[..], 1)
+                (&act_g[og..], st_g, &act_u[ou..], st_u)
             };
             let src_g = Src::Act {
                 k: kern,
                 act: pair_rows,
                 ab: ab_g,
-                stride: stride * ab_g,
+                stride: st_g,
             };
             let src_u = if ab_u == 0 {
                 src_g
             } else {
                 Src::Act {
                     k: kern,
-                    act: act_u,
+                    act: pair_u,
                     ab: ab_u,
-                    stride: stride * ab_u,
+                    stride: st_u,
                 }
             };
             // The shared expert reads the tokens' rows in the routed gate's format, or its own
@@ -476,17 +482,17 @@ pub(crate) fn run(
             let src_sh = if fs == fg {
                 Src::Act {
                     k: kern,
-                    act: act_t,
+                    act: &act_t[ot..],
                     ab: ab_g,
-                    stride: ab_g,
+                    stride: st_t,
                 }
             } else {
-                let ab_s = super::quantize_rows(kern, pool, fs, xs, n, h, act_ts);
+                let (rows, stride) = super::quantize_rows(kern, pool, fs, xs, n, h, act_ts);
                 Src::Act {
                     k: kern,
-                    act: act_ts,
-                    ab: ab_s,
-                    stride: ab_s,
+                    act: rows,
+                    ab: Kernels::act_row_bytes(fs, h),
+                    stride,
                 }
             };
             (src_g, src_u, src_sh)
@@ -509,28 +515,30 @@ pub(crate) fn run(
     done[sh_done].store(0, Ordering::Relaxed);
     let fd = kernels.map(|kern| kern.act_format(d0));
     let ab_d = fd.map_or(0, |f| Kernels::act_row_bytes(f, i));
+    let (od, st_d) = aligned_rows(act_d, ab_d, n_pairs);
     let fsd = kernels.zip(sh).map(|(kern, m)| kern.act_format(m.down));
     let ab_sd = fsd.map_or(0, |f| Kernels::act_row_bytes(f, i_sh));
+    let (osd, st_sd) = aligned_rows(act_sd, ab_sd, n);
     {
         let (egs, eus) = (
             SharedOut::new(&mut eg[..n_pairs * i]),
             SharedOut::new(&mut eu[..n_pairs * i]),
         );
-        let acts_d = SharedOut::new(&mut act_d[..n_pairs * ab_d]);
+        let acts_d = SharedOut::new(&mut act_d[od..od + n_pairs * st_d]);
         let (sgs, sus) = (
             SharedOut::new(&mut sg[..n * i_sh]),
             SharedOut::new(&mut su[..n * i_sh]),
         );
-        let acts_sd = SharedOut::new(&mut act_sd[..n * ab_sd]);
-        // SwiGLU of rows j0..j0+m of width `w`, quantised into `act` (`ab` bytes a row).
+        let acts_sd = SharedOut::new(&mut act_sd[osd..osd + n * st_sd]);
+        // SwiGLU of rows j0..j0+m of width `w`, quantised into `act` (`ab` bytes a row,
+        // `stride` apart).
         let finish = |g: SharedOut,
                       u: SharedOut,
                       w: usize,
                       j0: usize,
                       m: usize,
                       fmt: Option<ActFormat>,
-                      act: SharedOut<u8>,
-                      ab: usize| {
+                      (act, ab, stride): (SharedOut<u8>, usize, usize)| {
             for j in j0..j0 + m {
                 // SAFETY: every item writing these rows has finished (the caller acquired
                 // their increments of the group's counter), and only this thread touches
@@ -545,7 +553,8 @@ pub(crate) fn run(
                 }
                 if let (Some(kern), Some(fmt)) = (kernels, fmt) {
                     // SAFETY: row j's activation bytes are written by this thread only.
-                    kern.quantize_act(fmt, g, unsafe { act.slice(j * ab..(j + 1) * ab) });
+                    let dst = unsafe { act.slice(j * stride..j * stride + ab) };
+                    kern.quantize_act(fmt, g, dst);
                 }
             }
         };
@@ -569,7 +578,7 @@ pub(crate) fn run(
                         });
                     }
                     if done[sh_done].fetch_add(1, Ordering::AcqRel) + 1 == sh_tiles as u32 {
-                        finish(sgs, sus, i_sh, 0, n, fsd, acts_sd, ab_sd);
+                        finish(sgs, sus, i_sh, 0, n, fsd, (acts_sd, ab_sd, st_sd));
                     }
                     continue;
                 }
@@ -589,7 +598,7 @@ pub(crate) fn run(
                 // The last of the group's tiles: every row of its pairs is written (each
                 // finisher's writes happen before its increment, which this one acquires).
                 if done[gi].fetch_add(1, Ordering::AcqRel) + 1 == tiles as u32 {
-                    finish(egs, eus, i, j0, m, fd, acts_d, ab_d);
+                    finish(egs, eus, i, j0, m, fd, (acts_d, ab_d, st_d));
                 }
             }
         });
@@ -598,15 +607,15 @@ pub(crate) fn run(
         Some(kern) => (
             Src::Act {
                 k: kern,
-                act: &act_d[..n_pairs * ab_d],
+                act: &act_d[od..od + n_pairs * st_d],
                 ab: ab_d,
-                stride: ab_d,
+                stride: st_d,
             },
             Src::Act {
                 k: kern,
-                act: &act_sd[..n * ab_sd],
+                act: &act_sd[osd..osd + n * st_sd],
                 ab: ab_sd,
-                stride: ab_sd,
+                stride: st_sd,
             },
         ),
         None => (
@@ -715,8 +724,8 @@ pub(crate) fn run(
 fn gather(
     kern: &Kernels,
     pool: &ThreadPool,
-    (fg, ab_g, act_t, act_g): (ActFormat, usize, &mut [u8], &mut [u8]),
-    (fu, ab_u, act_u): (ActFormat, usize, &mut [u8]),
+    (fg, ab_g, act_t, st_t, act_g, st_g): (ActFormat, usize, &mut [u8], usize, &mut [u8], usize),
+    (fu, ab_u, act_u, st_u): (ActFormat, usize, &mut [u8], usize),
     slot_pos: &[u32],
     xs: &[f32],
     h: usize,
@@ -738,20 +747,20 @@ fn gather(
                 .filter(|&j| j != u32::MAX as usize);
             // SAFETY: token t's row and the rows of token t's pairs are written by this
             // item only.
-            let a = unsafe { tok.slice(t * ab_g..(t + 1) * ab_g) };
+            let a = unsafe { tok.slice(t * st_t..t * st_t + ab_g) };
             kern.quantize_act(fg, x, a);
             for j in pos.clone() {
                 // SAFETY: as above.
-                unsafe { pg.slice(j * ab_g..(j + 1) * ab_g) }.copy_from_slice(a);
+                unsafe { pg.slice(j * st_g..j * st_g + ab_g) }.copy_from_slice(a);
             }
             let mut pos = pos;
             if let (true, Some(first)) = (ab_u > 0, pos.next()) {
                 // SAFETY: as above.
-                let a = unsafe { pu.slice(first * ab_u..(first + 1) * ab_u) };
+                let a = unsafe { pu.slice(first * st_u..first * st_u + ab_u) };
                 kern.quantize_act(fu, x, a);
                 for j in pos {
                     // SAFETY: as above; row j differs from row `first`.
-                    unsafe { pu.slice(j * ab_u..(j + 1) * ab_u) }.copy_from_slice(a);
+                    unsafe { pu.slice(j * st_u..j * st_u + ab_u) }.copy_from_slice(a);
                 }
             }
         }

@@ -978,34 +978,60 @@ fn route(
 /// Rows below which activations are quantised on the calling thread (a dispatch costs more).
 const PARALLEL_QUANT_ROWS: usize = 4;
 
-/// Quantises `n` activation rows of `cols` into `act` (row stride = the format's row bytes),
-/// rows split across the pool when there are several.
-fn quantize_rows(
+/// Where `n` rows of `ab` bytes go in `buf`: `(offset, stride)`, the rows 64 bytes apart from
+/// a 64-byte boundary (`ab` rounded up) where `buf` has the room, else `(0, ab)`. Aligned rows
+/// keep every 64-byte activation load (the tile kernel's A rows, the 512-bit kernels'
+/// operands) on one cache line: the AMX Q4_K kernel measured +10% with them (session 31).
+pub(crate) fn aligned_rows(buf: &[u8], ab: usize, n: usize) -> (usize, usize) {
+    let stride = ab.next_multiple_of(64);
+    let off = buf.as_ptr().align_offset(64);
+    if n > 1
+        && off
+            .checked_add(n * stride)
+            .is_some_and(|end| end <= buf.len())
+    {
+        (off, stride)
+    } else {
+        (0, ab)
+    }
+}
+
+/// Bytes for `n` rows of `ab` that [`aligned_rows`] can always align.
+pub(crate) fn aligned_rows_bytes(n: usize, ab: usize) -> usize {
+    n * ab.next_multiple_of(64) + 64
+}
+
+/// Quantises `n` activation rows of `cols` into `act` at [`aligned_rows`]' places, rows split
+/// across the pool when there are several; returns the rows' bytes from the first (`n`
+/// strides) and the stride.
+fn quantize_rows<'a>(
     k: &Kernels,
     pool: &ThreadPool,
     fmt: ActFormat,
     xs: &[f32],
     n: usize,
     cols: usize,
-    act: &mut [u8],
-) -> usize {
+    act: &'a mut [u8],
+) -> (&'a [u8], usize) {
     let ab = Kernels::act_row_bytes(fmt, cols);
+    let (off, stride) = aligned_rows(act, ab, n);
+    let act = &mut act[off..off + n * stride];
     let one = |t: usize, dst: &mut [u8]| k.quantize_act(fmt, &xs[t * cols..(t + 1) * cols], dst);
     if n < PARALLEL_QUANT_ROWS {
         for t in 0..n {
-            one(t, &mut act[t * ab..(t + 1) * ab]);
+            one(t, &mut act[t * stride..t * stride + ab]);
         }
-        return ab;
+        return (act, stride);
     }
-    let out = SharedOut::new(&mut act[..n * ab]);
+    let out = SharedOut::new(act);
     let work = Dynamic::balanced(n, pool.n_threads(), CLAIMS_PER_THREAD);
     pool.run(&|_| {
         for t in work.items() {
             // SAFETY: row t is written by this item only.
-            one(t, unsafe { out.slice(t * ab..(t + 1) * ab) });
+            one(t, unsafe { out.slice(t * stride..t * stride + ab) });
         }
     });
-    ab
+    (act, stride)
 }
 
 /// Most matmuls fused into one dispatch (Q, K, V and the gate read the same normed input).
@@ -1070,7 +1096,7 @@ fn matmuls_fused(
         }
     }
     let cols = xv.cols;
-    let ab = quantize_rows(
+    let (act, ab) = quantize_rows(
         k,
         &st.pool,
         fmt,
@@ -1079,7 +1105,6 @@ fn matmuls_fused(
         cols,
         &mut st.scratch.act,
     );
-    let act = &st.scratch.act[..n * ab];
     let base = st.arena.as_mut_ptr();
     let outs: [Option<SharedOut>; MAX_FUSED] = core::array::from_fn(|j| {
         // SAFETY: each output range lies inside the arena and overlaps neither the input nor
@@ -1107,8 +1132,7 @@ fn matmul_fast(
 ) {
     let cols = wm.cols;
     let fmt = k.act_format(wm);
-    let ab = quantize_rows(k, pool, fmt, xs, n, cols, act);
-    let act = &act[..n * ab];
+    let (act, ab) = quantize_rows(k, pool, fmt, xs, n, cols, act);
     let jobs = [Some((wm, SharedOut::new(o))), None, None, None];
     dot_tiles(k, pool, threads, &jobs, act, ab, n);
 }

@@ -39,7 +39,7 @@ pub(crate) fn avx512_table() -> Option<Table> {
 /// prefills pp512 at 237-286 against 193-230 (session 20, BENCHMARKS.md).
 pub(crate) fn x8_by_default() -> bool {
     let vnni = avx512::Avx512Vnni::detect().is_some() && !crate::kernels::x8::no_avx512();
-    !(vnni && is_amd()) || avx2::k4x8::prefetch_ahead() > 0
+    !(vnni && is_amd()) || avx2::k4x8::prefetch_ahead().bytes > 0
 }
 
 /// Whether the CPU's vendor string (CPUID leaf 0) is AMD's.

@@ -35,9 +35,31 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
 /// prefetch: about eight Q4_K 8-row super-blocks (twelve of IQ3_XXS).
 const PREFETCH_AHEAD: usize = 8 * 1184;
 
+/// A software prefetch's distance and target: `bytes` ahead (0: none), into L2 only
+/// (`prefetcht1`) or into L1 too (`prefetcht0`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ahead {
+    pub(crate) bytes: usize,
+    l2: bool,
+}
+
+/// Whether the kernels' software prefetches stop at L2: `LAGOON_CPU_PREFETCH_L1=1` asks for
+/// L1 (`prefetcht0`, the choice before session 32), else L2 (`prefetcht1`). Measured on the
+/// 2-core AVX512-VNNI VM (session 32, BENCHMARKS.md; expert GEMV beside a streaming read, two
+/// threads, two runs each, GiB/s L1 → L2): Q4_K x8 22.2 / 20.7 → 22.6 / 22.6, int4 x8
+/// 20.2 / 20.6 → 22.3 / 22.1, IQ4_XS x8 22.0 / 22.3 → 23.3 / 23.0, IQ3_XXS x8 16.0 / 16.9 →
+/// 16.8 / 16.8, one-row Q8_0 (no prefetch) level. A line asked into L1 takes one of the
+/// core's few L1 miss buffers until it arrives, as the kernel's own loads do; asked into L2 it
+/// leaves them to the loads, which then hit L2.
+fn prefetch_l2() -> bool {
+    static L2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *L2.get_or_init(|| std::env::var("LAGOON_CPU_PREFETCH_L1").as_deref() != Ok("1"))
+}
+
 /// The 8-row kernels' prefetch distance in bytes, 0 for none: `LAGOON_CPU_X8_PREFETCH=0|1`
 /// (off, or [`PREFETCH_AHEAD`]) or `=N` (N bytes ahead, N ≥ 64: for measuring distances),
-/// else [`PREFETCH_AHEAD`]. Why: on a 2-core Zen 5 VM the hardware prefetchers left the x8
+/// else [`PREFETCH_AHEAD`]; into L2 unless [`prefetch_l2`] says otherwise. Why: on a 2-core
+/// Zen 5 VM the hardware prefetchers left the x8
 /// Q4_K kernel at 8.4 GiB/s from DRAM on one thread against the one-row kernel's 13.0
 /// (expert GEMV bench); prefetching 4,736 bytes ahead gave 13.4-13.5, and with two threads
 /// 24.0 against 12.3 (one-row: 23.7). On the GPU machine's 16-core Intel host (session 21,
@@ -45,9 +67,9 @@ const PREFETCH_AHEAD: usize = 8 * 1184;
 /// against 65.3 / 70.1 GiB/s, int4 61.5 / 62.1 against 51.5 / 52.2, IQ3_XXS 61.7 / 66.4
 /// against 52.1 / 49.7 (4,736: 59.4, 53.4, 60.6; 18,944: 74.9, 61.8, 58.4); on the VM, one
 /// thread, IQ3_XXS x8 21.2 GiB/s at 9,472 against 19.3 at 4,736 (two threads: level).
-pub(crate) fn prefetch_ahead() -> usize {
+pub(crate) fn prefetch_ahead() -> Ahead {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *D.get_or_init(
+    let bytes = *D.get_or_init(
         || match std::env::var("LAGOON_CPU_X8_PREFETCH").as_deref() {
             Ok("0") => 0,
             Ok(n) => match n.parse::<usize>() {
@@ -56,7 +78,11 @@ pub(crate) fn prefetch_ahead() -> usize {
             },
             _ => PREFETCH_AHEAD,
         },
-    )
+    );
+    Ahead {
+        bytes,
+        l2: prefetch_l2(),
+    }
 }
 
 /// The one-row Q8_0 kernel's prefetch distance in bytes, 0 for none:
@@ -64,9 +90,9 @@ pub(crate) fn prefetch_ahead() -> usize {
 /// the 16-core host (session 22) 9,472 bytes ahead was not established either way: expert
 /// GEMV 93.0 / 73.4 GiB/s against 76.1 / 78.2 without, tg128 +3..+5% in two runs and −5% in
 /// a third, all within that machine's run-to-run spread (BENCHMARKS.md, "Session 22").
-pub(crate) fn row_prefetch_ahead() -> usize {
+pub(crate) fn row_prefetch_ahead() -> Ahead {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *D.get_or_init(
+    let bytes = *D.get_or_init(
         || match std::env::var("LAGOON_CPU_ROW_PREFETCH").as_deref() {
             Ok("1") => PREFETCH_AHEAD,
             Ok(n) => match n.parse::<usize>() {
@@ -75,21 +101,31 @@ pub(crate) fn row_prefetch_ahead() -> usize {
             },
             _ => 0,
         },
-    )
+    );
+    Ahead {
+        bytes,
+        l2: prefetch_l2(),
+    }
 }
 
-/// Software prefetches of `o`'s bytes `ahead` bytes further on (one per 64-byte line);
-/// nothing when `ahead` is 0.
+/// Software prefetches of `o`'s bytes `ahead.bytes` further on (one per 64-byte line), into
+/// the cache `ahead` names; nothing when the distance is 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn prefetch(o: &[u8], ahead: usize) {
-    if ahead == 0 {
+pub(crate) fn prefetch(o: &[u8], ahead: Ahead) {
+    if ahead.bytes == 0 {
         return;
     }
-    let base = o.as_ptr().wrapping_add(ahead);
-    for l in (0..o.len()).step_by(64) {
-        // A prefetch reads nothing and never faults, whatever the address.
-        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(l).cast());
+    let base = o.as_ptr().wrapping_add(ahead.bytes);
+    // A prefetch reads nothing and never faults, whatever the address.
+    if ahead.l2 {
+        for l in (0..o.len()).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(l).cast());
+        }
+    } else {
+        for l in (0..o.len()).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(l).cast());
+        }
     }
 }
 

@@ -77,7 +77,7 @@ fn block_dots<const T: usize>(
     g: &Ct4Geom,
     b: usize,
     a: &[Ct4Act<'_>],
-    pd: usize,
+    pd: x8b::Ahead,
 ) -> [__m512i; T] {
     let m4 = _mm512_set1_epi8(0x0F);
     let o = g.code_at(b);
