@@ -495,6 +495,31 @@ fn bench_simd_cmp(c: &mut Criterion<ThreadCpu>) {
     bench_attention(c, &tables);
 }
 
+/// One gate matrix (`FFN` × `HIDDEN`) of `ty` repacked by `repack`, and `tok` quantised
+/// activation rows for it (row bytes `ab`): the 8-row prefill entries' inputs.
+#[cfg(target_os = "linux")]
+fn x8_prefill_case(
+    k: &Kernels,
+    ty: GgmlType,
+    repack: fn(&[u8], usize, usize) -> Option<Vec<u8>>,
+    tok: usize,
+    seed: u64,
+) -> (Vec<u8>, Vec<u8>, usize) {
+    let mut rng = Rng(seed);
+    let m = Mat::build(Kind::G(ty), FFN, HIDDEN, &mut rng);
+    let p = repack(&m.data, FFN, HIDDEN).expect("8-row groups");
+    let fmt = k.act_format(&m.view());
+    let ab = Kernels::act_row_bytes(fmt, HIDDEN);
+    let mut acts = vec![0u8; tok * ab];
+    for a in acts.chunks_exact_mut(ab) {
+        let x: Vec<f32> = (0..HIDDEN)
+            .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        k.quantize_act(fmt, &x, a);
+    }
+    (p, acts, ab)
+}
+
 /// The repacked 8-row Q4_K layout (`lagoon_cpu::kernels::x8`, a session's `LAGOON_CPU_X8=1`)
 /// against the table's one-row kernel: one token through the same ten S 2.1 expert sets,
 /// single thread, thread CPU time, weights from DRAM (the repacked copies are as many as the
@@ -555,17 +580,7 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
     let fm = dot_q4k_x8_multi();
     for tok in [64usize, 16, 8] {
         prefill_one(&k, &mut g, GgmlType::Q4K, tok, true);
-        let mut rng = Rng(11);
-        let m = Mat::build(Kind::G(GgmlType::Q4K), FFN, HIDDEN, &mut rng);
-        let p = repack_q4k_x8(&m.data, FFN, HIDDEN).expect("8-row groups");
-        let ab = Kernels::act_row_bytes(k.act_format(&m.view()), HIDDEN);
-        let mut acts = vec![0u8; tok * ab];
-        for a in acts.chunks_exact_mut(ab) {
-            let x: Vec<f32> = (0..HIDDEN)
-                .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
-                .collect();
-            k.quantize_act(k.act_format(&m.view()), &x, a);
-        }
+        let (p, acts, ab) = x8_prefill_case(&k, GgmlType::Q4K, repack_q4k_x8, tok, 11);
         let refs: Vec<&[u8]> = acts.chunks_exact(ab).collect();
         let mut out = vec![[0f32; 8]; tok];
         let group = HIDDEN / 256 * Q4K_X8_BLOCK;
@@ -601,17 +616,7 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
         use lagoon_cpu::kernels::x8_q6k::{Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
         const TOK: usize = 16;
         let f6 = dot_q6k_x8_multi();
-        let mut rng = Rng(12);
-        let m = Mat::build(Kind::G(GgmlType::Q6K), FFN, HIDDEN, &mut rng);
-        let p = repack_q6k_x8(&m.data, FFN, HIDDEN).expect("8-row groups");
-        let ab = Kernels::act_row_bytes(k.act_format(&m.view()), HIDDEN);
-        let mut acts = vec![0u8; TOK * ab];
-        for a in acts.chunks_exact_mut(ab) {
-            let x: Vec<f32> = (0..HIDDEN)
-                .map(|_| (rng.next() % 2000) as f32 / 1000.0 - 1.0)
-                .collect();
-            k.quantize_act(k.act_format(&m.view()), &x, a);
-        }
+        let (p, acts, ab) = x8_prefill_case(&k, GgmlType::Q6K, repack_q6k_x8, TOK, 12);
         let refs: Vec<&[u8]> = acts.chunks_exact(ab).collect();
         let mut out = vec![[0f32; 8]; TOK];
         let group = HIDDEN / 256 * Q6K_X8_BLOCK;

@@ -31,9 +31,15 @@
 //! ~35, the epilogue ~50; pairing the sub-blocks halved the tile instructions for +2%.
 //! Activation rows 64-byte aligned (they are 3,504 bytes apart at S 2.1's width, so most A
 //! tile rows straddle two cache lines) measured +10% with a bench buffer made so; copying
-//! them aligned inside the kernel cost more than it saved. Slower, not kept: staging the next
-//! super-block between a product and its epilogue (−12%), two groups a call sharing each A
-//! tile (358 against 371 GOP/s in one run).
+//! them aligned inside the kernel cost more than it saved, so the executor lays prefill's
+//! rows out aligned (`exec::aligned_rows`, session 32: XS.2 pp512 +7%). Slower, not kept:
+//! staging the next super-block between a product and its epilogue (−12%), two groups a call
+//! sharing each A tile (358 against 371 GOP/s in one run), and (session 32) every sub-block
+//! scale folded into the B bytes as two 3-bit digits (`sc = 8·hi + lo`, each digit times a
+//! nibble an i8 through one `vpermt2b` table), so the four pairs add up in two C tiles and
+//! the epilogue shrinks to a shift and an add: 362–371 against 395–401 GOP/s, the 64-byte
+//! B-row stores and table lookups (staging 29% of the time, against 20%) costing more than
+//! the smaller epilogue (16%, against 29%) saved.
 //!
 //! Asking for the tile state enlarges the process's signal frames (the kernel's xstate
 //! grows by ~8 KB): a host program with a small `sigaltstack` should set `LAGOON_CPU_AMX=0`.
