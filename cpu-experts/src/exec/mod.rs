@@ -1189,6 +1189,32 @@ fn dot_tiles(
 mod tests {
     use super::*;
 
+    /// Rows go 64-byte aligned and a multiple of 64 bytes apart where the buffer has the
+    /// room ([`aligned_rows_bytes`] always gives it), else where they always went.
+    #[test]
+    fn aligned_rows_align_where_there_is_room() {
+        for ab in [292usize, 584, 2336, 3504, 9344] {
+            let n = 7;
+            let buf = vec![0u8; aligned_rows_bytes(n, ab)];
+            for start in [0usize, 1, 17, 63] {
+                let b = &buf[start..];
+                let (off, stride) = aligned_rows(b, ab, n);
+                let room = b.as_ptr().align_offset(64) + n * ab.next_multiple_of(64) <= b.len();
+                if room {
+                    assert_eq!((b.as_ptr() as usize + off) % 64, 0, "ab {ab} start {start}");
+                    assert_eq!(stride, ab.next_multiple_of(64));
+                } else {
+                    assert_eq!((off, stride), (0, ab), "ab {ab} start {start}");
+                }
+                assert!(off + (n - 1) * stride + ab <= b.len());
+            }
+            assert_eq!(aligned_rows(&buf, ab, n).1, ab.next_multiple_of(64));
+            // One row, or no room: the plain layout.
+            assert_eq!(aligned_rows(&buf, ab, 1), (0, ab));
+            assert_eq!(aligned_rows(&buf[..n * ab], ab, n), (0, ab));
+        }
+    }
+
     /// Decode tiles: 64 rows while a dispatch keeps four items per thread, halved down to
     /// 16 otherwise, always whole groups of 8; several tokens: 16. (Unless
     /// `LAGOON_CPU_DECODE_TILE` fixes it, which the test runs do not set.)
