@@ -36,21 +36,24 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
 const PREFETCH_AHEAD: usize = 8 * 1184;
 
 /// A software prefetch's distance and target: `bytes` ahead (0: none), into L2 only
-/// (`prefetcht1`) or into L1 too (`prefetcht0`).
+/// (`prefetcht1`) or into L1 too (`prefetcht0`); with `l2`, each line is also asked into L1
+/// when it is half as far ahead.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ahead {
     pub(crate) bytes: usize,
     l2: bool,
 }
 
-/// Whether the kernels' software prefetches stop at L2: `LAGOON_CPU_PREFETCH_L1=1` asks for
-/// L1 (`prefetcht0`, the choice before session 32), else L2 (`prefetcht1`). Measured on the
-/// 2-core AVX512-VNNI VM (session 32, BENCHMARKS.md; expert GEMV beside a streaming read, two
-/// threads, two runs each, GiB/s L1 → L2): Q4_K x8 22.2 / 20.7 → 22.6 / 22.6, int4 x8
-/// 20.2 / 20.6 → 22.3 / 22.1, IQ4_XS x8 22.0 / 22.3 → 23.3 / 23.0, IQ3_XXS x8 16.0 / 16.9 →
-/// 16.8 / 16.8, one-row Q8_0 (no prefetch) level. A line asked into L1 takes one of the
-/// core's few L1 miss buffers until it arrives, as the kernel's own loads do; asked into L2 it
-/// leaves them to the loads, which then hit L2.
+/// Whether the kernels' software prefetches go in two steps, into L2 (`prefetcht1`) at the
+/// distance and into L1 (`prefetcht0`) at half of it: the default; `LAGOON_CPU_PREFETCH_L1=1`
+/// asks for the one step into L1 (the choice before session 32). Measured on the 2-core
+/// AVX512-VNNI VM (session 32, BENCHMARKS.md; expert GEMV beside a streaming read, two
+/// threads, GiB/s): L1 alone Q4_K x8 22.2 / 20.7, int4 x8 20.2 / 20.6, IQ4_XS x8 22.0 / 22.3,
+/// IQ3_XXS x8 16.0 / 16.9; L2 alone 22.6 / 22.6, 22.3 / 22.1, 23.3 / 23.0, 16.8 / 16.8; L2
+/// then L1 (this) Q4_K x8 22.6 / 21.9, IQ3_XXS x8 18.3 / 18.0 against L2 alone's 21.9 / 21.3
+/// and 17.1 / 16.8 in the same runs. A line asked into L1 takes one of the core's few L1 miss
+/// buffers until it arrives, as the kernel's own loads do, for the whole distance; asked into
+/// L2 first it holds one only for the last, short hop.
 fn prefetch_l2() -> bool {
     static L2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *L2.get_or_init(|| std::env::var("LAGOON_CPU_PREFETCH_L1").as_deref() != Ok("1"))
@@ -86,20 +89,24 @@ pub(crate) fn prefetch_ahead() -> Ahead {
 }
 
 /// The one-row Q8_0 kernel's prefetch distance in bytes, 0 for none:
-/// `LAGOON_CPU_ROW_PREFETCH=0|1|N` as [`prefetch_ahead`] reads its variable; unset, none. On
-/// the 16-core host (session 22) 9,472 bytes ahead was not established either way: expert
-/// GEMV 93.0 / 73.4 GiB/s against 76.1 / 78.2 without, tg128 +3..+5% in two runs and −5% in
-/// a third, all within that machine's run-to-run spread (BENCHMARKS.md, "Session 22").
+/// `LAGOON_CPU_ROW_PREFETCH=0|1|N` as [`prefetch_ahead`] reads its variable; unset,
+/// [`PREFETCH_AHEAD`] since session 32 (none before). On the 16-core host (session 22, one
+/// step into L1) 9,472 bytes ahead was not established either way: expert GEMV 93.0 / 73.4
+/// GiB/s against 76.1 / 78.2 without, tg128 +3..+5% in two runs and −5% in a third, all within
+/// that machine's run-to-run spread (BENCHMARKS.md, "Session 22"). On the 2-core AVX512-VNNI
+/// VM with the two steps of [`prefetch_l2`] (session 32): 22.3 / 22.7 GiB/s against 21.6 /
+/// 21.8 without, alternating (94% of the paired read against 74–77%). Not yet measured on the
+/// host in this form.
 pub(crate) fn row_prefetch_ahead() -> Ahead {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let bytes = *D.get_or_init(
         || match std::env::var("LAGOON_CPU_ROW_PREFETCH").as_deref() {
-            Ok("1") => PREFETCH_AHEAD,
+            Ok("0") => 0,
             Ok(n) => match n.parse::<usize>() {
                 Ok(n) if n >= 64 => n,
-                _ => 0,
+                _ => PREFETCH_AHEAD,
             },
-            _ => 0,
+            _ => PREFETCH_AHEAD,
         },
     );
     Ahead {
@@ -109,7 +116,8 @@ pub(crate) fn row_prefetch_ahead() -> Ahead {
 }
 
 /// Software prefetches of `o`'s bytes `ahead.bytes` further on (one per 64-byte line), into
-/// the cache `ahead` names; nothing when the distance is 0.
+/// the cache `ahead` names (and, into L2, a second into L1 half as far on); nothing when the
+/// distance is 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn prefetch(o: &[u8], ahead: Ahead) {
@@ -119,8 +127,10 @@ pub(crate) fn prefetch(o: &[u8], ahead: Ahead) {
     let base = o.as_ptr().wrapping_add(ahead.bytes);
     // A prefetch reads nothing and never faults, whatever the address.
     if ahead.l2 {
+        let near = o.as_ptr().wrapping_add(ahead.bytes / 2);
         for l in (0..o.len()).step_by(64) {
             _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(l).cast());
+            _mm_prefetch::<_MM_HINT_T0>(near.wrapping_add(l).cast());
         }
     } else {
         for l in (0..o.len()).step_by(64) {
