@@ -981,7 +981,8 @@ const PARALLEL_QUANT_ROWS: usize = 4;
 /// Where `n` rows of `ab` bytes go in `buf`: `(offset, stride)`, the rows 64 bytes apart from
 /// a 64-byte boundary (`ab` rounded up) where `buf` has the room, else `(0, ab)`. Aligned rows
 /// keep every 64-byte activation load (the tile kernel's A rows, the 512-bit kernels'
-/// operands) on one cache line: the AMX Q4_K kernel measured +10% with them (session 31).
+/// operands) on one cache line: the AMX Q4_K kernel measured +10% with them (session 31),
+/// XS.2 pp512 +7% on the 2-core AMX VM (session 32).
 pub(crate) fn aligned_rows(buf: &[u8], ab: usize, n: usize) -> (usize, usize) {
     let stride = ab.next_multiple_of(64);
     let off = buf.as_ptr().align_offset(64);

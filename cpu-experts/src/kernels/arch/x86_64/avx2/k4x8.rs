@@ -35,9 +35,9 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
 /// prefetch: about eight Q4_K 8-row super-blocks (twelve of IQ3_XXS).
 const PREFETCH_AHEAD: usize = 8 * 1184;
 
-/// A software prefetch's distance and target: `bytes` ahead (0: none), into L2 only
-/// (`prefetcht1`) or into L1 too (`prefetcht0`); with `l2`, each line is also asked into L1
-/// when it is half as far ahead.
+/// A software prefetch's distance and form: each line `bytes` ahead (0: none), with `l2` into
+/// L2 (`prefetcht1`) and again into L1 (`prefetcht0`) at half the distance, else into L1 at
+/// the distance.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ahead {
     pub(crate) bytes: usize,
@@ -49,11 +49,13 @@ pub(crate) struct Ahead {
 /// asks for the one step into L1 (the choice before session 32). Measured on the 2-core
 /// AVX512-VNNI VM (session 32, BENCHMARKS.md; expert GEMV beside a streaming read, two
 /// threads, GiB/s): L1 alone Q4_K x8 22.2 / 20.7, int4 x8 20.2 / 20.6, IQ4_XS x8 22.0 / 22.3,
-/// IQ3_XXS x8 16.0 / 16.9; L2 alone 22.6 / 22.6, 22.3 / 22.1, 23.3 / 23.0, 16.8 / 16.8; L2
-/// then L1 (this) Q4_K x8 22.6 / 21.9, IQ3_XXS x8 18.3 / 18.0 against L2 alone's 21.9 / 21.3
-/// and 17.1 / 16.8 in the same runs. A line asked into L1 takes one of the core's few L1 miss
-/// buffers until it arrives, as the kernel's own loads do, for the whole distance; asked into
-/// L2 first it holds one only for the last, short hop.
+/// IQ3_XXS x8 16.0 / 16.9; L2 alone 22.6 / 22.6, 22.3 / 22.1, 23.3 / 23.0, 16.8 / 16.8; in a
+/// later lab switch over the forms, L2 alone Q4_K x8 21.9 / 21.3 and IQ3_XXS x8 17.1 / 16.8,
+/// L2 then L1 at a quarter of the distance 23.6 / 23.6 and 18.6 / 18.3, and in the runs that
+/// chose the split, L1 at half of it (this) 22.6 / 21.9 and 18.3 / 18.0. A line asked into L1
+/// takes one of the core's few L1 miss buffers until it arrives, as the kernel's own loads do,
+/// for the whole distance; asked into L2 first it holds one only for the last, short hop
+/// (inferred; this VM exposes no counters to show it).
 fn prefetch_l2() -> bool {
     static L2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *L2.get_or_init(|| std::env::var("LAGOON_CPU_PREFETCH_L1").as_deref() != Ok("1"))
