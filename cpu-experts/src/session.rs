@@ -122,9 +122,10 @@ pub struct Session<'w> {
     opts: SessionOptions,
 }
 
-/// `k` with the model's Q4_K and IQ4_XS matrices repacked eight rows at a time
+/// `k` with the model's Q4_K, IQ4_XS, Q6_K (but the output, below), IQ3_XXS (where this CPU
+/// has its kernel) and symmetric int4 matrices repacked eight rows at a time
 /// ([`crate::kernels::x8::X8Store`]; their products then give the scalar reference's bits).
-/// The copy is a second one of those weights (148 bytes per 144; the mapped originals are not
+/// The copy is a second one of those weights (148 bytes per 144 for Q4_K; the mapped originals are not
 /// read again, so a file's pages become reclaimable page cache). `repack`
 /// ([`SessionOptions::repack`]) decides, else `LAGOON_CPU_X8=0|1`; with neither, it is made
 /// where [`crate::kernels::x8::repack_by_default`] says so for this CPU and it takes at most

@@ -63,7 +63,7 @@ fn prefetch_l2() -> bool {
 
 /// The 8-row kernels' prefetch distance in bytes, 0 for none: `LAGOON_CPU_X8_PREFETCH=0|1`
 /// (off, or [`PREFETCH_AHEAD`]) or `=N` (N bytes ahead, N ≥ 64: for measuring distances),
-/// else [`PREFETCH_AHEAD`]; into L2 unless [`prefetch_l2`] says otherwise. Why: on a 2-core
+/// else [`PREFETCH_AHEAD`]; in the two steps of [`prefetch_l2`] by default. Why: on a 2-core
 /// Zen 5 VM the hardware prefetchers left the x8
 /// Q4_K kernel at 8.4 GiB/s from DRAM on one thread against the one-row kernel's 13.0
 /// (expert GEMV bench); prefetching 4,736 bytes ahead gave 13.4-13.5, and with two threads
