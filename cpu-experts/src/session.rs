@@ -125,8 +125,8 @@ pub struct Session<'w> {
 /// `k` with the model's Q4_K, IQ4_XS, Q6_K (but the output, below), IQ3_XXS (where this CPU
 /// has its kernel) and symmetric int4 matrices repacked eight rows at a time
 /// ([`crate::kernels::x8::X8Store`]; their products then give the scalar reference's bits).
-/// The copy is a second one of those weights (148 bytes per 144 for Q4_K; the mapped originals are not
-/// read again, so a file's pages become reclaimable page cache). `repack`
+/// The copy is a second one of those weights (148 bytes per 144 for Q4_K; the mapped
+/// originals are not read again, so a file's pages become reclaimable page cache). `repack`
 /// ([`SessionOptions::repack`]) decides, else `LAGOON_CPU_X8=0|1`; with neither, it is made
 /// where [`crate::kernels::x8::repack_by_default`] says so for this CPU and it takes at most
 /// half of the memory available now (`MemAvailable`, Linux), else skipped (the table's one-row
