@@ -594,8 +594,8 @@ fn bench_q4k_x8(c: &mut Criterion<ThreadCpu>) {
             })
         });
         // (On a CPU with AMX the `x8` entry above is the tile kernel too, which hands calls of
-        // more than 16 tokens to the 512-bit kernel: run with LAGOON_CPU_AMX=0 for the
-        // 512-bit kernel at every size.) The AMX kernel alone, 16 tokens a call (the store's
+        // more than 16 tokens to the AVX512-VNNI kernel: run with LAGOON_CPU_AMX=0 for that
+        // kernel at every size.) The AMX kernel alone, 16 tokens a call (the store's
         // chunks).
         if let Some(fa) = lagoon_cpu::kernels::x8::dot_q4k_x8_multi_amx() {
             g.bench_function(format!("prefill_q4k_{tok}tok/amx"), |b| {

@@ -713,7 +713,7 @@ pub fn dot_q4k_x8_multi() -> DotX8Multi {
 }
 
 /// The AMX several-token kernel where this CPU and OS run it (`LAGOON_CPU_AMX=0` turns it
-/// off): calls of 10–16 tokens at one row stride; others go to the 512-bit kernel. (Where it
+/// off): calls of 10–16 tokens at one row stride; others go to the AVX512-VNNI kernel. (Where it
 /// exists, [`dot_q4k_x8_multi`] returns it too.)
 pub fn dot_q4k_x8_multi_amx() -> Option<DotX8Multi> {
     #[cfg(target_arch = "x86_64")]

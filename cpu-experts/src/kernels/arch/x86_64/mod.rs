@@ -136,10 +136,7 @@ pub(crate) fn q4k_x8_avx512_multi() -> Vec<(&'static str, crate::kernels::x8::Do
             ("vnni256", avx512::x8::q4k_x8_multi_fn(p)),
             ("zmm", avx512::k4x8z::q4k_x8z_multi_fn(p)),
         ];
-        k.extend(
-            avx512::k4x8amx::Amx::detect()
-                .map(|a| ("amx", avx512::k4x8amx::q4k_x8_amx_multi_fn(a))),
-        );
+        k.extend(q4k_x8_amx_multi().map(|f| ("amx", f)));
         k
     })
 }

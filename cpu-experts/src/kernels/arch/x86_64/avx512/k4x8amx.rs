@@ -23,8 +23,9 @@
 //! (`ggml-cpu/amx/`), not read for this.
 //!
 //! Measured on the 2-core AVX512-VNNI + AMX VM (BENCHMARKS.md, "Session 31 …"): kernel bench
-//! `q4k_x8_1tok/prefill_q4k_16tok/amx` 400 GOP/s against the 512-bit kernel's 265 (one
-//! thread, 1024 × 3072, in cache; slower below ~9 tokens, see [`AMX_MIN_TOKENS`]); XS.2 8
+//! `q4k_x8_1tok/prefill_q4k_16tok/amx` 400 GOP/s against the AVX512-VNNI kernel's 265
+//! (`q4k_x8_multi_simd`'s choice, on Intel its 256-bit form; one thread, 1024 × 3072, in
+//! cache; slower below ~9 tokens, see [`AMX_MIN_TOKENS`]); XS.2 8
 //! layers Q4_K_M pp512 273.4 / 274.5 → 317.2 / 319.4 t/s (2 threads, `LAGOON_CPU_AMX=0`
 //! against the default, alternating). Where a super-block's ~170 ns go (ablations of the
 //! first, one-sub-block-a-product form, 16 tokens): the tile instructions ~73 ns, the stage
@@ -54,7 +55,7 @@ use super::Avx512Vnni;
 
 /// Most tokens one call takes (a tile's rows).
 pub(crate) const AMX_TOKENS: usize = 16;
-/// Fewest tokens a call takes to the tiles; fewer go to the 512-bit kernels. Measured on the
+/// Fewest tokens a call takes to the tiles; fewer go to the AVX512-VNNI kernels (`q4k_x8_multi_simd`). Measured on the
 /// 2-core AVX512-VNNI VM (kernel bench `q4k_x8_1tok/prefill_q4k_*tok`, one thread, 1024 ×
 /// 3072, in cache), GOP/s tiles against `dot_q4k_x8_multi`'s other choice: 4 tokens 143 /
 /// 258, 8 tokens 253 / 269, 16 tokens 392 / 265 (the first, one-product-per-sub-block form;
@@ -125,7 +126,7 @@ pub(crate) fn q4k_x8_amx_multi_fn(_: Amx) -> DotX8Multi {
 
 /// [`DotX8Multi`] on the tiles: `out[t][r] = row r · acts[t]`. Activation rows not at one
 /// stride, fewer than [`AMX_MIN_TOKENS`] or more than [`AMX_TOKENS`] of them go to the
-/// 512-bit kernels instead (the same bits).
+/// AVX512-VNNI kernels instead (`q4k_x8_multi_simd`; the same bits).
 fn q4k_x8_amx_multi(p: &[u8], acts: &[&[u8]], cols: usize, out: &mut [[f32; 8]]) {
     let n = acts.len();
     let nb = cols / 256;
