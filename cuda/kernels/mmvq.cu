@@ -228,6 +228,53 @@ __device__ void mv_norm_multi(const MvMats& m, int n_mats, const float* __restri
     if ((threadIdx.x & 31) == 0) mv_at(m.out, i)[r] = y * (1.0f / sqrtf(ss / (float)cols + eps));
 }
 
+// NORM_EPI (CudaSessionOptions::norm_epilogue, LAGOON_CUDA_NORM_EPI): the RMSNorm before a run of float
+// products (a W4A16 checkpoint's bf16 Q/K/V/gate after the attention norm) split between
+// the launch that wrote its input and the products, so the one-block norm launch
+// (rms_norm_row, ~6 µs of a W4A16 layer's critical path in session 29's timeline) goes
+// without adding per-element work to the products (what sank mv_norm_multi above): the
+// expert down kernel that writes the residual x also writes gx = g ∘ x and, per block, the
+// sum of its rows' x² (moe_down_q's epilogue); here the products read gx as their input,
+// and each block adds the down kernel's n_part partial sums (its warps a quarter each, in a
+// fixed order, so every block gets the same total) into r = 1 / sqrt(ss / cols + eps):
+// out[r] = (W[r] . gx) · r, where the unfused path rounds g·(x·r) per element before the
+// dot: within the float path's bounds, not bitwise. The partial sums are requested right
+// after the wait (AfterWait's q) and added at the end. n_part <= 4 · 64 · MV_WARPS and
+// n_part % (4 · MV_WARPS) == 0 (the host checks). Grid and arguments as mv_multi's, then
+// part, n_part and eps; no warp leaves before the block's barrier. Measured on the H200 (S
+// 2.1 W4A16 tg64, session 33, alternating, two rounds): 261.96 / 261.96 t/s against 260.62 /
+// 260.54 with the launch (+0.5%, ~0.4 µs a layer of the ~6 µs the timeline gave the launch:
+// the products' early weight loads kept the memory busy through most of it).
+template <int T>
+__device__ void mv_rinv_multi(const MvMats& m, int n_mats, const u8* __restrict__ gx, int cols,
+                              const float* __restrict__ part, int n_part, float eps) {
+    pdl_trigger();
+    int r;
+    int i = mv_row(m, n_mats, &r);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int slice = n_part / MV_WARPS;
+    AfterWait aw = {nullptr, 0.0f, (const float4*)(part + warp * slice), slice / 4};
+    bool live = r < mv_at(m.rows, i);
+    float y = 0.0f;
+    if (live) {
+        const u8* W = mv_at(m.W, i);
+        u64 rb = mv_at(m.row_bytes, i);
+        y = warp_sum(lane_part_waiting<T>(W + (size_t)r * rb, gx, cols, &aw));
+    } else {
+        warp_pdl_wait(&aw);
+    }
+    float s = ((aw.q0.x + aw.q0.y) + (aw.q0.z + aw.q0.w)) + ((aw.q1.x + aw.q1.y) + (aw.q1.z + aw.q1.w));
+    s = warp_sum(s);
+    __shared__ float ws[MV_WARPS];
+    if (lane == 0) ws[warp] = s;
+    __syncthreads();
+    float ss = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < MV_WARPS; k++) ss += ws[k];
+    float rinv = 1.0f / sqrtf(ss / (float)cols + eps);
+    if (live && lane == 0) mv_at(m.out, i)[r] = y * rinv;
+}
+
 // act[r] = silu(Wg[r] . a) * (Wu[r] . a): a SwiGLU MLP's gate and up with the activation
 // fused (dense layers, the shared expert). Grid ceil(rows / MV_WARPS).
 template <int T>
@@ -769,11 +816,15 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
                            const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
                            const float* __restrict__ ids, const float* __restrict__ weights,
                            const float* __restrict__ res, float* __restrict__ out, int H, int I, int K,
-                           float scale, u64 srow = 0, const float* __restrict__ sact = nullptr, int si = 0) {
+                           float scale, u64 srow = 0, const float* __restrict__ sact = nullptr, int si = 0,
+                           const float* __restrict__ gn = nullptr, float* __restrict__ gx = nullptr,
+                           float* __restrict__ part = nullptr) {
     pdl_trigger();
     int r = blockIdx.x * MV_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (r >= H) return;
+    // NORM_EPI (mv_rinv_multi): the next norm's gain, a weight, read before the wait.
+    float gv = gx && lane == 0 ? __ldg(gn + r) : 0.0f;
     u64 sb = S == T ? row_bytes : srow;
     // A float shared expert's row: its first pieces are requested before the wait (weights
     // only), so they arrive with the routed rows' instead of in a round trip of their own
@@ -843,6 +894,22 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     float y = warp_sum(v);
     if (res) y = __fadd_rn(rv, y);
     if (lane == 0) out[r] = y;
+    if (gx) {
+        // NORM_EPI: g ∘ x and the block's sum of x² for the products after the next norm
+        // (mv_rinv_multi). Every warp of the block has a row (the host checks H % MV_WARPS).
+        __shared__ float sq[MV_WARPS];
+        if (lane == 0) {
+            gx[r] = __fmul_rn(gv, y);
+            sq[threadIdx.x >> 5] = __fmul_rn(y, y);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = 0.0f;
+            #pragma unroll
+            for (int k = 0; k < MV_WARPS; k++) t = __fadd_rn(t, sq[k]);
+            part[blockIdx.x] = t;
+        }
+    }
 }
 
 // Experts per warp in moe_down_rows (at most; the host picks how many warps share K).
@@ -1091,6 +1158,12 @@ MV2_PAIRS(DEFINE_MV2)
         MV_MATS_M;                                                                                 \
         mv_norm_multi<T>(m, n_mats, x, cols, g, eps);                                              \
     }                                                                                              \
+    extern "C" __global__ void MV_LB mv_rinv_##name(                                               \
+        const u8* gx, int cols, int n_mats, MV_MATS_PARAMS, const float* part, int n_part,        \
+        float eps) {                                                                               \
+        MV_MATS_M;                                                                                 \
+        mv_rinv_multi<T>(m, n_mats, gx, cols, part, n_part, eps);                                  \
+    }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, MV_STAGE_BLOCKS) mv_stage_##name(  \
         const u8* aq, int cols, int n_mats, MV_MATS_PARAMS) {                                      \
         MV_MATS_M;                                                                                 \
@@ -1115,9 +1188,9 @@ MVH_TYPES(DEFINE_MVH)
     extern "C" __global__ void DOWN_LB moe_down_mixed_##name(            \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
         const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
-        float scale, u64 srow, const float* sact, int si) {                                        \
+        float scale, u64 srow, const float* sact, int si, const float* gn, float* gx, float* part) { \
         moe_down_q<T, S>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res, out, H, \
-                         I, K, scale, srow, sact, si);                                             \
+                         I, K, scale, srow, sact, si, gn, gx, part);                               \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * DOWN_ROW_MAX_WARPS) moe_down_mixed_r_##name( \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \

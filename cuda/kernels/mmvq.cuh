@@ -41,13 +41,28 @@ __device__ __forceinline__ void warp_pdl_wait() {
 // A load a kernel wants issued as soon as its wait is over (a residual read at the end of a
 // row, say): the WAIT loops below take it and issue it right after the wait, so its latency
 // passes under the row's own loads instead of after them. p null: none.
+// q (mv_rinv): up to 64 float4s of a sum's partial terms, the lane's pieces q[lane] and
+// q[lane + 32] of the first n4, kept raw in q0/q1 (summed only where the row's sum is, so
+// the warp does not stall on them in the loop).
 struct AfterWait {
     const float* p;
     float v;
+    const float4* q = nullptr;
+    int n4 = 0;
+    float4 q0 = {0.0f, 0.0f, 0.0f, 0.0f}, q1 = {0.0f, 0.0f, 0.0f, 0.0f};
 };
+__device__ __forceinline__ void after_wait_loads(AfterWait* aw) {
+    if (!aw) return;
+    if (aw->p) aw->v = *aw->p;
+    if (aw->q) {
+        int lane = threadIdx.x & 31;
+        if (lane < aw->n4) aw->q0 = aw->q[lane];
+        if (lane + 32 < aw->n4) aw->q1 = aw->q[lane + 32];
+    }
+}
 __device__ __forceinline__ void warp_pdl_wait(AfterWait* aw) {
     warp_pdl_wait();
-    if (aw && aw->p) aw->v = *aw->p;
+    after_wait_loads(aw);
 }
 
 // Byte offsets of a padded activation row's parts (act.cu's layout).

@@ -347,6 +347,23 @@ impl Device {
         self.mv_launch(kernel, x, cols, mats, &[Arg::P(gain), Arg::F(eps)])
     }
 
+    /// [`Device::mv`] for a kernel reading `g ∘ x` and the expert down kernel's `n_part`
+    /// partial sums of x² at `part` (an `mv_rinv_*`, [`crate::manifest::WType::mvh_rinv`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mv_rinv(
+        &self,
+        kernel: K,
+        gx: u64,
+        cols: usize,
+        mats: &[MvMat],
+        part: u64,
+        n_part: usize,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let extra = [Arg::P(part), Arg::I(n_part as i32), Arg::F(eps)];
+        self.mv_launch(kernel, gx, cols, mats, &extra)
+    }
+
     /// [`Device::mv`] for a two-type kernel (an `mv2_*`, [`crate::manifest::WType::mv_pair`]):
     /// the first `n_first` of `mats` are of its first type, the rest of its second.
     pub fn mv2(
@@ -360,8 +377,9 @@ impl Device {
         self.mv_launch(kernel, aq, cols, mats, &[Arg::I(n_first as i32)])
     }
 
-    /// The `mv_*` launch: the activation, its width, the products, then `extra` (at most two
-    /// arguments: `mv2_*`'s type split, `mv_norm_*`'s gain and epsilon).
+    /// The `mv_*` launch: the activation, its width, the products, then `extra` (at most three
+    /// arguments: `mv2_*`'s type split, `mv_norm_*`'s gain and epsilon, `mv_rinv_*`'s partial
+    /// sums).
     fn mv_launch(
         &self,
         kernel: K,
@@ -371,7 +389,7 @@ impl Device {
         extra: &[Arg],
     ) -> Result<(), CudaError> {
         let rows: usize = mats.iter().map(|m| m.rows).sum();
-        let mut args = [Arg::I(0); 5 + 5 * MV_MATS];
+        let mut args = [Arg::I(0); 6 + 5 * MV_MATS];
         args[0] = Arg::P(aq);
         args[1] = Arg::I(cols as i32);
         args[2] = Arg::I(mats.len().min(MV_MATS) as i32);
@@ -387,7 +405,7 @@ impl Device {
                 Arg::I(n as i32),
             ]);
         }
-        let extra = &extra[..extra.len().min(2)];
+        let extra = &extra[..extra.len().min(3)];
         let n_args = 3 + 5 * MV_MATS + extra.len();
         args[3 + 5 * MV_MATS..n_args].copy_from_slice(extra);
         self.launch(kernel, (blocks(rows, 4), 1), 128, &args[..n_args])

@@ -155,6 +155,8 @@ manifest! {
     MvSplitF16 => "mmvq.cu", "mv_split_f16";
     MvNormBf16 => "mmvq.cu", "mv_norm_bf16";
     MvNormF16 => "mmvq.cu", "mv_norm_f16";
+    MvRinvBf16 => "mmvq.cu", "mv_rinv_bf16";
+    MvRinvF16 => "mmvq.cu", "mv_rinv_f16";
     MvStageBf16 => "mmvq.cu", "mv_stage_bf16";
     MvStageF16 => "mmvq.cu", "mv_stage_f16";
     MvSwigluBf16 => "mmvq.cu", "mv_swiglu_bf16";
@@ -686,6 +688,16 @@ impl WType {
         match self {
             WType::Bf16 => Some(K::MvNormBf16),
             WType::F16 => Some(K::MvNormF16),
+            _ => None,
+        }
+    }
+    /// The batch-1 float kernel that reads `g ∘ x` written by the expert down kernel and
+    /// scales its products by the norm's 1 / rms from that kernel's partial sums
+    /// (`mmvq.cu`'s `mv_rinv_*`, lab switch `NORM_EPI`).
+    pub fn mvh_rinv(self) -> Option<K> {
+        match self {
+            WType::Bf16 => Some(K::MvRinvBf16),
+            WType::F16 => Some(K::MvRinvF16),
             _ => None,
         }
     }

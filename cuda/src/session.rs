@@ -98,6 +98,14 @@ pub struct CudaSessionOptions {
     /// keeps) and tg64 fell 213.4 -> 203.9 t/s (BENCHMARKS.md, session 14).
     /// `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
     pub qk_attention: bool,
+    /// Decode steps split the RMSNorm before a run of float products (a W4A16 checkpoint's
+    /// bf16 Q/K/V/gate after the attention norm) between the expert down kernel that writes
+    /// its input and the products (`mmvq.cu`'s `mv_rinv_multi`): the norm's own launch goes.
+    /// Within the float path's bounds, not bitwise (device test
+    /// `norm_epilogue_matches_the_norm_launch`). On by default: S 2.1 W4A16 tg64 260.6 ->
+    /// 262.0 t/s on the H200 (BENCHMARKS.md, session 33); other checkpoints have no such
+    /// norm. `LAGOON_CUDA_NORM_EPI=0` turns it off, `=1` on.
+    pub norm_epilogue: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -259,6 +267,7 @@ impl Default for CudaSessionOptions {
             grid_iq_mvq: true,
             q5k_iq4xs_mvq: true,
             qk_attention: false,
+            norm_epilogue: true,
         }
     }
 }
@@ -296,6 +305,9 @@ fn h16_shape(rows: usize, cols: usize, min_rows: usize) -> bool {
 
 /// Longest row the fused norm + quantise kernel takes (`NQ_MAX`).
 const NORM_QUANT_MAX: usize = 8192;
+/// Most per-block partial sums `mv_rinv_*` takes (`mmvq.cu`: 64 float4s a warp, four warps):
+/// the expert down kernel's blocks for rows up to 4,096 wide.
+const NORM_PART_MAX: usize = 1024;
 /// Threads of the norm + quantise kernels' one block (`NQ_THREADS` in fused.cu).
 const NORM_QUANT_THREADS: u32 = 1024;
 
@@ -378,6 +390,8 @@ pub struct CudaSession {
     sm_count: usize,
     /// [`CudaSessionOptions::qk_attention`], after `LAGOON_CUDA_QK_ATTN`.
     qk_attention: bool,
+    /// [`CudaSessionOptions::norm_epilogue`], after `LAGOON_CUDA_NORM_EPI`.
+    norm_epilogue: bool,
     /// [`CudaSessionOptions::grid_iq_mvq`], after `LAGOON_CUDA_GRID_IQ_MVQ`.
     grid_iq_mvq: bool,
     /// [`CudaSessionOptions::q5k_iq4xs_mvq`], after `LAGOON_CUDA_Q5K_IQ4XS_MVQ`.
@@ -414,6 +428,12 @@ pub struct CudaSession {
     /// The decode step's expert ids and weights, copied by the fused gate/up kernel.
     _route_copy: CudaSlice<f32>,
     route_copy: u64,
+    /// NORM_EPI: the expert down kernel's per-block sums of x² for the products after the
+    /// next norm ([`NORM_PART_MAX`] floats), and the norm node whose work that kernel took
+    /// (set by the experts' fusion, taken by the norm's).
+    _norm_part: CudaSlice<f32>,
+    norm_part: u64,
+    norm_epi: Cell<Option<usize>>,
     /// Per-kernel GPU time of the profiled steps (`Some` while profiling).
     profile: Option<Vec<KernelTime>>,
     /// How many nodes of the decode graph read each value (the fusions skip values only
@@ -728,6 +748,10 @@ impl CudaSession {
         let xq = xq_buf.device_ptr(s).0;
         let actq = actq_buf.device_ptr(s).0;
         let route_copy = route_buf.device_ptr(s).0;
+        let norm_part_buf = s
+            .alloc_zeros::<f32>(NORM_PART_MAX)
+            .during("allocating the norm's partial sums")?;
+        let norm_part = norm_part_buf.device_ptr(s).0;
         s.synchronize().during("finishing session set-up")?;
         Ok(CudaSession {
             cfg: cfg.clone(),
@@ -760,6 +784,7 @@ impl CudaSession {
             split_keys,
             sm_count,
             qk_attention: env_flag("LAGOON_CUDA_QK_ATTN", opts.qk_attention),
+            norm_epilogue: env_flag("LAGOON_CUDA_NORM_EPI", opts.norm_epilogue),
             grid_iq_mvq: env_flag("LAGOON_CUDA_GRID_IQ_MVQ", opts.grid_iq_mvq),
             q5k_iq4xs_mvq: env_flag("LAGOON_CUDA_Q5K_IQ4XS_MVQ", opts.q5k_iq4xs_mvq),
             gqa_attention,
@@ -783,6 +808,9 @@ impl CudaSession {
             actq,
             _route_copy: route_buf,
             route_copy,
+            _norm_part: norm_part_buf,
+            norm_part,
+            norm_epi: Cell::new(None),
             profile: None,
             readers,
             prefill_readers,
@@ -1387,6 +1415,7 @@ impl CudaSession {
         let fast_prefill = self.fuse && self.tc_step(n);
         self.xq_holds.set(None);
         self.xh_holds.set(None);
+        self.norm_epi.set(None);
         let mut i = 0;
         while i < graph.nodes.len() {
             let used = if fast {

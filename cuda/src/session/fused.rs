@@ -29,6 +29,10 @@ fn mv_stage() -> u32 {
     })
 }
 
+/// Warps (output rows) of an expert down block (`MV_WARPS` in mmvq.cu): one partial sum of
+/// x² per block for `mv_rinv_*`.
+const MV_WARPS_ROWS: usize = 4;
+
 /// Rows no wider than this are requested whole before the wait by the plain float mat-vec
 /// (`H_BATCH` pieces of 8 a lane, 32 lanes): only wider ones gain from `mv_stage_*`.
 const MV_STAGE_MIN_COLS: usize = 8 * 32 * 8;
@@ -100,6 +104,24 @@ impl CudaSession {
                 w: qw,
                 out: qn,
             } => {
+                if self.norm_epi.get() == Some(i) {
+                    // The expert down kernel before wrote g ∘ x into qn and its partial sums.
+                    self.norm_epi.set(None);
+                    let (kernel, run, len) = self
+                        .norm_epi_run(graph, i)
+                        .expect("the experts' fusion checked this norm");
+                    let (mv, n) = mv_mats(&run[..len]);
+                    dev.mv_rinv(
+                        kernel,
+                        at(qn),
+                        vals[q].cols,
+                        &mv[..n],
+                        self.norm_part,
+                        vals[q].cols / MV_WARPS_ROWS,
+                        c.rms_eps,
+                    )?;
+                    return Ok(1 + len);
+                }
                 if self.fuse {
                     let used = self.fused_qk_attention(graph, i)?;
                     if used > 0 {
@@ -441,14 +463,21 @@ impl CudaSession {
                         gu,
                         dk,
                         [P(srow_gu), P(at(x)), I(si as i32)],
-                        [P(srow_d), P(self.act + 4 * (k * ffn) as u64), I(si as i32)],
+                        [
+                            P(srow_d),
+                            P(self.act + 4 * (k * ffn) as u64),
+                            I(si as i32),
+                            P(0),
+                            P(0),
+                            P(0),
+                        ],
                         ffn.max(si),
                     ),
                     None => (
                         kg.gate_up,
                         kd.down,
                         [P(0), P(0), I(0)],
-                        [P(0), P(0), I(0)],
+                        [P(0), P(0), I(0), P(0), P(0), P(0)],
                         ffn,
                     ),
                 };
@@ -508,6 +537,9 @@ impl CudaSession {
                     d_extra[0],
                     d_extra[1],
                     d_extra[2],
+                    d_extra[3],
+                    d_extra[4],
+                    d_extra[5],
                 ];
                 // The mixed down kernel adds its float shared expert's term before its wait:
                 // the launch before it must wait before it triggers (the quantiser does).
@@ -524,14 +556,45 @@ impl CudaSession {
                         rk,
                         (h as u32, 1),
                         32 * warps as u32,
-                        &d_args[..d_args.len() - 3 + n_extra],
+                        &d_args[..d_args.len() - 6 + n_extra],
                     )?,
-                    None => dev.launch(
-                        down_k,
-                        (blocks(h, 4), 1),
-                        128,
-                        &d_args[..d_args.len() - 3 + n_extra],
-                    )?,
+                    None => {
+                        // NORM_EPI: the mixed kernel also writes g ∘ x and its blocks' sums
+                        // of x² for the products after the next norm, which then needs no
+                        // launch of its own (`mv_rinv_multi`).
+                        let mut d_args = d_args;
+                        let mut n_extra = n_extra;
+                        if mixed.is_some()
+                            && used == 7
+                            && h.is_multiple_of(MV_WARPS_ROWS)
+                            && let Some(&Op::RmsNorm {
+                                x: nx,
+                                w: nw,
+                                out: qn,
+                            }) = nodes.get(i + used)
+                            && nx == dst
+                            && apart(qn, dst)
+                            && res != 0
+                            && let Some(Op::Add { a, .. }) = next(6)
+                            && apart(qn, a)
+                            && self.norm_epi_run(graph, i + used).is_some()
+                        {
+                            let n = d_args.len();
+                            d_args[n - 3] = P(self.w.vector(nw).ptr);
+                            d_args[n - 2] = P(at(qn));
+                            d_args[n - 1] = P(self.norm_part);
+                            n_extra = 6;
+                            self.norm_epi.set(Some(i + used));
+                        } else if mixed.is_some() {
+                            n_extra = 6;
+                        }
+                        dev.launch(
+                            down_k,
+                            (blocks(h, 4), 1),
+                            128,
+                            &d_args[..d_args.len() - 6 + n_extra],
+                        )?
+                    }
                 }
                 Ok(used)
             }
@@ -700,6 +763,55 @@ impl CudaSession {
             self.cfg.rms_eps,
         )?;
         Ok(1 + len)
+    }
+
+    /// [`super::CudaSessionOptions::norm_epilogue`] (`mmvq.cu`'s `mv_rinv_multi`): the RMSNorm
+    /// at node `j` split between the expert down kernel that wrote its input and the float
+    /// products after it. Some((kernel, run, len)) when that can be done: the option on, a gain spanning a row
+    /// of at most 4,096 (a multiple of 64: the down kernel's blocks of four rows give the
+    /// partial sums, `mv_rinv_multi` takes them a quarter a warp in float4s), and its output
+    /// read by a run of 2 to [`MV_MATS`] float products of one `mv_rinv_*` kernel and by
+    /// nothing else (the attention's Q/K/V/gate; not the lm_head's lone product).
+    fn norm_epi_run(&self, graph: &Graph, j: usize) -> Option<(K, [Product; MV_MATS], usize)> {
+        if !self.norm_epilogue || !self.fuse {
+            return None;
+        }
+        let Some(&Op::RmsNorm { x, w, out: qn }) = graph.nodes.get(j) else {
+            return None;
+        };
+        let cols = graph.values[x].cols;
+        if self.w.vector(w).len != cols
+            || !cols.is_multiple_of(64)
+            || cols / MV_WARPS_ROWS > super::NORM_PART_MAX
+        {
+            return None;
+        }
+        let Some(Op::MatMul { w: w0, .. }) = self.next(graph, j, 1) else {
+            return None;
+        };
+        let mut run = [(self.w.mat(w0), 0u64, 0u64); MV_MATS];
+        let (mut len, mut kernel) = (0, None);
+        while len < MV_MATS
+            && let Some(Op::MatMul {
+                x: xj,
+                w: wj,
+                out: oj,
+            }) = self.next(graph, j, len + 1)
+            && xj == qn
+        {
+            let m = self.w.mat(wj);
+            let k =
+                m.ty.mvh_rinv()
+                    .filter(|&k| kernel.is_none_or(|kk| kk == k))?;
+            if m.cols != cols || !m.cols.is_multiple_of(8) {
+                return None;
+            }
+            kernel = Some(k);
+            run[len] = (m, self.at(graph, oj), 0);
+            len += 1;
+        }
+        let kernel = kernel?;
+        (len >= 2 && self.readers[qn] as usize == len).then_some((kernel, run, len))
     }
 
     /// A run of products of one input (`(matrix, out, residual)`) that one `mv2_*` kernel
