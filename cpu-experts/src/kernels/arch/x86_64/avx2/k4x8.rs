@@ -141,6 +141,28 @@ pub(crate) fn prefetch(o: &[u8], ahead: Ahead) {
     }
 }
 
+/// [`prefetch`] of share `k` of `n` of `o`'s 64-byte lines (line-aligned from `o`'s start):
+/// a kernel issues one share per step of its loop over a super-block instead of every line at
+/// the top of it. The Q4_K 8-row kernels do this at one token (decode): their burst of 36
+/// prefetches (two per line of 1,152 bytes) at the top of each super-block, then the
+/// arithmetic, gave way to nine per sub-block pair. Measured on the 2-core AVX512-VNNI VM
+/// (session 33, BENCHMARKS.md; alternating binaries): XS.2 8 layers Q4_K_M tg128 50.0 / 50.5
+/// → 52.2 / 52.9 t/s, pp512 level (the several-token form keeps the burst: sharing cost it
+/// ~3%); the S 2.1-shape Q4_K x8 GEMV level to +8%. Tried on IQ4_XS x8 (eight shares):
+/// −12% in the GEMV; on IQ3_XXS x8 level to −6%; not kept there.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn prefetch_share(o: &[u8], ahead: Ahead, k: usize, n: usize) {
+    let lines = o.len().div_ceil(64);
+    let (a, b) = (
+        64 * (lines * k / n),
+        (64 * (lines * (k + 1) / n)).min(o.len()),
+    );
+    if a < b {
+        prefetch(&o[a..b], ahead);
+    }
+}
+
 /// Bytes `o..o + 8` of `v` in the low half of a vector (a row group's eight scale bytes).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -312,7 +334,11 @@ macro_rules! x8_kernels {
             let mut acc = [_mm256_setzero_ps(); T];
             let pd = x8b::prefetch_ahead();
             for (b, o) in p.as_chunks::<Q4K_X8_BLOCK>().0.iter().enumerate() {
-                x8b::prefetch(o, pd);
+                // One token spreads its prefetches over the sub-block pairs (prefetch_share's
+                // measurements); several keep them at the top.
+                if T > 1 {
+                    x8b::prefetch(o, pd);
+                }
                 // Each token's quants of this super-block in groups of four.
                 let mut qa: [&[[i8; 4]; 64]; T] = [&[[0; 4]; 64]; T];
                 for (q, at) in qa.iter_mut().zip(&a) {
@@ -324,6 +350,9 @@ macro_rules! x8_kernels {
                 }
                 let mut sumi = [_mm256_setzero_si256(); T];
                 for c in 0..4 {
+                    if T == 1 {
+                        x8b::prefetch_share(o, pd, c, 4);
+                    }
                     let mut lo = [_mm256_setzero_si256(); T];
                     let mut hi = [_mm256_setzero_si256(); T];
                     for k in 0..8 {

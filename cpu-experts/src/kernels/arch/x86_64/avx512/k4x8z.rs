@@ -45,13 +45,20 @@ fn tokens<const T: usize>(p: &[u8], a: [Q8KAct<'_>; T], out: &mut [[f32; 8]; T])
     let mut acc = [_mm256_setzero_ps(); T];
     let pd = x8b::prefetch_ahead();
     for (b, o) in p.as_chunks::<Q4K_X8_BLOCK>().0.iter().enumerate() {
-        x8b::prefetch(o, pd);
+        // One token spreads its prefetches over the sub-block pairs (prefetch_share's
+        // measurements); several keep them at the top.
+        if T > 1 {
+            x8b::prefetch(o, pd);
+        }
         let mut qa: [&[i8]; T] = [&[]; T];
         for (q, at) in qa.iter_mut().zip(&a) {
             *q = &at.qs[256 * b..][..256];
         }
         let mut sumi = [_mm512_setzero_si512(); T];
         for c in 0..4 {
+            if T == 1 {
+                x8b::prefetch_share(o, pd, c, 4);
+            }
             let mut lo = [_mm512_setzero_si512(); T];
             let mut hi = [_mm512_setzero_si512(); T];
             for kp in 0..4 {
