@@ -32,8 +32,18 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
 }
 
 /// How far ahead (bytes) the 8-row kernels ask for their group's weights by software
-/// prefetch: about eight Q4_K 8-row super-blocks (twelve of IQ3_XXS).
-const PREFETCH_AHEAD: usize = 8 * 1184;
+/// prefetch: about four Q4_K 8-row super-blocks (six of IQ3_XXS), since session 33; 9,472
+/// before. Measured with the two steps and the spread Q4_K prefetches (BENCHMARKS.md, session
+/// 33): on the 2-core AVX512-VNNI VM, XS.2 8 layers Q4_K_M tg128 53.5–54.0 against 50.9–52.3
+/// t/s (14,208: 51.7–52.2) and the expert GEMV 4,736 against 9,472 (GiB/s, two rounds) Q4_K x8
+/// 24.4 / 23.3 against 22.8 / 22.9, int4 24.6 / 24.6 against 22.7 / 22.5, IQ4_XS 26.4 / 25.2
+/// against 24.3 / 24.7, IQ3_XXS 18.8 / 18.8 against 18.4 / 18.4; on the 16-core host level
+/// (GEMV within each other's spread, XS 2.1 tg128 48.1 / 50.0 against 49.5 / 49.7).
+const PREFETCH_AHEAD: usize = 4 * 1184;
+
+/// The one-row Q8_0 kernel's distance (its measurements, [`row_prefetch_ahead`], were at
+/// this).
+const ROW_PREFETCH_AHEAD: usize = 8 * 1184;
 
 /// A software prefetch's distance and form: each line `bytes` ahead (0: none), with `l2` into
 /// L2 (`prefetcht1`) and again into L1 (`prefetcht0`) at half the distance, else into L1 at
@@ -92,7 +102,7 @@ pub(crate) fn prefetch_ahead() -> Ahead {
 
 /// The one-row Q8_0 kernel's prefetch distance in bytes, 0 for none:
 /// `LAGOON_CPU_ROW_PREFETCH=0|1|N` as [`prefetch_ahead`] reads its variable; unset,
-/// [`PREFETCH_AHEAD`] since session 32 (none before). On the 16-core host (session 22, one
+/// [`ROW_PREFETCH_AHEAD`] since session 32 (none before). On the 16-core host (session 22, one
 /// step into L1) 9,472 bytes ahead was not established either way: expert GEMV 93.0 / 73.4
 /// GiB/s against 76.1 / 78.2 without, tg128 +3..+5% in two runs and −5% in a third, all within
 /// that machine's run-to-run spread (BENCHMARKS.md, "Session 22"). On the 2-core AVX512-VNNI
@@ -106,9 +116,9 @@ pub(crate) fn row_prefetch_ahead() -> Ahead {
             Ok("0") => 0,
             Ok(n) => match n.parse::<usize>() {
                 Ok(n) if n >= 64 => n,
-                _ => PREFETCH_AHEAD,
+                _ => ROW_PREFETCH_AHEAD,
             },
-            _ => PREFETCH_AHEAD,
+            _ => ROW_PREFETCH_AHEAD,
         },
     );
     Ahead {
