@@ -159,7 +159,8 @@ pub(crate) fn prefetch(o: &[u8], ahead: Ahead) {
 /// (session 33, BENCHMARKS.md; alternating binaries): XS.2 8 layers Q4_K_M tg128 50.0 / 50.5
 /// → 52.2 / 52.9 t/s, pp512 level (the several-token form keeps the burst: sharing cost it
 /// ~3%); the S 2.1-shape Q4_K x8 GEMV level to +8%. Tried on IQ4_XS x8 (eight shares):
-/// −12% in the GEMV; on IQ3_XXS x8 level to −6%; not kept there.
+/// −12% in the GEMV; on IQ3_XXS x8 level to −6%; on Q6_K x8 (four shares) tg128 −1 to −3%;
+/// not kept there.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn prefetch_share(o: &[u8], ahead: Ahead, k: usize, n: usize) {
