@@ -722,37 +722,12 @@ impl CudaSession {
         if !on || !cols.is_multiple_of(8) {
             return Ok(0);
         }
-        let Some(Op::MatMul { w: w0, .. }) = self.next(graph, i, 1) else {
+        // (The kernel reads x while it writes the products' outputs.)
+        let Some((kernel, run, len)) = self.float_run(graph, i, qn, WType::mvh_norm, |m, oj| {
+            m.cols == cols && apart(graph, oj, x)
+        }) else {
             return Ok(0);
         };
-        let mut run = [(self.w.mat(w0), 0u64, 0u64); MV_MATS];
-        let (mut len, mut kernel) = (0, None);
-        while len < MV_MATS
-            && let Some(Op::MatMul {
-                x: xj,
-                w: wj,
-                out: oj,
-            }) = self.next(graph, i, len + 1)
-            && xj == qn
-        {
-            let m = self.w.mat(wj);
-            let Some(k) = m.ty.mvh_norm().filter(|&k| kernel.is_none_or(|kk| kk == k)) else {
-                break;
-            };
-            // The kernel reads x while it writes the products' outputs.
-            if m.cols != cols || !apart(graph, oj, x) {
-                return Ok(0);
-            }
-            kernel = Some(k);
-            run[len] = (m, self.at(graph, oj), 0);
-            len += 1;
-        }
-        let Some(kernel) = kernel else {
-            return Ok(0);
-        };
-        if self.readers[qn] as usize != len {
-            return Ok(0);
-        }
         let (mv, n) = mv_mats(&run[..len]);
         self.dev.mv_norm(
             kernel,
@@ -786,7 +761,24 @@ impl CudaSession {
         {
             return None;
         }
-        let Some(Op::MatMul { w: w0, .. }) = self.next(graph, j, 1) else {
+        let (kernel, run, len) = self.float_run(graph, j, qn, WType::mvh_rinv, |m, _| {
+            m.cols == cols && m.cols.is_multiple_of(8)
+        })?;
+        (len >= 2).then_some((kernel, run, len))
+    }
+
+    /// The float products that follow node `i` and read `qn`: at most [`MV_MATS`] of one
+    /// kernel (`kernel_of` their type), each passing `ok(matrix, output value)`, with that
+    /// kernel; None where one fails `ok`, none follows, or `qn` has other readers.
+    fn float_run(
+        &self,
+        graph: &Graph,
+        i: usize,
+        qn: usize,
+        kernel_of: impl Fn(WType) -> Option<K>,
+        ok: impl Fn(&DMat, usize) -> bool,
+    ) -> Option<(K, [Product; MV_MATS], usize)> {
+        let Some(Op::MatMul { w: w0, .. }) = self.next(graph, i, 1) else {
             return None;
         };
         let mut run = [(self.w.mat(w0), 0u64, 0u64); MV_MATS];
@@ -796,14 +788,14 @@ impl CudaSession {
                 x: xj,
                 w: wj,
                 out: oj,
-            }) = self.next(graph, j, len + 1)
+            }) = self.next(graph, i, len + 1)
             && xj == qn
         {
             let m = self.w.mat(wj);
-            let k =
-                m.ty.mvh_rinv()
-                    .filter(|&k| kernel.is_none_or(|kk| kk == k))?;
-            if m.cols != cols || !m.cols.is_multiple_of(8) {
+            let Some(k) = kernel_of(m.ty).filter(|&k| kernel.is_none_or(|kk| kk == k)) else {
+                break;
+            };
+            if !ok(&m, oj) {
                 return None;
             }
             kernel = Some(k);
@@ -811,7 +803,7 @@ impl CudaSession {
             len += 1;
         }
         let kernel = kernel?;
-        (len >= 2 && self.readers[qn] as usize == len).then_some((kernel, run, len))
+        (self.readers[qn] as usize == len).then_some((kernel, run, len))
     }
 
     /// A run of products of one input (`(matrix, out, residual)`) that one `mv2_*` kernel
