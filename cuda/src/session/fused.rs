@@ -562,8 +562,9 @@ impl CudaSession {
                         // NORM_EPI: the mixed kernel also writes g ∘ x and its blocks' sums
                         // of x² for the products after the next norm, which then needs no
                         // launch of its own (`mv_rinv_multi`).
+                        // (used == 7: the residual add was taken, next(6) is it.)
                         let mut d_args = d_args;
-                        let mut n_extra = n_extra;
+                        let n = d_args.len();
                         if mixed.is_some()
                             && used == 7
                             && h.is_multiple_of(MV_WARPS_ROWS)
@@ -574,26 +575,19 @@ impl CudaSession {
                             }) = nodes.get(i + used)
                             && nx == dst
                             && apart(qn, dst)
-                            && res != 0
                             && let Some(Op::Add { a, .. }) = next(6)
                             && apart(qn, a)
                             && self.norm_epi_run(graph, i + used).is_some()
                         {
-                            let n = d_args.len();
                             d_args[n - 3] = P(self.w.vector(nw).ptr);
                             d_args[n - 2] = P(at(qn));
                             d_args[n - 1] = P(self.norm_part);
-                            n_extra = 6;
                             self.norm_epi.set(Some(i + used));
-                        } else if mixed.is_some() {
-                            n_extra = 6;
                         }
-                        dev.launch(
-                            down_k,
-                            (blocks(h, 4), 1),
-                            128,
-                            &d_args[..d_args.len() - 6 + n_extra],
-                        )?
+                        // The mixed kernel takes all six extra arguments (NORM_EPI's three
+                        // null when unused), the single-type one none.
+                        let n = if mixed.is_some() { n } else { n - 6 };
+                        dev.launch(down_k, (blocks(h, 4), 1), 128, &d_args[..n])?
                     }
                 }
                 Ok(used)
@@ -742,11 +736,12 @@ impl CudaSession {
 
     /// [`super::CudaSessionOptions::norm_epilogue`] (`mmvq.cu`'s `mv_rinv_multi`): the RMSNorm
     /// at node `j` split between the expert down kernel that wrote its input and the float
-    /// products after it. Some((kernel, run, len)) when that can be done: the option on, a gain spanning a row
-    /// of at most 4,096 (a multiple of 64: the down kernel's blocks of four rows give the
-    /// partial sums, `mv_rinv_multi` takes them a quarter a warp in float4s), and its output
-    /// read by a run of 2 to [`MV_MATS`] float products of one `mv_rinv_*` kernel and by
-    /// nothing else (the attention's Q/K/V/gate; not the lm_head's lone product).
+    /// products after it. Some((kernel, run, len)) when that can be done: the option on, a
+    /// gain spanning a row of at most 4,096 (a multiple of 64: the down kernel's blocks of
+    /// four rows give the partial sums, `mv_rinv_multi` takes them a quarter a warp in
+    /// float4s), and its output read by a run of 2 to [`MV_MATS`] float products of one
+    /// `mv_rinv_*` kernel and by nothing else (the attention's Q/K/V/gate; not the lm_head's
+    /// lone product).
     fn norm_epi_run(&self, graph: &Graph, j: usize) -> Option<(K, [Product; MV_MATS], usize)> {
         if !self.norm_epilogue || !self.fuse {
             return None;

@@ -13,9 +13,8 @@
 //! The tile is stored and multiplied by the rows' 6-bit scales on 512 bits, summed over the
 //! pairs and folded onto the eight rows (exact i32, as the other kernels). The mins go
 //! through the tiles too: the rows' mins, each byte duplicated, form a 4 × 32-byte B tile
-//! against the
-//! tokens' sixteen 16-element sums split into low (unsigned) and high (signed) bytes
-//! (`tdpbusd` and `tdpbssd`: Σ m·bsum = lo + 256·hi, exact). Then the scalar reference's
+//! against the tokens' sixteen 16-element sums split into low (unsigned) and high (signed)
+//! bytes (`tdpbusd` and `tdpbssd`: Σ m·bsum = lo + 256·hi, exact). Then the scalar reference's
 //! f32 steps per super-block (`acc += (d_a·d)·sumi; acc −= (d_a·dmin)·summ`, no FMA): the
 //! same bits as every kernel of the layout.
 //!
@@ -57,11 +56,11 @@ use super::Avx512Vnni;
 /// Most tokens one call takes (a tile's rows).
 pub(crate) const AMX_TOKENS: usize = 16;
 /// Fewest tokens a call takes to the tiles; fewer go to the AVX512-VNNI kernels
-/// (`q4k_x8_multi_simd`). Measured on the 2-core AVX512-VNNI VM (kernel bench `q4k_x8_1tok/prefill_q4k_*tok`, one thread, 1024 ×
-/// 3072, in cache), GOP/s tiles against `dot_q4k_x8_multi`'s other choice: 4 tokens 143 /
-/// 258, 8 tokens 253 / 269, 16 tokens 392 / 265 (the first, one-product-per-sub-block form;
-/// the paired form 400 at 16; the per-call staging and the per-pair epilogue cost the same
-/// for 4 tokens as for 16).
+/// (`q4k_x8_multi_simd`). Measured on the 2-core AVX512-VNNI VM (kernel bench
+/// `q4k_x8_1tok/prefill_q4k_*tok`, one thread, 1024 × 3072, in cache), GOP/s tiles against
+/// `dot_q4k_x8_multi`'s other choice: 4 tokens 143 / 258, 8 tokens 253 / 269, 16 tokens 392
+/// / 265 (the first, one-product-per-sub-block form; the paired form 400 at 16; the per-call
+/// staging and the per-pair epilogue cost the same for 4 tokens as for 16).
 const AMX_MIN_TOKENS: usize = 10;
 
 /// Proof that this CPU runs AMX-TILE and AMX-INT8 with the OS's permission, and the
