@@ -57,6 +57,8 @@ struct RfRows {
 // 16 (c % P) ..) to stage offset 16 c, through pointers taken once from the row table.
 template <int P>
 struct RfPieces {
+    // Whether rf_loop picks the format's decode by the matrix's scale dtype (RfCt4).
+    static constexpr bool BY_DTYPE = false;
     struct Copies {
         const u8* a[P];
     };
@@ -179,6 +181,7 @@ struct RfQ4K : RfPieces<9> {
 // qh[32 n + l], scale 8 n + 2 g4 + l / 16.
 struct RfQ6K {
     static constexpr int STAGES = 2, SLOT = 216, SC_STRIDE = 80;
+    static constexpr bool BY_DTYPE = false;
     struct Copies {
         const u8* a;
     };
@@ -253,7 +256,13 @@ __device__ __forceinline__ u32 mul_f16x2(u32 a, u32 b) {
     return d;
 }
 
-struct RfCt4 : RfPieces<10> {
+// The scale dtype T (WT_F16 or WT_BF16) is a template argument: it is the matrix's (one scale
+// tensor per matrix), so rf_loop reads it once from the tile's first block and runs the
+// mainloop of RfCt4T<T>, and the decode has no branch per block. (Was: a test of each block's
+// header byte: 32 branches, each with its reconvergence point, per stage and lane, which kept
+// ptxas from interleaving the four rows' decodes with each other and with the mma.)
+template <int T>
+struct RfCt4T : RfPieces<10> {
     static constexpr int STAGES = 3, SLOT = 160, SC_STRIDE = 0;
     static __device__ __forceinline__ void scales(const u8*, u8*, int, int, int) {}
     // A weight is compressed-tensors' rnd((c - 8 - z) * s) in the scale dtype (quant.cuh's CT4
@@ -277,7 +286,7 @@ struct RfCt4 : RfPieces<10> {
                 u32 cw = *(const u32*)(b + 4 + 4 * q);
                 u32 s2 = __byte_perm(hd, 0, 0x1010);
                 int z = (int)(signed char)((hd >> 16) & 0xFF);
-                if ((hd >> 24) == WT_BF16) {
+                if constexpr (T == WT_BF16) {
                     // 64 + c as bf16 is 0x4280 | 2c: bytes 0x80 | 2c, each paired with 0x42.
                     u32 lo = ((cw << 1) & 0x1E1E1E1Eu) | 0x80808080u;
                     u32 hi = ((cw >> 3) & 0x1E1E1E1Eu) | 0x80808080u;
@@ -311,4 +320,8 @@ struct RfCt4 : RfPieces<10> {
                 }
             }
     }
+};
+// The format as named by the kernels; rf_loop picks RfCt4T<dtype> per matrix.
+struct RfCt4 : RfCt4T<WT_F16> {
+    static constexpr bool BY_DTYPE = true;
 };

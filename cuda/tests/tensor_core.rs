@@ -368,8 +368,14 @@ fn expert_mats(
                 (0..rows).map(|r| row_f16(&mr, r)).collect()
             }
             None => {
-                let (layout, [w, s, z]) =
-                    common::random_ct4(rng, rows, cols, e % 2 == 1, ScaleDtype::Bf16);
+                // Every third expert's scales in f16: the kernels pick the decode by each
+                // expert's scale dtype, read from its own first block.
+                let sd = if e % 3 == 2 {
+                    ScaleDtype::F16
+                } else {
+                    ScaleDtype::Bf16
+                };
+                let (layout, [w, s, z]) = common::random_ct4(rng, rows, cols, e % 2 == 1, sd);
                 let mr = MatRef {
                     rows,
                     cols,
@@ -856,9 +862,9 @@ fn ct8_blocks_decode_as_compressed_tensors() {
     }
 }
 
-/// A random 4-bit compressed-tensors matrix (group 32, bf16 scales; asymmetric with packed
-/// zero points when `asym`), repacked into the device's CT4 blocks, against the CPU's
-/// decoding (`check_ct_products`, `gemm_rf.cu`'s CT4 kernels included).
+/// A random 4-bit compressed-tensors matrix (group 32, bf16 or f16 scales; asymmetric with
+/// packed zero points when `asym`), repacked into the device's CT4 blocks, against the CPU's
+/// decoding (`check_ct_products`, `gemm_rf.cu`'s CT4 kernels of both scale dtypes included).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ct4_blocks_decode_as_compressed_tensors() {
@@ -867,9 +873,15 @@ fn ct4_blocks_decode_as_compressed_tensors() {
     let mut rng = Rng(0x6e33_0005);
     let (rows, n) = (GEMM_TILE_ROWS + 45, 77usize);
     // 2304 columns: nine 256-column units, gemm_rf.cu's three-stage ring wrapped three times.
-    for (asym, cols) in [(false, 512usize), (true, 512), (false, 2304), (true, 2304)] {
-        let (layout, [weight, scale, zero]) =
-            common::random_ct4(&mut rng, rows, cols, asym, ScaleDtype::Bf16);
+    for (asym, cols, sd) in [
+        (false, 512usize, ScaleDtype::Bf16),
+        (true, 512, ScaleDtype::Bf16),
+        (false, 2304, ScaleDtype::Bf16),
+        (true, 2304, ScaleDtype::Bf16),
+        (false, 512, ScaleDtype::F16),
+        (true, 2304, ScaleDtype::F16),
+    ] {
+        let (layout, [weight, scale, zero]) = common::random_ct4(&mut rng, rows, cols, asym, sd);
         let m = MatRef {
             rows,
             cols,
@@ -877,7 +889,7 @@ fn ct4_blocks_decode_as_compressed_tensors() {
         };
         let blocks = lagoon_cuda::weights::ct4_blocks(&m).expect("a CT4-repackable matrix");
         let bb = lagoon_cuda::weights::CT4_BLOCK_BYTES;
-        let label = format!("ct4 (asym {asym})");
+        let label = format!("ct4 (asym {asym}, {sd:?} scales)");
         check_ct_products(&dev, &mut rng, &m, &blocks, bb, WType::Ct4, true, n, &label);
     }
 }
