@@ -268,8 +268,9 @@ struct RfCt4T : RfPieces<10> {
     // A weight is compressed-tensors' rnd((c - 8 - z) * s) in the scale dtype (quant.cuh's CT4
     // decode; c - 8 - z is an integer of at most 9 bits, so only the product is rounded), then
     // f16. Done two weights at a time in the scale's own 16-bit type, which gives that value
-    // exactly: a code pair is made the floats m + c by a byte permute (m = 1024 for f16, whose
-    // unit there is 1; 64 for bf16, unit 1/2, so the code goes in doubled), m + 8 + z is
+    // exactly: a code pair is made the floats m + c by a byte permute (f16) or a shift and a
+    // mask (bf16) (m = 1024 for f16, whose unit there is 1; 64 for bf16, unit 1/2, so the code
+    // goes in doubled), m + 8 + z is
     // subtracted (exact: every integer involved is within the type's exact range), and the
     // product with the scale is the one rounding. A bf16 pair then becomes f16 through f32.
     // (Was: each weight in f32, then rounded to the scale dtype by integer steps; the kernels
@@ -287,22 +288,25 @@ struct RfCt4T : RfPieces<10> {
                 u32 s2 = __byte_perm(hd, 0, 0x1010);
                 int z = (int)(signed char)((hd >> 16) & 0xFF);
                 if constexpr (T == WT_BF16) {
-                    // 64 + c as bf16 is 0x4280 | 2c: bytes 0x80 | 2c, each paired with 0x42.
-                    u32 lo = ((cw << 1) & 0x1E1E1E1Eu) | 0x80808080u;
-                    u32 hi = ((cw >> 3) & 0x1E1E1E1Eu) | 0x80808080u;
+                    // 64 + c as bf16 is 0x4280 | 2c. Each shift-and-or makes one pair of
+                    // elements four apart, (e, e + 4) of the lane's eight (code byte j holds
+                    // elements 2j, 2j + 1 in its low and high nibbles): v[0] = (e0, e4),
+                    // v[1] = (e1, e5), v[2] = (e2, e6), v[3] = (e3, e7). The arithmetic is per
+                    // element, and the f32 -> f16 pack that follows takes its two halves from
+                    // two pairs, so the fragments' (e0, e1) .. (e6, e7) come out without byte
+                    // permutes.
                     u32 off = __byte_perm(__float_as_uint((float)(72 + z)), 0, 0x3232);
+                    u32 v[4] = {cw << 1, cw >> 3, cw >> 7, cw >> 11};
                     #pragma unroll
-                    for (int s2i = 0; s2i < 2; s2i++) {
-                        // Weights 8 q + 4 s2i + {0, 1, 2, 3}: code bytes 4 q + 2 s2i, + 1,
-                        // nibbles in element order.
-                        u32 nib = __byte_perm(lo, hi, s2i ? 0x7362 : 0x5140);
-                        #pragma unroll
-                        for (int p = 0; p < 2; p++) {
-                            u32 m = __byte_perm(nib, 0x42424242u, p ? 0x4342 : 0x4140);
-                            u32 w = fma_bf16x2(fma_bf16x2(off, 0xBF80BF80u, m), s2, 0x80008000u);
-                            a[s2i][mt][2 * p + h] =
-                                pack_f16x2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
-                        }
+                    for (int i = 0; i < 4; i++)
+                        v[i] = fma_bf16x2(fma_bf16x2(off, 0xBF80BF80u, (v[i] & 0x001E001Eu) | 0x42804280u), s2,
+                                          0x80008000u);
+                    #pragma unroll
+                    for (int p = 0; p < 2; p++) {
+                        u32 x = v[2 * p], y = v[2 * p + 1];
+                        a[0][mt][2 * p + h] = pack_f16x2(__uint_as_float(x << 16), __uint_as_float(y << 16));
+                        a[1][mt][2 * p + h] =
+                            pack_f16x2(__uint_as_float(x & 0xFFFF0000u), __uint_as_float(y & 0xFFFF0000u));
                     }
                 } else {
                     // 1024 + c as f16 is 0x6400 | c.
