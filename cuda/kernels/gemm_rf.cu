@@ -278,6 +278,7 @@ __device__ __forceinline__ u8* rf_smem(u8* raw) {
 template <typename F, int NT, bool WG>
 __device__ __forceinline__ void rf_loop(u8* smem, int nkb, int live, float acc[2][NT][4]) {
     if constexpr (F::BY_DTYPE) {
+        static_assert(!WG, "the formats decoded by dtype have no wgmma mainloop");
         const u8* first = ((const u8* const*)(smem + RfLayout<F, NT>::TABLES))[0];
         if (first[3] == WT_BF16) rf_mainloop<RfCt4T<WT_BF16>, NT>(smem, nkb, live, acc);
         else rf_mainloop<RfCt4T<WT_F16>, NT>(smem, nkb, live, acc);

@@ -270,9 +270,9 @@ struct RfCt4T : RfPieces<10> {
     // f16. Done two weights at a time in the scale's own 16-bit type, which gives that value
     // exactly: a code pair is made the floats m + c by a byte permute (f16) or a shift and a
     // mask (bf16) (m = 1024 for f16, whose unit there is 1; 64 for bf16, unit 1/2, so the code
-    // goes in doubled), m + 8 + z is
-    // subtracted (exact: every integer involved is within the type's exact range), and the
-    // product with the scale is the one rounding. A bf16 pair then becomes f16 through f32.
+    // goes in doubled), m + 8 + z is subtracted (exact: every integer involved is within the
+    // type's exact range), and the product with the scale is the one rounding. A bf16 pair
+    // then becomes f16 through f32.
     // (Was: each weight in f32, then rounded to the scale dtype by integer steps; the kernels
     // had 1.37x (gate/up) and 1.49x (down) the SASS instructions for the same HMMAs, and
     // S 2.1 W4A16 pp4096 went 6,898 -> 9,095 t/s with this form: BENCHMARKS.md, session 14.)

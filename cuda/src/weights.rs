@@ -792,6 +792,8 @@ mod tests {
 
     /// Every CT4 block holds its chunk's scale bits, zero point, scale dtype and codes as
     /// `CtMatrix::int4_chunk` gives them (the decoding core checks against `dequant_row`).
+    /// Every block of a matrix carries the matrix's dtype: `gemm_rf.cu`'s `rf_loop` reads it
+    /// from a tile's first block and decodes the whole tile by it.
     #[test]
     fn ct4_blocks_hold_each_chunks_scale_zero_and_codes() {
         let mut rng = Rng(0x5eed_c7a4);
