@@ -6,7 +6,8 @@
 # check that a refactor left the machine code unchanged. With SASS_OUT=DIR each kernel's
 # instructions go to DIR/KERNEL.sass instead, addresses and encodings stripped, so two trees'
 # dumps compare with `diff -r` (how session 10 checked the merge.cuh and rf_formats.cuh
-# refactors).
+# refactors), and `cuda/dev/sass-loops.py DIR/*.sass` prints each tensor-core mainloop's
+# instruction mix.
 set -eu
 [ $# -ge 1 ] || { echo "usage: $0 KERNEL..." >&2; exit 2; }
 root=$(git rev-parse --show-toplevel)
