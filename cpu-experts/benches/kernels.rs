@@ -31,12 +31,24 @@ const HIDDEN: usize = 3072;
 const FFN: usize = 1024;
 const EXPERTS: usize = 10;
 /// Bytes of weights to spread the copies over (well past the last-level cache).
-/// `LAGOON_BENCH_MIB` overrides it (a small value measures the kernels from cache).
+/// `LAGOON_BENCH_MIB` overrides it (a small value measures the kernels from cache, with
+/// [`set_experts`] small enough that one set fits there).
 fn target_bytes() -> usize {
     std::env::var("LAGOON_BENCH_MIB")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .map_or(1 << 30, |m| m << 20)
+}
+
+/// Experts in the one-token GEMV's set: [`EXPERTS`] (the model's top-k), or
+/// `LAGOON_BENCH_SET_EXPERTS` (1..=EXPERTS). One ten-expert set is 36–100 MB, past a VM's
+/// last-level cache, so a kernel's compute rate from cache takes e.g.
+/// `LAGOON_BENCH_SET_EXPERTS=1 LAGOON_BENCH_MIB=1` (one copy of one expert, 3.6–10 MB).
+fn set_experts() -> usize {
+    std::env::var("LAGOON_BENCH_SET_EXPERTS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(EXPERTS, |e| e.clamp(1, EXPERTS))
 }
 
 /// xorshift64*: cheap reproducible bytes.
@@ -243,7 +255,7 @@ struct Experts {
 impl Experts {
     fn build(k: &Kernels, kind: Kind) -> Experts {
         let mut rng = Rng(0x5EED);
-        let set: Vec<Mat> = (0..EXPERTS)
+        let set: Vec<Mat> = (0..set_experts())
             .flat_map(|_| {
                 [
                     Mat::build(kind, FFN, HIDDEN, &mut rng),
@@ -932,8 +944,8 @@ impl MtExperts {
     fn build(k: &Kernels, kind: Kind) -> MtExperts {
         MtExperts {
             ex: Experts::build(k, kind),
-            out_gu: vec![0f32; 2 * EXPERTS * FFN],
-            out_hidden: vec![0f32; EXPERTS * HIDDEN],
+            out_gu: vec![0f32; 2 * set_experts() * FFN],
+            out_hidden: vec![0f32; set_experts() * HIDDEN],
         }
     }
 
@@ -984,9 +996,9 @@ fn experts_mt_token(
     let rt = bench_tile();
     let gu = SharedOut::new(out_gu);
     pool.run(&|ti| {
-        // Work item: (matrix m of the 20 gate/up matrices, rt-row tile).
+        // Work item: (matrix m of the gate/up matrices, two per expert, rt-row tile).
         let tiles = FFN / rt;
-        for f in chunk(2 * EXPERTS * tiles, nt, ti) {
+        for f in chunk(2 * (s.len() / 3) * tiles, nt, ti) {
             let (m, r0) = (f / tiles, (f % tiles) * rt);
             let mat = &s[(m / 2) * 3 + m % 2];
             // SAFETY: each (matrix, tile) is one work item.
@@ -998,7 +1010,7 @@ fn experts_mt_token(
     pool.run(&|ti| {
         let tiles = HIDDEN / rt;
         for tile in chunk(tiles, nt, ti) {
-            for e in 0..EXPERTS {
+            for e in 0..s.len() / 3 {
                 // SAFETY: each (expert, tile) is written by the tile's owner only.
                 let o = unsafe { hid.slice(e * HIDDEN + tile * rt..e * HIDDEN + (tile + 1) * rt) };
                 k.dot_rows(&s[e * 3 + 2].view(), tile * rt, act_down, o);
