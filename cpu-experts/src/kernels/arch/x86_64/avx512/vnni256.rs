@@ -62,10 +62,13 @@ pub(super) fn vec_dot_q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// `vpdpbusd` (exact: four products per i32, where `maddubs` + `madd` could saturate only
 /// for |w| = |a| = 128, which no quantiser here produces), and the f32 step vectorised:
 /// the eight products `dw·d_a` of blocks b..b+8 are formed in one multiply (the fp16 `d`s
-/// gathered from the eight block heads, the `d_a` loaded as one vector) and each block then
-/// takes its lane by `vpermps`, in place of a scalar convert, multiply and broadcast per
-/// block. Lanes and f32 steps as `avx2::legacy::q8_0_q8_0` (bit-identical): even blocks
-/// into one accumulator, odd into the other, an odd last block into the even one.
+/// read from the eight block heads as scalars into one vector, the `d_a` loaded as one
+/// vector) and each block then takes its lane by `vpermps`, in place of a scalar convert,
+/// multiply and broadcast per block. Lanes and f32 steps as `avx2::legacy::q8_0_q8_0`
+/// (bit-identical): even blocks into one accumulator, odd into the other, an odd last block
+/// into the even one. (The eight `d`s were a `vpgatherdd` of the block heads until session 35:
+/// the scalar reads run this kernel 17.4 → 21.5 GiB/s from cache on a Zen 4 core,
+/// BENCHMARKS.md.)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (Some(a), Some(wb)) = (Q8_0Act::new(a, n), blocks::<34>(w, n / 32)) else {
@@ -80,21 +83,22 @@ fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut acc0 = _mm256_setzero_ps();
     let mut acc1 = _mm256_setzero_ps();
     let (w8, wt) = wb.as_chunks::<8>();
-    // Byte offsets of the eight block heads; the low 16 bits of each gathered word are d.
-    let heads = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
-    let pick = _mm256_setr_epi8(
-        0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1,
-        -1, -1, -1, -1, -1, -1,
-    );
     let pd = super::super::avx2::k4x8::row_prefetch_ahead();
     for (g, b8) in w8.iter().enumerate() {
         // The bytes `pd` on (past the row's end: the next rows of the caller's tile).
         super::super::avx2::k4x8::prefetch(b8.as_flattened(), pd);
-        // SAFETY: the eight 4-byte reads start at the heads of blocks 8g..8g+8, which lie
-        // inside `b8` (each block is 34 bytes).
-        let words = unsafe { _mm256_i32gather_epi32::<1>(b8.as_ptr().cast(), heads) };
-        let halves = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_shuffle_epi8(words, pick));
-        let dw = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+        // Block k's d: the f16 bits at its head.
+        let dh = |k: usize| u16::from_le_bytes([b8[k][0], b8[k][1]]) as i16;
+        let dw = _mm256_cvtph_ps(_mm_setr_epi16(
+            dh(0),
+            dh(1),
+            dh(2),
+            dh(3),
+            dh(4),
+            dh(5),
+            dh(6),
+            dh(7),
+        ));
         let da = ld_ps(&a.d[8 * g..8 * g + 8].as_flattened().as_chunks::<32>().0[0]);
         let dd8 = _mm256_mul_ps(dw, da);
         for k in 0..8 {
