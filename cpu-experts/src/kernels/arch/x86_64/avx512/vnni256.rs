@@ -84,7 +84,10 @@ fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut acc1 = _mm256_setzero_ps();
     let (w8, wt) = wb.as_chunks::<8>();
     let pd = super::super::avx2::k4x8::row_prefetch_ahead();
-    for (g, b8) in w8.iter().enumerate() {
+    // Zipped with the activations' eight-block groups (and their eight d's), so the loop
+    // indexes nothing it has to bounds-check.
+    let (qa8, da8) = (qa.as_chunks::<8>().0, a.d.as_chunks::<8>().0);
+    for (b8, (q8, d8)) in w8.iter().zip(qa8.iter().zip(da8)) {
         // The bytes `pd` on (past the row's end: the next rows of the caller's tile).
         super::super::avx2::k4x8::prefetch(b8.as_flattened(), pd);
         // Block k's d: the f16 bits at its head.
@@ -99,12 +102,11 @@ fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
             dh(6),
             dh(7),
         ));
-        let da = ld_ps(&a.d[8 * g..8 * g + 8].as_flattened().as_chunks::<32>().0[0]);
+        let da = ld_ps(&d8.as_flattened().as_chunks::<32>().0[0]);
         let dd8 = _mm256_mul_ps(dw, da);
         for k in 0..8 {
-            let b = 8 * g + k;
             let dd = _mm256_permutevar8x32_ps(dd8, _mm256_set1_epi32(k as i32));
-            let l = _mm256_cvtepi32_ps(lanes_of(&b8[k], &qa[b]));
+            let l = _mm256_cvtepi32_ps(lanes_of(&b8[k], &q8[k]));
             if k % 2 == 0 {
                 acc0 = _mm256_fmadd_ps(dd, l, acc0);
             } else {
