@@ -272,16 +272,17 @@ __device__ __forceinline__ u8* rf_smem(u8* raw) {
     }
 }
 
-// A format decoded by the matrix's scale dtype (RfCt4) reads the dtype from the header of the
-// tile's first block (row table entry 0, which every caller fills before its barrier) and
-// runs that dtype's mainloop: the tile's rows are one matrix's.
+// A format decoded by the matrix's scale dtype (F::BY_DTYPE: RfCt4) reads the dtype from the
+// header of the tile's first block (row table entry 0, which every caller fills before its
+// barrier) and runs the mainloop of that dtype's form, F::ByDtype<T>: the tile's rows are one
+// matrix's.
 template <typename F, int NT, bool WG>
 __device__ __forceinline__ void rf_loop(u8* smem, int nkb, int live, float acc[2][NT][4]) {
     if constexpr (F::BY_DTYPE) {
         static_assert(!WG, "the formats decoded by dtype have no wgmma mainloop");
         const u8* first = ((const u8* const*)(smem + RfLayout<F, NT>::TABLES))[0];
-        if (first[3] == WT_BF16) rf_mainloop<RfCt4T<WT_BF16>, NT>(smem, nkb, live, acc);
-        else rf_mainloop<RfCt4T<WT_F16>, NT>(smem, nkb, live, acc);
+        if (first[3] == WT_BF16) rf_mainloop<typename F::template ByDtype<WT_BF16>, NT>(smem, nkb, live, acc);
+        else rf_mainloop<typename F::template ByDtype<WT_F16>, NT>(smem, nkb, live, acc);
     } else if constexpr (WG) {
         wg_mainloop<F, NT>(smem, nkb, live, acc);
     } else {

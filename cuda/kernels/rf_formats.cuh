@@ -259,8 +259,10 @@ __device__ __forceinline__ u32 mul_f16x2(u32 a, u32 b) {
 // The scale dtype T (WT_F16 or WT_BF16) is a template argument: it is the matrix's (one scale
 // tensor per matrix), so rf_loop reads it once from the tile's first block and runs the
 // mainloop of RfCt4T<T>, and the decode has no branch per block. (Was: a test of each block's
-// header byte: 32 branches, each with its reconvergence point, per stage and lane, which kept
-// ptxas from interleaving the four rows' decodes with each other and with the mma.)
+// header byte: 28 branches with their reconvergence points in the mainloop, 2,934 SASS
+// instructions per 512 HMMAs against 1,977 now; most likely they also kept ptxas from
+// interleaving the four rows' decodes with each other and with the mma, as the issue rate
+// rose from 1.49 to 1.78 an SM cycle: BENCHMARKS.md, session 35.)
 template <int T>
 struct RfCt4T : RfPieces<10> {
     static constexpr int STAGES = 3, SLOT = 160, SC_STRIDE = 0;
@@ -325,7 +327,9 @@ struct RfCt4T : RfPieces<10> {
             }
     }
 };
-// The format as named by the kernels; rf_loop picks RfCt4T<dtype> per matrix.
+// The format as named by the kernels; rf_loop picks ByDtype<dtype> per matrix.
 struct RfCt4 : RfCt4T<WT_F16> {
     static constexpr bool BY_DTYPE = true;
+    template <int T>
+    using ByDtype = RfCt4T<T>;
 };

@@ -66,9 +66,10 @@ pub(super) fn vec_dot_q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// vector) and each block then takes its lane by `vpermps`, in place of a scalar convert,
 /// multiply and broadcast per block. Lanes and f32 steps as `avx2::legacy::q8_0_q8_0`
 /// (bit-identical): even blocks into one accumulator, odd into the other, an odd last block
-/// into the even one. (The eight `d`s were a `vpgatherdd` of the block heads until session 35:
-/// the scalar reads run this kernel 17.4 → 21.5 GiB/s from cache on a Zen 4 core,
-/// BENCHMARKS.md.)
+/// into the even one. (Until session 35 the eight `d`s were a `vpgatherdd` of the block
+/// heads and the loop indexed the activations with bounds checks: the scalar reads took this
+/// kernel 17.4 → 21.5 GiB/s from cache on one Zen 4 core, the zipped loop 21.7 → 23.0;
+/// BENCHMARKS.md. Not yet measured on an Intel core.)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (Some(a), Some(wb)) = (Q8_0Act::new(a, n), blocks::<34>(w, n / 32)) else {
