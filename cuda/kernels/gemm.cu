@@ -22,6 +22,7 @@
 // (Fragment layouts: PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point type".)
 #include "quant.cuh"
 #include "tc.cuh"
+#include "unpack_h16.cuh"
 
 // Weight rows per warp (GM_MW), per block (4 warps along the rows), and 16-row mma tiles per
 // warp; each thread stages GM_CPT 32-element chunks of one weight row per stage.
@@ -101,13 +102,11 @@ __device__ __forceinline__ void gemm_mainloop(const u8* __restrict__ arow, const
             int c = k0 / 32 + c_first + cc;
             uint4* dst = adst + 4 * cc;
             if (arow != nullptr && 32 * c < cols) {
-                float wv[32];
+                u32 hv[16];
                 if (!A_PIPE) chunk_fetch<T>(arow, c, raw[cc]);
-                chunk_unpack<T>(raw[cc], wv);
+                chunk_unpack_h16<T>(raw[cc], hv);
                 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    dst[j] = make_uint4(pack_f16x2(wv[8 * j], wv[8 * j + 1]), pack_f16x2(wv[8 * j + 2], wv[8 * j + 3]),
-                                        pack_f16x2(wv[8 * j + 4], wv[8 * j + 5]), pack_f16x2(wv[8 * j + 6], wv[8 * j + 7]));
+                for (int j = 0; j < 4; j++) dst[j] = make_uint4(hv[4 * j], hv[4 * j + 1], hv[4 * j + 2], hv[4 * j + 3]);
             } else {
                 #pragma unroll
                 for (int j = 0; j < 4; j++) dst[j] = make_uint4(0, 0, 0, 0);

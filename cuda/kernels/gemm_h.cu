@@ -18,6 +18,7 @@
 // ldmatrix fragments as in CUTLASS's sm80 GEMMs.)
 #include "quant.cuh"
 #include "tc.cuh"
+#include "unpack_h16.cuh"
 
 #define GH_BM 128
 #define GH_BN 128
@@ -137,9 +138,19 @@ __device__ __forceinline__ void dequant_f16(const u8* __restrict__ W, u64 row_by
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * chunks) return;
     int r = (int)(i / chunks), c = (int)(i - (size_t)r * chunks);
+    uint4* dst = (uint4*)(wh + (size_t)r * cols + 32 * c);
+    if constexpr (T == WT_CT4 || T == WT_CT8) {
+        // gemm.cu's path (unpack_h16.cuh), so the f16 copy's exact test covers it.
+        ChunkRaw<T> raw;
+        chunk_fetch<T>(W + (size_t)r * row_bytes, c, raw);
+        u32 h[16];
+        chunk_unpack_h16<T>(raw, h);
+        #pragma unroll
+        for (int j = 0; j < 4; j++) dst[j] = make_uint4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
+        return;
+    }
     float w[32];
     decode_chunk<T>(W + (size_t)r * row_bytes, c, cols, w);
-    uint4* dst = (uint4*)(wh + (size_t)r * cols + 32 * c);
     #pragma unroll
     for (int j = 0; j < 4; j++)
         dst[j] = make_uint4(pack_f16x2(w[8 * j], w[8 * j + 1]), pack_f16x2(w[8 * j + 2], w[8 * j + 3]),

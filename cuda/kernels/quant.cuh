@@ -84,11 +84,12 @@ __device__ __forceinline__ int iq4nl_value(u32 q) {
 
 // x rounded to bf16 (round to nearest even, as half::bf16::from_f32 for finite values) and
 // back.
+// A select, not an early return for NaN: the early return was a branch per weight in the CT
+// decoders (BSSY/BSYNC pairs in their SASS).
 __device__ __forceinline__ float round_bf16(float x) {
     u32 u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return __uint_as_float(u & 0xffff0000u);
+    u32 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return (u & 0x7fffffffu) > 0x7f800000u ? x : __uint_as_float(r);
 }
 
 // x rounded to f16 and back.
@@ -237,19 +238,24 @@ __device__ __forceinline__ void chunk_unpack(const ChunkRaw<T>& r, float w[32]) 
         // compressed-tensors' dequantize in the scale dtype: rnd(rnd(q - z) * s), q the signed
         // code (CT4: nibble - 8; CT8: the code byte), from the block's header word (scale
         // bits, zero point, dtype).
+        // The inner rounding is left out: q - z is an integer of magnitude at most 255 (eight
+        // significant bits), exact in bf16 and f16. The dtype is tested once per chunk, not
+        // per weight (it is the matrix's, so every thread of a warp takes the same side).
         u32 h = r.w[0];
-        bool bf = (h >> 24) == WT_BF16;
         unsigned short sb = (unsigned short)(h & 0xFFFF);
-        float s = bf ? bf16_to_f32(sb) : f16_to_f32(sb);
         float z = (float)(signed char)((h >> 16) & 0xFF);
-        #pragma unroll
-        for (int i = 0; i < 32; i++) {
-            int q = T == WT_CT4 ? (int)((r.w[1 + i / 8] >> (4 * (i % 8))) & 0xF) - 8
-                                : (int)(signed char)((r.w[1 + i / 4] >> (8 * (i % 4))) & 0xFF);
-            float t = __fsub_rn((float)q, z);
-            t = bf ? round_bf16(t) : round_f16(t);
-            float y = __fmul_rn(t, s);
-            w[i] = bf ? round_bf16(y) : round_f16(y);
+        auto code = [&](int i) {
+            return T == WT_CT4 ? (int)((r.w[1 + i / 8] >> (4 * (i % 8))) & 0xF) - 8
+                               : (int)(signed char)((r.w[1 + i / 4] >> (8 * (i % 4))) & 0xFF);
+        };
+        if ((h >> 24) == WT_BF16) {
+            float s = bf16_to_f32(sb);
+            #pragma unroll
+            for (int i = 0; i < 32; i++) w[i] = round_bf16(__fmul_rn(__fsub_rn((float)code(i), z), s));
+        } else {
+            float s = f16_to_f32(sb);
+            #pragma unroll
+            for (int i = 0; i < 32; i++) w[i] = round_f16(__fmul_rn(__fsub_rn((float)code(i), z), s));
         }
     } else if constexpr (T == WT_Q5_K) {
         // lagoon_core::quant::q5_k: y = d1 * (nibble | bit << 4) - min1, d1 = d * sc,

@@ -43,6 +43,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("rf_formats.cuh", include_str!("../kernels/rf_formats.cuh")),
     ("tc.cuh", include_str!("../kernels/tc.cuh")),
+    ("unpack_h16.cuh", include_str!("../kernels/unpack_h16.cuh")),
     ("wgmma.cuh", include_str!("../kernels/wgmma.cuh")),
 ];
 

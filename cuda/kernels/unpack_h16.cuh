@@ -1,0 +1,58 @@
+// A quantised 32-weight chunk decoded straight to the f16 pairs a tensor-core tile stages
+// (gemm.cu's shared-memory tiles, gemm_h.cu's f16 copy of a matrix).
+#pragma once
+#include "quant.cuh"
+#include "tc.cuh"
+
+// Two f32 rounded to bf16 (round to nearest even; PTX cvt.rn.bf16x2.f32, sm_80): `lo` in the
+// low half.
+__device__ __forceinline__ u32 cvt_bf16x2(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// One 32-weight chunk as 16 f16 pairs for the tile: the type's exact decode (quant.cuh's
+// chunk_unpack) rounded to f16. Compressed-tensors chunks take a shorter path to the same
+// values, since chunk_unpack's general form (one int-to-float and two float-to-half
+// conversions a weight, on the slow conversion pipe) made the CT8 stage cost 1.6x Q4_K's
+// instructions (SASS, session 36): the signed code q sits in an f32 as 2^23 + q + b (one byte
+// permute or mask: CT8's byte with its sign bit flipped, b = 128; CT4's nibble, b = 8), one
+// subtraction of 2^23 + b + z gives q - z exactly, and the product with the scale is exact
+// too (at most 8 + 11 significant bits); then the scale dtype's rounding —
+// cvt.rn.bf16x2 for bf16 (round_bf16 for finite and infinite values), f16's by the pack
+// itself — and the pack to f16 as before. The same bits as chunk_unpack + pack (a NaN may
+// carry another payload).
+template <int T>
+__device__ __forceinline__ void chunk_unpack_h16(const ChunkRaw<T>& r, u32 h[16]) {
+    if constexpr (T == WT_CT4 || T == WT_CT8) {
+        u32 hd = r.w[0];
+        unsigned short sb = (unsigned short)(hd & 0xFFFF);
+        bool bf = (hd >> 24) == WT_BF16;
+        float s = bf ? bf16_to_f32(sb) : f16_to_f32(sb);
+        float z = (float)(signed char)((hd >> 16) & 0xFF);
+        float off = __fadd_rn(T == WT_CT8 ? 8388736.0f : 8388616.0f, z);  // 2^23 + 128 / 8, + z
+        float y[32];
+        #pragma unroll
+        for (int i = 0; i < 32; i++) {
+            u32 m = T == WT_CT8 ? __byte_perm(r.w[1 + i / 4] ^ 0x80808080u, 0x4B000000u, 0x7540u | (i % 4))
+                                : ((r.w[1 + i / 8] >> (4 * (i % 8))) & 0xFu) | 0x4B000000u;
+            y[i] = __fmul_rn(__fsub_rn(__uint_as_float(m), off), s);
+        }
+        if (bf) {
+            #pragma unroll
+            for (int j = 0; j < 16; j++) {
+                u32 b = cvt_bf16x2(y[2 * j], y[2 * j + 1]);
+                h[j] = pack_f16x2(__uint_as_float(b << 16), __uint_as_float(b & 0xFFFF0000u));
+            }
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 16; j++) h[j] = pack_f16x2(y[2 * j], y[2 * j + 1]);
+        }
+    } else {
+        float w[32];
+        chunk_unpack<T>(r, w);
+        #pragma unroll
+        for (int j = 0; j < 16; j++) h[j] = pack_f16x2(w[2 * j], w[2 * j + 1]);
+    }
+}
