@@ -139,7 +139,7 @@ __device__ __forceinline__ void dequant_f16(const u8* __restrict__ W, u64 row_by
     if (i >= (size_t)rows * chunks) return;
     int r = (int)(i / chunks), c = (int)(i - (size_t)r * chunks);
     uint4* dst = (uint4*)(wh + (size_t)r * cols + 32 * c);
-    if constexpr (T == WT_CT4 || T == WT_CT8) {
+    if constexpr (T == WT_CT4 || T == WT_CT8 || T == WT_Q8_0) {
         // gemm.cu's path (unpack_h16.cuh), so the f16 copy's exact test covers it.
         ChunkRaw<T> raw;
         chunk_fetch<T>(W + (size_t)r * row_bytes, c, raw);
