@@ -1,4 +1,4 @@
-// Tensor-core Q4_K, Q6_K and CT4 (W4A16) products for prefill with the weights decoded straight into mma
+// Tensor-core Q4_K, Q6_K, CT4 (W4A16) and CT8 (W8A16, W8A8) products for prefill with the weights decoded straight into mma
 // fragments ("register fragments"): the dense product out[t, r] = x[t] . W[r] and the
 // expert-grouped gate/up (+ SwiGLU) and down products, for tiles of 64 tokens (both types),
 // 128 (Q4_K) or 96 (Q6_K's grouped products, whose 128-token ring would not fit in shared
@@ -43,6 +43,7 @@
 #define RF_SMEM_Q6_K_96 232192
 #define RF_SMEM_CT4 223744
 #define RF_SMEM_CT4_128 216064
+#define RF_SMEM_CT8 215552
 
 static_assert(RfLayout<RfQ4K, 8>::SMEM == RF_SMEM_Q4_K, "RF_SMEM_Q4_K");
 static_assert(RfLayout<RfQ4K, 16>::SMEM == RF_SMEM_Q4_K_128, "RF_SMEM_Q4_K_128");
@@ -50,6 +51,7 @@ static_assert(RfLayout<RfQ6K, 8>::SMEM == RF_SMEM_Q6_K, "RF_SMEM_Q6_K");
 static_assert(RfLayout<RfQ6K, 12>::SMEM == RF_SMEM_Q6_K_96, "RF_SMEM_Q6_K_96");
 static_assert(RfLayout<RfCt4, 8>::SMEM == RF_SMEM_CT4, "RF_SMEM_CT4");
 static_assert(RfLayout<RfCt4, 16>::SMEM == RF_SMEM_CT4_128, "RF_SMEM_CT4_128");
+static_assert(RfLayout<RfCt8, 8>::SMEM == RF_SMEM_CT8, "RF_SMEM_CT8");
 static_assert(RF_SMEM_Q6_K_96 <= 232448, "Q6_K 96-token ring over the 227 KiB block limit");
 
 // acc += the warp's 32 rows x BN tokens over the stage's super-block: per unit, the A
@@ -272,7 +274,7 @@ __device__ __forceinline__ u8* rf_smem(u8* raw) {
     }
 }
 
-// A format decoded by the matrix's scale dtype (F::BY_DTYPE: RfCt4) reads the dtype from the
+// A format decoded by the matrix's scale dtype (F::BY_DTYPE: RfCt4, RfCt8) reads the dtype from the
 // header of the tile's first block (row table entry 0, which every caller fills before its
 // barrier) and runs the mainloop of that dtype's form, F::ByDtype<T>: the tile's rows are one
 // matrix's.
@@ -446,6 +448,7 @@ RF_KERNELS(q6_K, RfQ6K, 8, false, rf)
 RF_GROUPED(q6_K, RfQ6K, 12, false, rf96)
 RF_KERNELS(ct4, RfCt4, 8, false, rf)
 RF_KERNELS(ct4, RfCt4, 16, false, rf128)
+RF_KERNELS(ct8, RfCt8, 8, false, rf)
 // wgmma (sm_90a; gemm_rf.cu is compiled for it on sm_90 devices).
 RF_KERNELS(q4_K, RfQ4K, 8, true, wg)
 RF_KERNELS(q4_K, RfQ4K, 16, true, wg128)

@@ -1,5 +1,5 @@
 // The weight formats of gemm_rf.cu's products: the block's shared-memory layout (RfLayout)
-// and, per format (RfQ4K, RfQ6K, RfCt4), how a stage's rows are copied, how their scales are
+// and, per format (RfQ4K, RfQ6K, RfCt4, RfCt8), how a stage's rows are copied, how their scales are
 // decoded into the warp's table, and how a lane decodes its mma A fragments (both k orders:
 // mma.sync's and wgmma's). gemm_rf.cu's header comment describes the scheme and the k
 // permutation; its mainloops call these.
@@ -332,4 +332,66 @@ struct RfCt4 : RfCt4T<WT_F16> {
     static constexpr bool BY_DTYPE = true;
     template <int T>
     using ByDtype = RfCt4T<T>;
+};
+
+// ---- CT8 (compressed-tensors int8 in 32-element blocks: blocks.cuh block_ct8) ----
+//
+// A stage holds eight 36-byte blocks (256 weights, 288 bytes) of each row, rows back to back,
+// copied as eighteen 16-byte pieces (RfPieces<18>: a CT8 row of a multiple of 256 columns is a
+// multiple of 288 bytes). Two stages of 104 KiB, so 64-token tiles only (a 128-token stage
+// would not fit twice). No scale table: a lane reads each block's header word next to its
+// codes. Unit u is block u; lane q's weights 8 q .. 8 q + 8 are code bytes 8 q .. 8 q + 8, two
+// aligned words. A weight is rnd((q - z) * s) in the scale dtype (quant.cuh's CT8 decode;
+// q - z is an integer of at most 8 significant bits, exact in both dtypes), then f16: for f16
+// scales two at a time in f16 (1024 + (q + 128) is the code byte with its sign bit flipped
+// under 0x64, less 1152 + z, times the scale: one rounding, RfCt4T's scheme); for bf16 scales
+// in f32 (2^23 + (q + 128) by a byte permute, less 2^23 + 128 + z, times the scale: all
+// exact), rounded to bf16 two at a time (cvt.rn.bf16x2) and packed to f16 through f32 — no
+// 16-bit magic holds an 8-bit code in bf16, whose unit is 2 above 256. The dtype is a template
+// argument, as for CT4 (rf_loop reads it once per tile).
+template <int T>
+struct RfCt8T : RfPieces<18> {
+    static constexpr int STAGES = 2, SLOT = 288, SC_STRIDE = 0;
+    static __device__ __forceinline__ void scales(const u8*, u8*, int, int, int) {}
+    static __device__ __forceinline__ void frags(const u8* st, const u8*, const RfRows& rw, int q, int, int u,
+                                                 u32 a[2][2][4]) {
+        #pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const u8* b = st + 288 * rw.r[mt][h] + 36 * u;
+                u32 hd = *(const u32*)b;
+                u32 cw[2] = {*(const u32*)(b + 4 + 8 * q), *(const u32*)(b + 8 + 8 * q)};
+                int z = (int)(signed char)((hd >> 16) & 0xFF);
+                if constexpr (T == WT_BF16) {
+                    float s = __uint_as_float(hd << 16);
+                    float off = (float)(8388736 + z);
+                    #pragma unroll
+                    for (int s2 = 0; s2 < 2; s2++) {
+                        u32 x = cw[s2] ^ 0x80808080u;
+                        float y[4];
+                        #pragma unroll
+                        for (int i = 0; i < 4; i++) y[i] = __fmul_rn(__fsub_rn(rf_byte_f(x, i), off), s);
+                        u32 b01 = cvt_bf16x2(y[0], y[1]), b23 = cvt_bf16x2(y[2], y[3]);
+                        a[s2][mt][h] = pack_f16x2(__uint_as_float(b01 << 16), __uint_as_float(b01 & 0xFFFF0000u));
+                        a[s2][mt][2 + h] = pack_f16x2(__uint_as_float(b23 << 16), __uint_as_float(b23 & 0xFFFF0000u));
+                    }
+                } else {
+                    u32 s2v = __byte_perm(hd, 0, 0x1010);
+                    u32 off = (u32)__half_as_ushort(__float2half_rn((float)(1152 + z))) * 0x10001u;
+                    #pragma unroll
+                    for (int s2 = 0; s2 < 2; s2++) {
+                        u32 x = cw[s2] ^ 0x80808080u;
+                        a[s2][mt][h] = mul_f16x2(sub_f16x2(__byte_perm(x, 0x64646464u, 0x5140), off), s2v);
+                        a[s2][mt][2 + h] = mul_f16x2(sub_f16x2(__byte_perm(x, 0x64646464u, 0x5342), off), s2v);
+                    }
+                }
+            }
+    }
+};
+// The format as named by the kernels; rf_loop picks ByDtype<dtype> per matrix.
+struct RfCt8 : RfCt8T<WT_F16> {
+    static constexpr bool BY_DTYPE = true;
+    template <int T>
+    using ByDtype = RfCt8T<T>;
 };

@@ -9,6 +9,14 @@ __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
     return *(u32*)&h;
 }
 
+// Two f32 rounded to bf16 (round to nearest even; PTX cvt.rn.bf16x2.f32, sm_80): `lo` in the
+// low half.
+__device__ __forceinline__ u32 cvt_bf16x2(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
 // An activation rounded to f16, finite values saturating at +-65504 (NaN and +-inf pass).
 __device__ __forceinline__ float f16_range(float v) {
     float a = fabsf(v);

@@ -4,14 +4,6 @@
 #include "quant.cuh"
 #include "tc.cuh"
 
-// Two f32 rounded to bf16 (round to nearest even; PTX cvt.rn.bf16x2.f32, sm_80): `lo` in the
-// low half.
-__device__ __forceinline__ u32 cvt_bf16x2(float lo, float hi) {
-    u32 d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
 // One 32-weight chunk as 16 f16 pairs for the tile: the type's exact decode (quant.cuh's
 // chunk_unpack) rounded to f16. Compressed-tensors chunks take a shorter path to the same
 // values, since chunk_unpack's general form (one int-to-float and two float-to-half

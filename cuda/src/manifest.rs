@@ -348,6 +348,9 @@ manifest! {
     GemmRfCt4 => "gemm_rf.cu", "gemm_rf_ct4";
     GemmGateUpRfCt4 => "gemm_rf.cu", "gemm_gate_up_rf_ct4";
     GemmDownRfCt4 => "gemm_rf.cu", "gemm_down_rf_ct4";
+    GemmRfCt8 => "gemm_rf.cu", "gemm_rf_ct8";
+    GemmGateUpRfCt8 => "gemm_rf.cu", "gemm_gate_up_rf_ct8";
+    GemmDownRfCt8 => "gemm_rf.cu", "gemm_down_rf_ct8";
     GemmRf128Ct4 => "gemm_rf.cu", "gemm_rf128_ct4";
     GemmGateUpRf128Ct4 => "gemm_rf.cu", "gemm_gate_up_rf128_ct4";
     GemmDownRf128Ct4 => "gemm_rf.cu", "gemm_down_rf128_ct4";
@@ -443,6 +446,7 @@ impl K {
             K::GemmRf128Q4K | K::GemmGateUpRf128Q4K | K::GemmDownRf128Q4K => GEMM_RF_SMEM_Q4K_128,
             K::GemmRfCt4 | K::GemmGateUpRfCt4 | K::GemmDownRfCt4 => GEMM_RF_SMEM_CT4,
             K::GemmRf128Ct4 | K::GemmGateUpRf128Ct4 | K::GemmDownRf128Ct4 => GEMM_RF_SMEM_CT4_128,
+            K::GemmRfCt8 | K::GemmGateUpRfCt8 | K::GemmDownRfCt8 => GEMM_RF_SMEM_CT8,
             K::GemmH16 => GEMM_H16_SMEM,
             // The lab's activation row in shared memory (LAB_MVX_MAX_COLS f32).
             K::LabMvxBf16 => 4 * 9216,
@@ -824,6 +828,8 @@ pub const GEMM_RF_SMEM_Q6K_96: u32 = 232_192;
 pub const GEMM_RF_SMEM_CT4: u32 = 223_744;
 /// CT4 on 128-token tiles (`RF_SMEM_CT4_128`: two stages).
 pub const GEMM_RF_SMEM_CT4_128: u32 = 216_064;
+/// CT8 (`RF_SMEM_CT8`: two stages of 288-byte row slots, 64-token tiles only).
+pub const GEMM_RF_SMEM_CT8: u32 = 215_552;
 
 /// Blocks along x of an expert gate/up kernel of the `mvq` set (`moe_gate_up_q` /
 /// `moe_gate_up_mixed`, four warps a block) for `rows` rows of `h` columns: one row pair a
@@ -850,8 +856,11 @@ pub fn gate_up_blocks(kernel: K, rows: usize, h: usize) -> u32 {
 
 /// The `gemm_rf.cu` kernels for weights of type `ty` whose rows are `cols` long, for token
 /// tiles (dense) or expert tiles (grouped) of `tile` pairs (64 or 128), where that path takes
-/// them: Q4_K, and Q6_K rows of a multiple of four super-blocks (each stage's copy needs
-/// 8-byte-aligned rows). Q4_K has kernels for both tiles. Q6_K's 128-token ring would not
+/// them: Q4_K, Q6_K rows of a multiple of four super-blocks (each stage's copy needs
+/// 8-byte-aligned rows), and CT4 and CT8 rows of a multiple of 256 columns. Q4_K and CT4 have
+/// kernels for both tiles; CT8's 128-token ring would not fit, so its 128-tile set is the
+/// 64-token kernels (two passes over a 128-pair expert tile; dense products stay on 64-token
+/// tiles for every type but Q4_K). Q6_K's 128-token ring would not
 /// fit in shared memory: its grouped kernels for 128-pair expert tiles take passes of 96
 /// pairs, and its dense products must stay on 64-token tiles (the 128-tile set's `dense` is
 /// the 64-token kernel).
@@ -882,6 +891,9 @@ pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
             K::GemmGateUpRf128Ct4,
             K::GemmDownRf128Ct4,
         )),
+        (WType::Ct8, 64 | 128) if cols.is_multiple_of(256) => {
+            Some(k(K::GemmRfCt8, K::GemmGateUpRfCt8, K::GemmDownRfCt8))
+        }
         _ => None,
     }
 }
@@ -1173,6 +1185,7 @@ mod tests {
             ("Q6_K_96", GEMM_RF_SMEM_Q6K_96),
             ("CT4", GEMM_RF_SMEM_CT4),
             ("CT4_128", GEMM_RF_SMEM_CT4_128),
+            ("CT8", GEMM_RF_SMEM_CT8),
         ] {
             assert!(
                 src.contains(&format!("#define RF_SMEM_{name} {v}\n")),

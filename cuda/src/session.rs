@@ -466,6 +466,9 @@ pub struct CudaSession {
     /// S 2.1 W4A16 pp4096 4,030 -> 6,901 t/s at ubatch 2048, H200, BENCHMARKS.md) or on
     /// `gemm.cu`'s (`LAGOON_CUDA_RF_CT4=0`, [`CudaSession::set_rf_ct4`]).
     rf_ct4: bool,
+    /// The same for CT8 (W8A16 / W8A8): `gemm_rf.cu`'s CT8 kernels by default, `gemm.cu`'s with
+    /// `LAGOON_CUDA_RF_CT8=0` ([`CudaSession::set_rf_ct8`]).
+    rf_ct8: bool,
     /// Whether a decode run of products of one input in two weight types that have an
     /// `mv2_*` kernel ([`WType::mv_pair`]: Q4_K_M's Q6_K value projections) is one launch
     /// (the default) or one per type (`LAGOON_CUDA_MV_PAIRS=0`, A/B runs).
@@ -824,6 +827,7 @@ impl CudaSession {
                 && std::env::var_os("LAGOON_CUDA_GEMM_WG").is_some_and(|v| v == "1"),
             rf96: std::env::var_os("LAGOON_CUDA_RF96").is_some_and(|v| v == "1"),
             rf_ct4: std::env::var_os("LAGOON_CUDA_RF_CT4").is_none_or(|v| v != "0"),
+            rf_ct8: std::env::var_os("LAGOON_CUDA_RF_CT8").is_none_or(|v| v != "0"),
             mv_pairs: env_flag("LAGOON_CUDA_MV_PAIRS", true),
             down_rows: match std::env::var("LAGOON_CUDA_DOWN_ROWS").as_deref() {
                 Ok("1") => 1,
@@ -1085,6 +1089,12 @@ impl CudaSession {
         self.rf_ct4 = on;
     }
 
+    /// Runs CT8 prefill products on `gemm_rf.cu`'s CT8 kernels (`true`, the default) or
+    /// `gemm.cu`'s (`LAGOON_CUDA_RF_CT8=0` sets `false` at creation).
+    pub fn set_rf_ct8(&mut self, on: bool) {
+        self.rf_ct8 = on;
+    }
+
     /// Starts (`true`) or stops timing every kernel of the following steps (which then run
     /// without CUDA graphs, each queued behind a spin kernel). Stopping returns the totals.
     pub fn set_profiling(&mut self, on: bool) -> Option<Vec<KernelTime>> {
@@ -1265,9 +1275,12 @@ impl CudaSession {
     }
 
     /// [`gemm_rf`] as this session uses it: none with `LAGOON_CUDA_GEMM_RF=0`, CT4 only with
-    /// `rf_ct4`.
+    /// `rf_ct4`, CT8 only with `rf_ct8`.
     fn rf(&self, ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
-        if self.gemm_rf == RfUse::Off || (ty == WType::Ct4 && !self.rf_ct4) {
+        if self.gemm_rf == RfUse::Off
+            || (ty == WType::Ct4 && !self.rf_ct4)
+            || (ty == WType::Ct8 && !self.rf_ct8)
+        {
             return None;
         }
         gemm_rf(ty, cols, tile)

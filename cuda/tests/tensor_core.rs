@@ -332,23 +332,27 @@ fn group(
     (buf, sorted, tiles, max_tiles)
 }
 
+/// The weight encodings of the grouped test: a ggml type, or compressed-tensors int4 / int8
+/// repacked into the device's CT4 / CT8 blocks.
+#[derive(Clone, Copy, PartialEq)]
+enum ExpertType {
+    Ggml(GgmlType),
+    Ct4,
+    Ct8,
+}
+
 /// `n` random expert matrices of `rows x cols`, stacked: their device bytes, row stride and
-/// each row decoded and rounded to f16. `ty` a ggml type, or `None`: compressed-tensors int4
-/// (group 32, bf16 scales, odd experts asymmetric) repacked into CT4 blocks.
+/// each row decoded and rounded to f16. CT4: group 32, odd experts asymmetric; CT8: channel
+/// scales (int-quantized I8), odd experts with zero points; every third expert of either with
+/// f16 scales, the others bf16.
 struct ExpertMats {
     bytes: Vec<u8>,
     row_bytes: u64,
     rows_f16: Vec<Vec<Vec<f64>>>,
 }
 
-fn expert_mats(
-    rng: &mut Rng,
-    ty: Option<GgmlType>,
-    n: usize,
-    rows: usize,
-    cols: usize,
-) -> ExpertMats {
-    use lagoon_core::quant::ct::{CtMatrix, ScaleDtype};
+fn expert_mats(rng: &mut Rng, ty: ExpertType, n: usize, rows: usize, cols: usize) -> ExpertMats {
+    use lagoon_core::quant::ct::{CtKind, CtMatrix, CtStrategy, ScaleDtype};
     let mut m = ExpertMats {
         bytes: Vec::new(),
         row_bytes: 0,
@@ -356,7 +360,7 @@ fn expert_mats(
     };
     for e in 0..n {
         let f16_rows = match ty {
-            Some(ty) => {
+            ExpertType::Ggml(ty) => {
                 let data = random_rows(rng, ty, rows, cols);
                 let mr = MatRef {
                     rows,
@@ -367,7 +371,7 @@ fn expert_mats(
                 m.bytes.extend_from_slice(&data);
                 (0..rows).map(|r| row_f16(&mr, r)).collect()
             }
-            None => {
+            ExpertType::Ct4 | ExpertType::Ct8 => {
                 // Every third expert's scales in f16: the kernels pick the decode by each
                 // expert's scale dtype, read from its own first block.
                 let sd = if e % 3 == 2 {
@@ -375,15 +379,28 @@ fn expert_mats(
                 } else {
                     ScaleDtype::Bf16
                 };
-                let (layout, [w, s, z]) = common::random_ct4(rng, rows, cols, e % 2 == 1, sd);
+                let (layout, [w, s, z]) = if ty == ExpertType::Ct4 {
+                    common::random_ct4(rng, rows, cols, e % 2 == 1, sd)
+                } else {
+                    let kind = CtKind::Int8 {
+                        symmetric: e % 2 == 0,
+                        strategy: CtStrategy::Channel,
+                    };
+                    common::random_ct(rng, kind, rows, cols, sd)
+                };
                 let mr = MatRef {
                     rows,
                     cols,
                     enc: Encoding::Ct(CtMatrix::new(layout, &w, &s, &z).unwrap()),
                 };
-                let blocks =
-                    lagoon_cuda::weights::ct4_blocks(&mr).expect("a CT4-repackable matrix");
-                m.row_bytes = (cols / 32 * lagoon_cuda::weights::CT4_BLOCK_BYTES) as u64;
+                let (blocks, bb) = if ty == ExpertType::Ct4 {
+                    let b = lagoon_cuda::weights::ct4_blocks(&mr).expect("a CT4-repackable matrix");
+                    (b, lagoon_cuda::weights::CT4_BLOCK_BYTES)
+                } else {
+                    let b = lagoon_cuda::weights::ct8_blocks(&mr).expect("a CT8-repackable matrix");
+                    (b, lagoon_cuda::weights::CT8_BLOCK_BYTES)
+                };
+                m.row_bytes = (cols / 32 * bb) as u64;
                 m.bytes.extend_from_slice(&blocks);
                 (0..rows).map(|r| row_f16(&mr, r)).collect()
             }
@@ -409,8 +426,12 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
             }
         })
         .collect();
-    // Every ggml type of TYPES, and compressed-tensors int4 repacked into CT4 blocks (`None`).
-    let cases: Vec<Option<GgmlType>> = TYPES.iter().map(|&t| Some(t)).chain([None]).collect();
+    // Every ggml type of TYPES, and compressed-tensors int4 and int8 in CT4 and CT8 blocks.
+    let cases: Vec<ExpertType> = TYPES
+        .iter()
+        .map(|&t| ExpertType::Ggml(t))
+        .chain([ExpertType::Ct4, ExpertType::Ct8])
+        .collect();
     for (ty, tile) in cases.iter().flat_map(|&ty| {
         [
             (ty, GEMM_TILE_TOKENS),
@@ -421,12 +442,17 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
         let (_gb, sorted, tiles, max_tiles) = group(&dev, &ids, n_experts, tile);
         let (h, i) = match ty {
             // Rows of four super-blocks, so gemm_rf.cu's Q6_K kernels take them too.
-            Some(GgmlType::Q6K) => (1024usize, 1024usize),
-            Some(GgmlType::Q4K | GgmlType::Q5K | GgmlType::IQ4XS) | None => (512, 256),
-            _ => (288, 160),
+            ExpertType::Ggml(GgmlType::Q6K) => (1024usize, 1024usize),
+            ExpertType::Ggml(GgmlType::Q4K | GgmlType::Q5K | GgmlType::IQ4XS)
+            | ExpertType::Ct4
+            | ExpertType::Ct8 => (512, 256),
+            ExpertType::Ggml(_) => (288, 160),
         };
-        let wt = ty.map_or(WType::Ct4, |t| wtype(t).unwrap());
-        let name = ty.map_or("ct4".to_string(), |t| t.to_string());
+        let (wt, name) = match ty {
+            ExpertType::Ggml(t) => (wtype(t).unwrap(), t.to_string()),
+            ExpertType::Ct4 => (WType::Ct4, "ct4".to_string()),
+            ExpertType::Ct8 => (WType::Ct8, "ct8".to_string()),
+        };
         let silu = |z: f64| z / (1.0 + (-z).exp());
         let (g, u, d) = (
             expert_mats(&mut rng, ty, n_experts, i, h),
@@ -442,13 +468,14 @@ fn grouped_expert_gemms_match_f16_rounded_reference() {
         let (_x, xp) = to_f16_on_device(&dev, &x);
         let (_a, ap) = upload(&dev, &f16_bits(&a_in));
         let (row_g, row_d) = (g.row_bytes, d.row_bytes);
-        let rf_cols =
-            if ty != Some(GgmlType::Q6K) || (h.is_multiple_of(1024) && i.is_multiple_of(1024)) {
-                h
-            } else {
-                // A width gemm_rf does not take for Q6_K: gemm.cu's set alone.
-                256
-            };
+        let rf_cols = if ty != ExpertType::Ggml(GgmlType::Q6K)
+            || (h.is_multiple_of(1024) && i.is_multiple_of(1024))
+        {
+            h
+        } else {
+            // A width gemm_rf does not take for Q6_K: gemm.cu's set alone.
+            256
+        };
         for (src, kern) in kernel_sets(&dev.arch, wt, rf_cols, tile) {
             // Fresh (zeroed) outputs per kernel set, so a set that skips an entry cannot pass on
             // the previous set's results.
@@ -767,7 +794,13 @@ fn check_ct_products(
         .map(|tile| ("gemm.cu", ty.gemm(tile).dense, tile))
         .collect();
     if rf {
-        for tile in [GEMM_TILE_TOKENS, 2 * GEMM_TILE_TOKENS] {
+        // CT8 has 64-token kernels only (its 128-tile set is the same kernels).
+        let tiles: &[usize] = if ty == WType::Ct8 {
+            &[GEMM_TILE_TOKENS]
+        } else {
+            &[GEMM_TILE_TOKENS, 2 * GEMM_TILE_TOKENS]
+        };
+        for &tile in tiles {
             let k = gemm_rf(ty, cols, tile).expect("gemm_rf takes these rows");
             sets.push(("gemm_rf.cu", k.dense, tile));
         }
@@ -819,7 +852,7 @@ fn check_ct_products(
 /// Random 8-bit compressed-tensors matrices repacked into the device's CT8 blocks — W8A16
 /// (pack-quantized 8-bit, group 64, packed zero points, f16 scales) and W8A8 (int-quantized
 /// I8, channel scales, bf16; symmetric and with plain zero points) — against the CPU's
-/// decoding (`check_ct_products`; CT8 has no `gemm_rf.cu` form).
+/// decoding (`check_ct_products`, `gemm_rf.cu`'s CT8 kernels of both scale dtypes included).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ct8_blocks_decode_as_compressed_tensors() {
@@ -848,17 +881,7 @@ fn ct8_blocks_decode_as_compressed_tensors() {
         let blocks = lagoon_cuda::weights::ct8_blocks(&m).expect("a CT8-repackable matrix");
         let bb = lagoon_cuda::weights::CT8_BLOCK_BYTES;
         let label = kind.to_string();
-        check_ct_products(
-            &dev,
-            &mut rng,
-            &m,
-            &blocks,
-            bb,
-            WType::Ct8,
-            false,
-            n,
-            &label,
-        );
+        check_ct_products(&dev, &mut rng, &m, &blocks, bb, WType::Ct8, true, n, &label);
     }
 }
 
