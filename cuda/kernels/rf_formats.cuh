@@ -345,10 +345,10 @@ struct RfCt4 : RfCt4T<WT_F16> {
 // q - z is an integer of at most 8 significant bits, exact in both dtypes), then f16: for f16
 // scales two at a time in f16 (1024 + (q + 128) is the code byte with its sign bit flipped
 // under 0x64, less 1152 + z, times the scale: one rounding, RfCt4T's scheme); for bf16 scales
-// in f32 (2^23 + (q + 128) by a byte permute, less 2^23 + 128 + z, times the scale: all
-// exact), rounded to bf16 two at a time (cvt.rn.bf16x2) and packed to f16 through f32 — no
-// 16-bit magic holds an 8-bit code in bf16, whose unit is 2 above 256. The dtype is a template
-// argument, as for CT4 (rf_loop reads it once per tile).
+// q - z is formed in f32 (2^23 + (q + 128) by a byte permute, less 2^23 + 128 + z: exact; no
+// 16-bit magic holds an 8-bit code in bf16, whose unit is 2 above 256), taken to bf16 by its
+// high half, multiplied two at a time in bf16 (the one rounding) and packed to f16 through
+// f32. The dtype is a template argument, as for CT4 (rf_loop reads it once per tile).
 template <int T>
 struct RfCt8T : RfPieces<18> {
     static constexpr int STAGES = 2, SLOT = 288, SC_STRIDE = 0;
@@ -364,17 +364,22 @@ struct RfCt8T : RfPieces<18> {
                 u32 cw[2] = {*(const u32*)(b + 4 + 8 * q), *(const u32*)(b + 8 + 8 * q)};
                 int z = (int)(signed char)((hd >> 16) & 0xFF);
                 if constexpr (T == WT_BF16) {
-                    float s = __uint_as_float(hd << 16);
+                    // q - z in f32 has its low 16 bits zero (at most 8 significant bits), so its
+                    // high half is q - z in bf16: a byte permute pairs two of them, and one
+                    // fma.rn.bf16x2 by the scale (plus -0) is the reference's one rounding.
+                    u32 s2v = __byte_perm(hd, 0, 0x1010);
                     float off = (float)(8388736 + z);
                     #pragma unroll
                     for (int s2 = 0; s2 < 2; s2++) {
                         u32 x = cw[s2] ^ 0x80808080u;
-                        float y[4];
+                        u32 t[4];
                         #pragma unroll
-                        for (int i = 0; i < 4; i++) y[i] = __fmul_rn(__fsub_rn(rf_byte_f(x, i), off), s);
-                        u32 b01 = cvt_bf16x2(y[0], y[1]), b23 = cvt_bf16x2(y[2], y[3]);
-                        a[s2][mt][h] = pack_f16x2(__uint_as_float(b01 << 16), __uint_as_float(b01 & 0xFFFF0000u));
-                        a[s2][mt][2 + h] = pack_f16x2(__uint_as_float(b23 << 16), __uint_as_float(b23 & 0xFFFF0000u));
+                        for (int i = 0; i < 4; i++) t[i] = __float_as_uint(__fsub_rn(rf_byte_f(x, i), off));
+                        #pragma unroll
+                        for (int p = 0; p < 2; p++) {
+                            u32 v = fma_bf16x2(__byte_perm(t[2 * p], t[2 * p + 1], 0x7632), s2v, 0x80008000u);
+                            a[s2][mt][2 * p + h] = pack_f16x2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
+                        }
                     }
                 } else {
                     u32 s2v = __byte_perm(hd, 0, 0x1010);
