@@ -6,9 +6,11 @@
 
 // One 32-weight chunk as 16 f16 pairs for the tile: the type's exact decode (quant.cuh's
 // chunk_unpack) rounded to f16. Compressed-tensors chunks take a shorter path to the same
-// values, since chunk_unpack's general form (one int-to-float and two float-to-half
-// conversions a weight, on the slow conversion pipe) made the CT8 stage cost 1.6x Q4_K's
-// instructions (SASS, session 36): the signed code q sits in an f32 as 2^23 + q + b (one byte
+// values: chunk_unpack's form at session 36's start (a dtype test per weight, round_bf16's
+// early return a branch per weight, an int-to-float and up to four float/half conversions a
+// weight) gave gemm_gate_up_ct8 1.56x the SASS instructions of gemm_gate_up_q4_K (3,680 with
+// 197 BSSY against 2,360; now 2,368), and XS 2.1 W8A8 pp4096 rose 29% with this path
+// (BENCHMARKS.md, session 36). Here the signed code q sits in an f32 as 2^23 + q + b (one byte
 // permute or mask: CT8's byte with its sign bit flipped, b = 128; CT4's nibble, b = 8), one
 // subtraction of 2^23 + b + z gives q - z exactly, and the product with the scale is exact
 // too (at most 8 + 11 significant bits); then the scale dtype's rounding —
