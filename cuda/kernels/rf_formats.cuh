@@ -327,12 +327,15 @@ struct RfCt4T : RfPieces<10> {
             }
     }
 };
-// The format as named by the kernels; rf_loop picks ByDtype<dtype> per matrix.
-struct RfCt4 : RfCt4T<WT_F16> {
+// A format decoded by scale dtype as the kernels name it (F<WT_F16> stands for it where a
+// dtype-free member is read); rf_loop picks ByDtype<dtype> per matrix.
+template <template <int> class F>
+struct RfByDtype : F<WT_F16> {
     static constexpr bool BY_DTYPE = true;
     template <int T>
-    using ByDtype = RfCt4T<T>;
+    using ByDtype = F<T>;
 };
+using RfCt4 = RfByDtype<RfCt4T>;
 
 // ---- CT8 (compressed-tensors int8 in 32-element blocks: blocks.cuh block_ct8) ----
 //
@@ -394,9 +397,4 @@ struct RfCt8T : RfPieces<18> {
             }
     }
 };
-// The format as named by the kernels; rf_loop picks ByDtype<dtype> per matrix.
-struct RfCt8 : RfCt8T<WT_F16> {
-    static constexpr bool BY_DTYPE = true;
-    template <int T>
-    using ByDtype = RfCt8T<T>;
-};
+using RfCt8 = RfByDtype<RfCt8T>;
