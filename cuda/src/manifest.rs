@@ -1172,6 +1172,25 @@ mod tests {
     }
 
     #[test]
+    fn gemm_rf_ct8_takes_whole_eight_block_units_on_64_token_kernels() {
+        // CT8's ring holds 64-token tiles only: a 128-pair expert tile runs the same kernels
+        // (two passes), and rows must be whole 288-byte units (256 columns) for the copies.
+        for tile in [64, 128] {
+            let k = gemm_rf(WType::Ct8, 768, tile).expect("gemm_rf takes CT8 rows of 768");
+            assert_eq!(
+                (k.dense, k.gate_up, k.down),
+                (K::GemmRfCt8, K::GemmGateUpRfCt8, K::GemmDownRfCt8),
+                "tile {tile}"
+            );
+            assert_eq!(k.gate_up.dyn_smem(), GEMM_RF_SMEM_CT8);
+        }
+        assert!(
+            gemm_rf(WType::Ct8, 544, 64).is_none(),
+            "544 columns is not whole units"
+        );
+    }
+
+    #[test]
     fn gemm_rf_shared_memory_matches_the_kernel_source() {
         let src = compile::SOURCES
             .iter()
