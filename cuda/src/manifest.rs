@@ -858,12 +858,11 @@ pub fn gate_up_blocks(kernel: K, rows: usize, h: usize) -> u32 {
 /// tiles (dense) or expert tiles (grouped) of `tile` pairs (64 or 128), where that path takes
 /// them: Q4_K, Q6_K rows of a multiple of four super-blocks (each stage's copy needs
 /// 8-byte-aligned rows), and CT4 and CT8 rows of a multiple of 256 columns. Q4_K and CT4 have
-/// kernels for both tiles; CT8's 128-token ring would not fit, so its 128-tile set is the
-/// 64-token kernels (two passes over a 128-pair expert tile; dense products stay on 64-token
-/// tiles for every type but Q4_K). Q6_K's 128-token ring would not
-/// fit in shared memory: its grouped kernels for 128-pair expert tiles take passes of 96
-/// pairs, and its dense products must stay on 64-token tiles (the 128-tile set's `dense` is
-/// the 64-token kernel).
+/// kernels for both tiles. The 128-token rings of Q6_K and CT8 would not fit in shared
+/// memory: Q6_K's grouped kernels for 128-pair expert tiles take passes of 96 pairs, CT8's
+/// are the 64-pair kernels (two passes), and the dense products of both stay on 64-token
+/// tiles (the 128-tile set's `dense` is the 64-token kernel; only Q4_K's dense products take
+/// 128-token tiles).
 pub fn gemm_rf(ty: WType, cols: usize, tile: usize) -> Option<GemmKernels> {
     let k = |dense, gate_up, down| GemmKernels {
         dense,
