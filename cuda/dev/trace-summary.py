@@ -118,15 +118,19 @@ def main():
 
 def layer_view(launches, names, first, period, steps):
     """The launches of one layer in order, median span per position over the layers of the
-    most common shape (a layer starts at the launch before its Q/K/V product: the norm)."""
+    most common shape (a layer starts at the launch before its Q/K/V product: the norm, or at
+    the product itself when the norm is folded into it)."""
     def nm(l):
         return "|".join(sorted(names.get(l["sig"], {"?"})))
     rows = collections.defaultdict(list)
     for s in range(steps):
         a = first + s * period
         seq = launches[a:a + period + 1]
-        starts = [i - 1 for i in range(1, len(seq) - 1) if "mv" in nm(seq[i]) and seq[i]["sig"][0] >= 2000
-                  and seq[i]["sig"][0] < 25000 and "norm" in nm(seq[i - 1])]
+        # (Under NORM_EPI the attention norm rides in the down kernel before a W4A16 layer's
+        # products, `mv_rinv`: the layer then starts at the products.)
+        starts = [i - 1 if "norm" in nm(seq[i - 1]) else i for i in range(1, len(seq) - 1)
+                  if "mv" in nm(seq[i]) and 2000 <= seq[i]["sig"][0] < 25000
+                  and ("norm" in nm(seq[i - 1]) or "mv_rinv" in nm(seq[i]))]
         for j in range(len(starts) - 1):
             lay = seq[starts[j]:starts[j + 1] + 1]
             key = tuple(l["sig"] for l in lay[:-1])

@@ -93,13 +93,16 @@ __device__ __forceinline__ void warp_quantize_q8K(const float* __restrict__ xb, 
 // (+0.3%); traced, the FFN norm's Q8_0 copy (rms_norm_q8_0) 3.17 -> 2.69 µs, but the routed
 // quantiser still 6.7: that launch's share of the critical path is not its own work (the
 // down kernel's weight loads, issued before its wait, are in flight through it).
+// CG: the group is read from L2 (ld.global.cg), for values other blocks of a cluster wrote
+// (moe_gate_up_q's QOUT).
+template <bool CG = false>
 __device__ __forceinline__ void group_quantize_q8_0(const float* __restrict__ xb, u8* __restrict__ row, int cols,
                                                     int b, bool live) {
     int g = threadIdx.x & 7;
     int nb = cols / QK;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (live) {
-        float4 t = *(const float4*)(xb + 4 * g);
+        float4 t = CG ? __ldcg((const float4*)(xb + 4 * g)) : *(const float4*)(xb + 4 * g);
         v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
     }
     int last = -1;

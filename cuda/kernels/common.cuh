@@ -207,6 +207,22 @@ __device__ __forceinline__ void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// Every thread of every block of the thread-block cluster (sm_90) arrives, then waits for
+// the rest: the writes (global memory included) each made before its arrive are visible to
+// every thread of the cluster after its wait (release / acquire at cluster scope). Every
+// thread of the cluster must reach it: no thread may have returned before.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The two halves, for a thread that arrives and leaves without waiting (a wait counts the
+// cluster's threads that have not exited). Whole warps (aligned).
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 // The start of every kernel that may run under programmatic launch and reads nothing before
 // it: wait for the kernel before, then let the next one be scheduled (its blocks take their
 // places and wait, so its start costs no launch gap).

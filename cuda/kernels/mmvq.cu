@@ -2,6 +2,7 @@
 // activation quantised once per input (act.cu), integer dots (mmvq.cuh). Used for steps of
 // at most MVQ_MAX_TOKENS tokens when the session runs with quantised activations; the f32
 // kernels of matmul.cu / moe.cu remain the exact (reference-numerics) path.
+#include "act.cuh"
 #include "mmvq.cuh"
 #include "tc.cuh"
 
@@ -378,13 +379,35 @@ __device__ void mv_split(const u8* __restrict__ W, u64 row_bytes, const float* _
 #ifndef GU_Q4K_PIPE
 #define GU_Q4K_PIPE 0
 #endif
-template <int T, int S = T>
+// QOUT (moe_gate_up_mixed_q8_*, clusters of GU_CLUSTER blocks along x): the routed slots'
+// activations are also written Q8_0-quantised to actq (row k at k · astride, act.cuh's
+// layout), so no quantiser launch sits between this kernel and the down kernel. A cluster's
+// GU_CLUSTER · MV_WARPS warps hold one 32-row group of one slot (the host checks I % 32 == 0,
+// so a cluster's rows are all below I or all past it); after the cluster's barrier, the first
+// warp of its first block quantises the group as quantize_q8_0 does (the same bits). The
+// shared expert's slot stays f32 (its down reads it so) and takes no barrier (its clusters
+// are grid row 0 only). Correct (the same bits as the quantiser launch) but not faster, so
+// opt-in (CudaSessionOptions::gate_up_q8). Measured on the H200 (session 37, S 2.1 W4A16
+// tg64, alternating in one call, two rounds): 260.18 / 260.18 t/s against 261.14 / 260.94
+// with the quantiser launch. The replayed step's trace puts this kernel at 20.6 µs of the
+// critical path a layer against 16.5 for moe_gate_up_mixed: the quantiser's ~6 µs goes, but
+// the clustered grid and its last warps (barrier, L2 read, quantise) give back most of it,
+// and the late down kernel loses its early loads and computes the shared term after its wait.
+// Lab switch GU_ARRIVE_ONLY=0: every warp of the cluster waits at the barrier (257.63 /
+// 257.70 t/s); by default only the quantising warp waits and the others arrive and exit.
+#define GU_CLUSTER 8
+#ifndef GU_ARRIVE_ONLY
+#define GU_ARRIVE_ONLY 1
+#endif
+template <int T, int S = T, bool QOUT = false>
 __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ Wu, u64 expert_bytes,
                               u64 row_bytes, const u8* __restrict__ Sg, const u8* __restrict__ Su,
                               const u8* __restrict__ xq, const float* __restrict__ ids,
                               const float* __restrict__ weights, float* __restrict__ route_copy,
                               float* __restrict__ act, int I, int H, int K, int early, u64 srow = 0,
-                              const float* __restrict__ xf = nullptr, int si = 0) {
+                              const float* __restrict__ xf = nullptr, int si = 0, u8* __restrict__ actq = nullptr,
+                              u64 astride = 0) {
+    static_assert(!QOUT || GU_CLUSTER * MV_WARPS == QK, "a cluster's rows are one Q8_0 group");
     pdl_trigger();
     // Q4_K rows of at most 4 · Q4K_BATCH super-blocks: GU_Q4K_RPW row pairs per warp
     // (warp_gate_up_q4k_rows), the host's grid divided by it (gate_up_rows_per_warp).
@@ -442,6 +465,23 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
     size_t off = (size_t)__float_as_uint(ids[k]) * expert_bytes + (size_t)r * row_bytes;
     float2 gu = warp_dot2_q<T>(Wg + off, Wu + off, xq, H);
     if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(gu.x) * gu.y;
+    if constexpr (QOUT) {
+        if (GU_ARRIVE_ONLY) {
+            // Only the quantising warp waits; the rest arrive and leave (the wait counts
+            // the cluster's threads that have not exited).
+            bool q = blockIdx.x % GU_CLUSTER == 0 && threadIdx.x < 32;
+            cluster_arrive();
+            if (!q) return;
+            cluster_wait();
+        } else {
+            cluster_sync();
+        }
+        if (blockIdx.x % GU_CLUSTER == 0 && threadIdx.x < 32) {
+            int b = r / QK;
+            group_quantize_q8_0<true>(act + (size_t)k * I + (size_t)b * QK, actq + (size_t)k * astride, I, b,
+                                      threadIdx.x < 8);
+        }
+    }
 }
 
 // moe_down_q's rows when each lane has at most one piece of an expert row (S 2.1's experts,
@@ -811,7 +851,11 @@ __device__ __forceinline__ float moe_down_pairs(const u8* __restrict__ Wd, u64 e
 // S != T (moe_down_mixed): the shared expert's down is a float matrix (rows of si elements,
 // srow bytes) against its f32 activation sact (slot K of the gate/up kernel's output), its
 // lane shares added to the routed ones as a T-typed shared expert's are.
-template <int T, int S = T>
+// LATE (moe_down_mixed_late_*: launched right after moe_gate_up_q's QOUT form, which
+// triggers at its start): nothing the gate/up kernel writes -- route_copy, actq, sact -- is
+// read before the wait, so the routed rows' early loads (DOWN_EARLY) are off and a float
+// shared expert's term is computed right after the wait (its weights still requested before).
+template <int T, int S = T, bool LATE = false>
 __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_bytes,
                            const u8* __restrict__ Sd, const u8* __restrict__ actq, u64 astride,
                            const float* __restrict__ ids, const float* __restrict__ weights,
@@ -836,7 +880,7 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
         // waits before it triggers (PDL_ENTRY), so the gate/up kernel that wrote sact has
         // finished when this one starts: the shared expert's term is added up before the wait.
         sp.load(Sd + (size_t)r * srow, si);
-        shared = sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si);
+        if (!LATE) shared = sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si);
     } else if (Sd && lane == 0) {
         prefetch_l2(Sd + (size_t)r * sb, sb);
     }
@@ -853,9 +897,12 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     // route_copy (ids, weights, order) has finished when this one starts; only actq, the
     // quantiser's output, needs the wait.
     constexpr bool EARLY = DOWN_EARLY != 0;
-    bool early = EARLY && ((T == WT_CT4 && I <= 32 * QK) || (T == WT_Q4_K && I <= 4 * QK_K) ||
+    bool early = !LATE && EARLY && ((T == WT_CT4 && I <= 32 * QK) || (T == WT_Q4_K && I <= 4 * QK_K) ||
                            (T == WT_Q6_K && DOWN_Q6K_PAIRS && I <= 4 * QK_K));
     if (!early) pdl_wait();
+    // LATE: the shared activation row (written by the gate/up kernel, final now) is asked of
+    // L1, a 128-byte line a lane, so the term's reads after the routed rows hit there.
+    if constexpr (S != T && LATE) shared = sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si);
     // Lane s holds the slot of rank s (route_copy's order, see moe_gate_up_q), so the loop
     // below reads it with a shuffle and its iterations (independent loads) can overlap.
     int order = lane < K ? __float_as_int(ids[2 * K + lane]) : 0;
@@ -1191,6 +1238,20 @@ MVH_TYPES(DEFINE_MVH)
         float scale, u64 srow, const float* sact, int si, const float* gn, float* gx, float* part) { \
         moe_down_q<T, S>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res, out, H, \
                          I, K, scale, srow, sact, si, gn, gx, part);                               \
+    }                                                                                              \
+    extern "C" __global__ void __cluster_dims__(GU_CLUSTER, 1, 1) GATE_UP_LB moe_gate_up_mixed_q8_##name( \
+        const u8* Wg, const u8* Wu, u64 expert_bytes, u64 row_bytes, const u8* Sg, const u8* Su,   \
+        const u8* xq, const float* ids, const float* weights, float* route_copy, float* act, int I, \
+        int H, int K, int early, u64 srow, const float* xf, int si, u8* actq, u64 astride) {       \
+        moe_gate_up_q<T, S, true>(Wg, Wu, expert_bytes, row_bytes, Sg, Su, xq, ids, weights,       \
+                                  route_copy, act, I, H, K, early, srow, xf, si, actq, astride);    \
+    }                                                                                              \
+    extern "C" __global__ void DOWN_LB moe_down_mixed_late_##name(                                 \
+        const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \
+        const float* ids, const float* weights, const float* res, float* out, int H, int I, int K, \
+        float scale, u64 srow, const float* sact, int si, const float* gn, float* gx, float* part) { \
+        moe_down_q<T, S, true>(Wd, expert_bytes, row_bytes, Sd, actq, astride, ids, weights, res,  \
+                               out, H, I, K, scale, srow, sact, si, gn, gx, part);                 \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * DOWN_ROW_MAX_WARPS) moe_down_mixed_r_##name( \
         const u8* Wd, u64 expert_bytes, u64 row_bytes, const u8* Sd, const u8* actq, u64 astride,  \

@@ -252,6 +252,14 @@ manifest! {
     MoeDownMixedRCt4F16 => "mmvq.cu", "moe_down_mixed_r_ct4_f16";
     MoeDownMixedRCt8Bf16 => "mmvq.cu", "moe_down_mixed_r_ct8_bf16";
     MoeDownMixedRCt8F16 => "mmvq.cu", "moe_down_mixed_r_ct8_f16";
+    MoeGateUpMixedQ8Ct4Bf16 => "mmvq.cu", "moe_gate_up_mixed_q8_ct4_bf16";
+    MoeDownMixedLateCt4Bf16 => "mmvq.cu", "moe_down_mixed_late_ct4_bf16";
+    MoeGateUpMixedQ8Ct4F16 => "mmvq.cu", "moe_gate_up_mixed_q8_ct4_f16";
+    MoeDownMixedLateCt4F16 => "mmvq.cu", "moe_down_mixed_late_ct4_f16";
+    MoeGateUpMixedQ8Ct8Bf16 => "mmvq.cu", "moe_gate_up_mixed_q8_ct8_bf16";
+    MoeDownMixedLateCt8Bf16 => "mmvq.cu", "moe_down_mixed_late_ct8_bf16";
+    MoeGateUpMixedQ8Ct8F16 => "mmvq.cu", "moe_gate_up_mixed_q8_ct8_f16";
+    MoeDownMixedLateCt8F16 => "mmvq.cu", "moe_down_mixed_late_ct8_f16";
     Mv2Q4KQ6K => "mmvq.cu", "mv2_q4_K_q6_K";
     Mv2Q5KQ6K => "mmvq.cu", "mv2_q5_K_q6_K";
     Mv2Iq4XsQ5K => "mmvq.cu", "mv2_iq4_xs_q5_K";
@@ -726,6 +734,27 @@ impl WType {
             _ => None,
         }
     }
+    /// [`WType::moe_mixed`]'s pair with the routed activations quantised inside the gate/up
+    /// kernel (`moe_gate_up_mixed_q8_*`: clusters of [`GATE_UP_CLUSTER`] blocks, one Q8_0
+    /// group each) and the down kernel that reads nothing of it before its wait
+    /// (`moe_down_mixed_late_*`): no quantiser launch between them.
+    pub fn moe_mixed_q8(self, shared: WType) -> Option<(K, K)> {
+        match (self, shared) {
+            (WType::Ct4, WType::Bf16) => {
+                Some((K::MoeGateUpMixedQ8Ct4Bf16, K::MoeDownMixedLateCt4Bf16))
+            }
+            (WType::Ct4, WType::F16) => {
+                Some((K::MoeGateUpMixedQ8Ct4F16, K::MoeDownMixedLateCt4F16))
+            }
+            (WType::Ct8, WType::Bf16) => {
+                Some((K::MoeGateUpMixedQ8Ct8Bf16, K::MoeDownMixedLateCt8Bf16))
+            }
+            (WType::Ct8, WType::F16) => {
+                Some((K::MoeGateUpMixedQ8Ct8F16, K::MoeDownMixedLateCt8F16))
+            }
+            _ => None,
+        }
+    }
     /// Tensor-core prefill kernels (`gemm.cu`) for token tiles of `tile` (64 or 32).
     pub fn gemm(self, tile: usize) -> GemmKernels {
         let k = |dense, gate_up, down| GemmKernels {
@@ -830,6 +859,10 @@ pub const GEMM_RF_SMEM_CT4: u32 = 223_744;
 pub const GEMM_RF_SMEM_CT4_128: u32 = 216_064;
 /// CT8 (`RF_SMEM_CT8`: two stages of 288-byte row slots, 64-token tiles only).
 pub const GEMM_RF_SMEM_CT8: u32 = 215_552;
+
+/// Blocks a cluster of `moe_gate_up_mixed_q8_*` holds along x (`mmvq.cu`'s `GU_CLUSTER`):
+/// with four warps a block, one row pair a warp, a cluster's rows are one 32-row Q8_0 group.
+pub const GATE_UP_CLUSTER: u32 = 8;
 
 /// Blocks along x of an expert gate/up kernel of the `mvq` set (`moe_gate_up_q` /
 /// `moe_gate_up_mixed`, four warps a block) for `rows` rows of `h` columns: one row pair a

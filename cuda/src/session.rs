@@ -95,7 +95,8 @@ pub struct CudaSessionOptions {
     /// `qk_attention_fusion_gives_the_unfused_bits`, H200). Off by default: it is not faster.
     /// On S 2.1 W4A16 decode the fused kernel took 10.7 us against 6.0 + 4.4 for the two it
     /// replaces (the small kernels' time is their chain of dependent loads, which the fusion
-    /// keeps) and tg64 fell 213.4 -> 203.9 t/s (BENCHMARKS.md, session 14).
+    /// keeps) and tg64 fell 213.4 -> 203.9 t/s (BENCHMARKS.md, session 14); measured again in
+    /// session 37, 261.3 -> 242.4 t/s.
     /// `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
     pub qk_attention: bool,
     /// Decode steps split the RMSNorm before a run of float products (a W4A16 checkpoint's
@@ -106,6 +107,17 @@ pub struct CudaSessionOptions {
     /// 262.0 t/s on the H200 (BENCHMARKS.md, session 33); other checkpoints have no such
     /// norm. `LAGOON_CUDA_NORM_EPI=0` turns it off, `=1` on.
     pub norm_epilogue: bool,
+    /// Decode steps of checkpoints whose routed experts' down kernel reads Q8_0 activations
+    /// beside a float shared expert (W4A16 / W8A16: CT4 or CT8 experts, bf16 or f16 shared
+    /// expert) quantise the routed SwiGLU rows inside the expert gate/up kernel
+    /// (`mmvq.cu`'s `moe_gate_up_mixed_q8_*`: thread-block clusters of eight blocks, one 32-row
+    /// Q8_0 group each, quantised after the cluster's barrier), so the quantiser launch
+    /// between the gate/up and the down kernel goes. The same bits (device test
+    /// `gate_up_quantiser_gives_the_launch_bits`). Off by default: not faster (S 2.1 W4A16
+    /// tg64 260.2 t/s against 261.0 with the quantiser launch, H200, BENCHMARKS.md session 37:
+    /// the clustered gate/up gives back what the launch cost). `LAGOON_CUDA_GU_Q8=1` turns it
+    /// on, `=0` off.
+    pub gate_up_q8: bool,
 }
 
 /// Prefill products over at least this many token rows use the tensor-core kernels (with
@@ -268,6 +280,7 @@ impl Default for CudaSessionOptions {
             q5k_iq4xs_mvq: true,
             qk_attention: false,
             norm_epilogue: true,
+            gate_up_q8: false,
         }
     }
 }
@@ -392,6 +405,8 @@ pub struct CudaSession {
     qk_attention: bool,
     /// [`CudaSessionOptions::norm_epilogue`], after `LAGOON_CUDA_NORM_EPI`.
     norm_epilogue: bool,
+    /// [`CudaSessionOptions::gate_up_q8`], after `LAGOON_CUDA_GU_Q8`.
+    gate_up_q8: bool,
     /// [`CudaSessionOptions::grid_iq_mvq`], after `LAGOON_CUDA_GRID_IQ_MVQ`.
     grid_iq_mvq: bool,
     /// [`CudaSessionOptions::q5k_iq4xs_mvq`], after `LAGOON_CUDA_Q5K_IQ4XS_MVQ`.
@@ -788,6 +803,7 @@ impl CudaSession {
             sm_count,
             qk_attention: env_flag("LAGOON_CUDA_QK_ATTN", opts.qk_attention),
             norm_epilogue: env_flag("LAGOON_CUDA_NORM_EPI", opts.norm_epilogue),
+            gate_up_q8: env_flag("LAGOON_CUDA_GU_Q8", opts.gate_up_q8),
             grid_iq_mvq: env_flag("LAGOON_CUDA_GRID_IQ_MVQ", opts.grid_iq_mvq),
             q5k_iq4xs_mvq: env_flag("LAGOON_CUDA_Q5K_IQ4XS_MVQ", opts.q5k_iq4xs_mvq),
             gqa_attention,

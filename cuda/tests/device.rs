@@ -297,6 +297,7 @@ fn tiny_models_match_cpu_and_transformers_in_every_mode() {
                         q5k_iq4xs_mvq: false,
                         qk_attention: false,
                         norm_epilogue: false,
+                        gate_up_q8: false,
                     },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -737,6 +738,84 @@ fn norm_epilogue_matches_the_norm_launch() {
         n_models += 1;
     });
     assert!(n_models > 0, "no tiny W4A16 model found");
+}
+
+/// The routed SwiGLU rows quantised inside the expert gate/up kernel
+/// (`CudaSessionOptions::gate_up_q8`: `moe_gate_up_mixed_q8_*`'s clusters, then
+/// `moe_down_mixed_late_*`) give the bits of the quantiser launch between the two kernels: 40
+/// one-token steps of the tiny W4A16 / W8A16 models (CT4 and CT8 experts beside a bf16 shared
+/// expert; one whose shared expert is wider than the routed ones, so a cluster of rows past
+/// the routed width skips the barrier), graph replay with programmatic launch. A profiled run
+/// checks that every routed-expert layer step ran the clustered kernel and lost its quantiser.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gate_up_quantiser_gives_the_launch_bits() {
+    let models = [
+        "xs2_style/ct-int4",
+        "hybrid_perhead/ct-int4",
+        "hybrid_perhead/ct-int4-asym",
+        "perelem_legacy/ct-int4",
+        "xs2_style/ct-int8",
+        "hybrid_perhead/ct-int8",
+        "perelem_legacy/ct-int8",
+    ];
+    let mut n_models = 0;
+    each_fusion_model(&models, |model, ckpt, w, toks| {
+        let opts = |gate_up_q8: bool| CudaSessionOptions {
+            n_ctx: toks.len(),
+            ubatch: 1,
+            gate_up_q8,
+            ..Default::default()
+        };
+        let (inside, launch) = (
+            session_logits(ckpt, w, toks, opts(true)),
+            session_logits(ckpt, w, toks, opts(false)),
+        );
+        let same = same_bits(&inside, &launch);
+        println!(
+            "{model}: gate/up-quantised vs quantiser launch over {} steps: bitwise equal {same}, \
+             rel L2 {:.3e}",
+            toks.len(),
+            rel_l2(&inside, &launch)
+        );
+        assert!(
+            same,
+            "{model}: quantising inside the gate/up changed the logits"
+        );
+        let count = |on: bool| {
+            let mut s = CudaSession::new(&ckpt.config, w, opts(on)).unwrap();
+            launches_by_prefix(
+                &mut s,
+                &toks[..4],
+                &[
+                    "moe_gate_up_mixed_q8",
+                    "moe_down_mixed_late",
+                    "quantize_q8_0",
+                ],
+            )
+        };
+        let (on, off) = (count(true), count(false));
+        println!("{model}: q8 gate/up, late down, quantize_q8_0 launches: on {on:?}, off {off:?}");
+        let moe = ckpt
+            .config
+            .mlp_types
+            .iter()
+            .filter(|&&m| m == lagoon_core::config::MlpKind::Sparse)
+            .count();
+        assert_eq!(on[0], 4 * moe, "{model}: clustered gate/up launches");
+        assert_eq!(on[1], 4 * moe, "{model}: late down launches");
+        assert_eq!(
+            (off[0], off[1]),
+            (0, 0),
+            "{model}: launches with the option off"
+        );
+        assert_eq!(off[2], on[2] + 4 * moe, "{model}: quantiser launches");
+        n_models += 1;
+    });
+    assert!(
+        n_models >= 4,
+        "tiny W4A16 / W8A16 models missing ({n_models} found)"
+    );
 }
 
 /// The prefill fusions (`session/fused_prefill.rs`: QK-norm + RoPE + KV store, the norm

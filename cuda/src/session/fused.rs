@@ -7,7 +7,7 @@ use lagoon_core::graph::{Graph, Op};
 use super::{CudaSession, NORM_QUANT_MAX, NORM_QUANT_THREADS};
 use crate::device::{Arg, MV_MATS, MvMat, blocks};
 use crate::error::CudaError;
-use crate::manifest::{ActQ, K, MERGE_QUANT_THREADS, WType, gate_up_blocks};
+use crate::manifest::{ActQ, GATE_UP_CLUSTER, K, MERGE_QUANT_THREADS, WType, gate_up_blocks};
 use crate::weights::{DFfn, DMat};
 
 /// One product of a run of mat-vecs: the matrix, its output and its residual (0: none).
@@ -376,7 +376,7 @@ impl CudaSession {
                 // experts' type, or float matrices beside CT4 experts (`mixed`: the mixed
                 // kernels and the shared gate's and down's row bytes).
                 let (mut used, mut shared, mut res, mut dst) = (1, None, 0u64, out);
-                let mut mixed = None;
+                let (mut mixed, mut mixed_q8) = (None, None);
                 if let (
                     Some(Op::MatMul {
                         x: x1,
@@ -439,6 +439,7 @@ impl CudaSession {
                         .map(|kk| (kk, m1.row_bytes, m4.row_bytes, si));
                     if linked && (same || mixed_k.is_some()) {
                         mixed = mixed_k;
+                        mixed_q8 = mixed.and_then(|_| gate.ty.moe_mixed_q8(m1.ty));
                         shared = Some((m1.ptr, m2.ptr, m4.ptr));
                         used = 6;
                         dst = f;
@@ -487,6 +488,27 @@ impl CudaSession {
                 // before: x's norm has then finished. (Not after a quantiser of x: the shared
                 // expert reads what that one writes.)
                 let early = I((dev.last_launch() == Some(K::RouteBlock)) as i32);
+                let stride = fd.row_stride(ffn);
+                // The down kernel: one block per output row, its warps taking `down_rows`
+                // experts each and one the shared expert (`moe_down_rows`), where the block
+                // fits its 12 warps; else moe_down_q's warp per output row.
+                let routed_warps = k.div_ceil(self.down_rows.max(1));
+                let warps = routed_warps + (shared.is_some() as usize);
+                let down_rows_k = down_k
+                    .down_rows()
+                    .filter(|_| self.down_rows > 0 && warps <= 12);
+                // gate_up_q8: the routed rows quantised in the gate/up kernel's clusters (one
+                // Q8_0 group of one slot each, so I a multiple of 32 and whole clusters along
+                // x), the down kernel then its `late` form (nothing of the gate/up's read
+                // before its wait); no quantiser launch between them.
+                let gu_blocks = gate_up_blocks(gate_up_k, rows, h);
+                let q8 = mixed_q8.filter(|_| {
+                    self.gate_up_q8
+                        && fd == ActQ::Q8_0
+                        && ffn.is_multiple_of(32)
+                        && gu_blocks.is_multiple_of(GATE_UP_CLUSTER)
+                        && down_rows_k.is_none()
+                });
                 let gu_args = [
                     P(gate.ptr),
                     P(up.ptr),
@@ -506,19 +528,21 @@ impl CudaSession {
                     gu_extra[0],
                     gu_extra[1],
                     gu_extra[2],
+                    P(self.actq),
+                    P(stride as u64),
                 ];
-                dev.launch(
-                    gate_up_k,
-                    (gate_up_blocks(gate_up_k, rows, h), slots as u32),
-                    128,
-                    &gu_args[..gu_args.len() - 3 + n_extra],
-                )?;
+                let (gu_k, n_gu) = match q8 {
+                    Some((gq, _)) => (gq, gu_args.len()),
+                    None => (gate_up_k, gu_args.len() - 5 + n_extra),
+                };
+                dev.launch(gu_k, (gu_blocks, slots as u32), 128, &gu_args[..n_gu])?;
                 // (A float shared expert's activations stay f32: only the routed rows are
                 // quantised.)
-                let stride = fd.row_stride(ffn);
-                let qrows = if mixed.is_some() { k } else { slots };
-                self.dev
-                    .quantize_act(fd, self.act, self.actq, ffn, stride, qrows)?;
+                if q8.is_none() {
+                    let qrows = if mixed.is_some() { k } else { slots };
+                    self.dev
+                        .quantize_act(fd, self.act, self.actq, ffn, stride, qrows)?;
+                }
                 let d_args = [
                     P(down.ptr),
                     P(down.expert_bytes),
@@ -542,16 +566,12 @@ impl CudaSession {
                     d_extra[5],
                 ];
                 // The mixed down kernel adds its float shared expert's term before its wait:
-                // the launch before it must wait before it triggers (the quantiser does).
-                debug_assert!(dev.last_launch().is_some_and(K::waits_then_triggers));
-                // One block per output row, its warps taking `down_rows` experts each and one
-                // the shared expert (`moe_down_rows`), where the block fits its 12 warps.
-                let routed_warps = k.div_ceil(self.down_rows.max(1));
-                let warps = routed_warps + (shared.is_some() as usize);
-                match down_k
-                    .down_rows()
-                    .filter(|_| self.down_rows > 0 && warps <= 12)
-                {
+                // the launch before it must wait before it triggers (the quantiser does), or
+                // it is the late form.
+                debug_assert!(
+                    q8.is_some() || dev.last_launch().is_some_and(K::waits_then_triggers)
+                );
+                match down_rows_k {
                     Some(rk) => dev.launch(
                         rk,
                         (h as u32, 1),
@@ -587,7 +607,8 @@ impl CudaSession {
                         // The mixed kernel takes all six extra arguments (NORM_EPI's three
                         // null when unused), the single-type one none.
                         let n = if mixed.is_some() { n } else { n - 6 };
-                        dev.launch(down_k, (blocks(h, 4), 1), 128, &d_args[..n])?
+                        let dk = q8.map_or(down_k, |(_, late)| late);
+                        dev.launch(dk, (blocks(h, 4), 1), 128, &d_args[..n])?
                     }
                 }
                 Ok(used)
