@@ -537,6 +537,19 @@ fn session_logits(
     out
 }
 
+/// [`session_logits`] with a session option on and off: `opts(on)`.
+fn logits_on_off(
+    ckpt: &Checkpoint,
+    w: &ModelWeights<'_>,
+    toks: &[u32],
+    opts: impl Fn(bool) -> CudaSessionOptions,
+) -> (Vec<f32>, Vec<f32>) {
+    (
+        session_logits(ckpt, w, toks, opts(true)),
+        session_logits(ckpt, w, toks, opts(false)),
+    )
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn decode_graph_replay_equals_eager_steps() {
@@ -708,10 +721,7 @@ fn norm_epilogue_matches_the_norm_launch() {
             norm_epilogue,
             ..Default::default()
         };
-        let (split, plain) = (
-            session_logits(ckpt, w, toks, opts(true)),
-            session_logits(ckpt, w, toks, opts(false)),
-        );
+        let (split, plain) = logits_on_off(ckpt, w, toks, opts);
         let e = rel_l2(&split, &plain);
         println!(
             "{model}: norm split vs its launch over {} steps: rel L2 {e:.3e}, bitwise equal {}",
@@ -767,10 +777,7 @@ fn gate_up_quantiser_gives_the_launch_bits() {
             gate_up_q8,
             ..Default::default()
         };
-        let (inside, launch) = (
-            session_logits(ckpt, w, toks, opts(true)),
-            session_logits(ckpt, w, toks, opts(false)),
-        );
+        let (inside, launch) = logits_on_off(ckpt, w, toks, opts);
         let same = same_bits(&inside, &launch);
         println!(
             "{model}: gate/up-quantised vs quantiser launch over {} steps: bitwise equal {same}, \
