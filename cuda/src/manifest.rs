@@ -1222,6 +1222,39 @@ mod tests {
         );
     }
 
+    /// The clustered gate/up's cluster width (`GATE_UP_CLUSTER`, which the host's grid must
+    /// be a multiple of) is mmvq.cu's `GU_CLUSTER`, and each `moe_mixed_q8` pair names the
+    /// kernels its `moe_mixed` pair's quantising and late forms.
+    #[test]
+    fn gate_up_cluster_matches_the_kernel_source() {
+        let src = compile::SOURCES
+            .iter()
+            .find(|(f, _)| *f == "mmvq.cu")
+            .unwrap()
+            .1;
+        assert!(
+            src.contains(&format!("#define GU_CLUSTER {GATE_UP_CLUSTER}\n")),
+            "GATE_UP_CLUSTER differs from mmvq.cu's GU_CLUSTER"
+        );
+        for gate in [WType::Ct4, WType::Ct8] {
+            for shared in [WType::Bf16, WType::F16] {
+                let (gu, down) = gate.moe_mixed(shared).unwrap();
+                let (gq, late) = gate.moe_mixed_q8(shared).unwrap();
+                assert_eq!(
+                    gq.name()
+                        .replace("moe_gate_up_mixed_q8_", "moe_gate_up_mixed_"),
+                    gu.name()
+                );
+                assert_eq!(
+                    late.name()
+                        .replace("moe_down_mixed_late_", "moe_down_mixed_"),
+                    down.name()
+                );
+            }
+        }
+        assert_eq!(WType::Q4K.moe_mixed_q8(WType::Bf16), None);
+    }
+
     #[test]
     fn gemm_rf_shared_memory_matches_the_kernel_source() {
         let src = compile::SOURCES
