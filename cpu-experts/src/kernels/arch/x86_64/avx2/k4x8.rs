@@ -42,8 +42,11 @@ pub(crate) fn arr<const N: usize>(v: &[u8], o: usize) -> &[u8; N] {
 const PREFETCH_AHEAD: usize = 4 * 1184;
 
 /// The one-row Q8_0 kernel's distance (its measurements, [`row_prefetch_ahead`], were at
-/// this).
+/// this), doubled on machines of at most [`FEW_CORES`] cores.
 const ROW_PREFETCH_AHEAD: usize = 8 * 1184;
+
+/// Logical CPUs up to which [`row_prefetch_ahead`]'s default distance is doubled.
+const FEW_CORES: usize = 4;
 
 /// A software prefetch's distance and form: each line `bytes` ahead (0: none), with `l2` into
 /// L2 (`prefetcht1`) and again into L1 (`prefetcht0`) at half the distance, else into L1 at
@@ -101,26 +104,39 @@ pub(crate) fn prefetch_ahead() -> Ahead {
 }
 
 /// The one-row Q8_0 kernel's prefetch distance in bytes, 0 for none:
-/// `LAGOON_CPU_ROW_PREFETCH=0|1|N` as [`prefetch_ahead`] reads its variable; unset,
-/// [`ROW_PREFETCH_AHEAD`] since session 32 (none before). On the 16-core host (session 22, one
+/// `LAGOON_CPU_ROW_PREFETCH=0|1|N` as [`prefetch_ahead`] reads its variable (`1` or unset: the
+/// default below); [`ROW_PREFETCH_AHEAD`] since session 32 (none before). On the 16-core host (session 22, one
 /// step into L1) 9,472 bytes ahead was not established either way: expert GEMV 93.0 / 73.4
 /// GiB/s against 76.1 / 78.2 without, tg128 +3..+5% in two runs and −5% in a third, all within
 /// that machine's run-to-run spread (BENCHMARKS.md, "Session 22"). On the 2-core AVX512-VNNI
 /// VM with the two steps of [`prefetch_l2`] (session 32): 22.3 / 22.7 GiB/s against 21.6 /
-/// 21.8 without, alternating (94% of the paired read against 74–77%). Not yet measured on the
-/// host in this form.
+/// 21.8 without, alternating (94% of the paired read against 74–77%); on the 16-core host
+/// 93–96% of the paired read at 9,472 (session 36).
+///
+/// On machines of at most [`FEW_CORES`] cores the default is twice as far: each core there
+/// draws a larger share of the memory bandwidth (15–24 GB/s a thread on the 2-core Zen 4 VM
+/// against ~5–6 on the 16-core host), so a line must be asked for earlier to arrive in time.
+/// Measured on the 2-core Zen 4 VM (session 37, expert GEMV beside a read, 2 threads, three
+/// alternating rounds of 15): 18,944 bytes 93.2 / 93.5 / 91.6% of the paired read against
+/// 85.1 / 79.9 / 79.0% at 9,472 (BENCHMARKS.md).
 pub(crate) fn row_prefetch_ahead() -> Ahead {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let bytes = *D.get_or_init(
-        || match std::env::var("LAGOON_CPU_ROW_PREFETCH").as_deref() {
+    let bytes = *D.get_or_init(|| {
+        let few = std::thread::available_parallelism().is_ok_and(|n| n.get() <= FEW_CORES);
+        let default = if few {
+            2 * ROW_PREFETCH_AHEAD
+        } else {
+            ROW_PREFETCH_AHEAD
+        };
+        match std::env::var("LAGOON_CPU_ROW_PREFETCH").as_deref() {
             Ok("0") => 0,
             Ok(n) => match n.parse::<usize>() {
                 Ok(n) if n >= 64 => n,
-                _ => ROW_PREFETCH_AHEAD,
+                _ => default,
             },
-            _ => ROW_PREFETCH_AHEAD,
-        },
-    );
+            _ => default,
+        }
+    });
     Ahead {
         bytes,
         l2: prefetch_l2(),
