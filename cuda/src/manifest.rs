@@ -1106,6 +1106,15 @@ impl Kernels {
 mod tests {
     use super::*;
 
+    /// The text of kernel source `file` (`compile::SOURCES`).
+    fn source(file: &str) -> &'static str {
+        compile::SOURCES
+            .iter()
+            .find(|(f, _)| *f == file)
+            .unwrap_or_else(|| panic!("no kernel source {file}"))
+            .1
+    }
+
     #[test]
     fn manifest_is_in_enum_order_and_files_exist() {
         for (i, &(k, file, name)) in MANIFEST.iter().enumerate() {
@@ -1116,11 +1125,7 @@ mod tests {
 
     #[test]
     fn gemm_h16_shared_memory_matches_the_kernel_source() {
-        let src = compile::SOURCES
-            .iter()
-            .find(|(f, _)| *f == "gemm_h.cu")
-            .unwrap()
-            .1;
+        let src = source("gemm_h.cu");
         assert!(src.contains(&format!("#define GH_SMEM {GEMM_H16_SMEM}\n")));
         assert!(src.contains(&format!("#define GH_BM {GEMM_H16_TILE}\n")));
         assert!(src.contains(&format!("#define GH_BN {GEMM_H16_TILE}\n")));
@@ -1128,11 +1133,7 @@ mod tests {
 
     #[test]
     fn flash_shared_memory_matches_the_kernel_source() {
-        let src = compile::SOURCES
-            .iter()
-            .find(|(f, _)| *f == "flash.cu")
-            .unwrap()
-            .1;
+        let src = source("flash.cu");
         // FLASH_SMEM = FA_TILE_HALVES (2 FA_BK FA_KLD) halves.
         for def in [
             "#define FA_D 128\n",
@@ -1156,11 +1157,7 @@ mod tests {
 
     #[test]
     fn merge_quantise_constants_match_the_kernel_source() {
-        let src = compile::SOURCES
-            .iter()
-            .find(|(f, _)| *f == "fused.cu")
-            .unwrap()
-            .1;
+        let src = source("fused.cu");
         for def in [
             format!("#define MGQ_THREADS {MERGE_QUANT_THREADS}\n"),
             format!("#define MGQ_MAX {MERGE_QUANT_MAX}\n"),
@@ -1227,11 +1224,7 @@ mod tests {
     /// kernels its `moe_mixed` pair's quantising and late forms.
     #[test]
     fn gate_up_cluster_matches_the_kernel_source() {
-        let src = compile::SOURCES
-            .iter()
-            .find(|(f, _)| *f == "mmvq.cu")
-            .unwrap()
-            .1;
+        let src = source("mmvq.cu");
         assert!(
             src.contains(&format!("#define GU_CLUSTER {GATE_UP_CLUSTER}\n")),
             "GATE_UP_CLUSTER differs from mmvq.cu's GU_CLUSTER"
@@ -1257,11 +1250,7 @@ mod tests {
 
     #[test]
     fn gemm_rf_shared_memory_matches_the_kernel_source() {
-        let src = compile::SOURCES
-            .iter()
-            .find(|(f, _)| *f == "gemm_rf.cu")
-            .unwrap()
-            .1;
+        let src = source("gemm_rf.cu");
         for (name, v) in [
             ("Q4_K", GEMM_RF_SMEM_Q4K),
             ("Q4_K_128", GEMM_RF_SMEM_Q4K_128),
