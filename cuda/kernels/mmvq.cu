@@ -466,17 +466,18 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
     float2 gu = warp_dot2_q<T>(Wg + off, Wu + off, xq, H);
     if ((threadIdx.x & 31) == 0) act[(size_t)k * I + r] = silu_f(gu.x) * gu.y;
     if constexpr (QOUT) {
+        // The quantising warp: the first of the cluster's first block.
+        bool q = blockIdx.x % GU_CLUSTER == 0 && threadIdx.x < 32;
         if (GU_ARRIVE_ONLY) {
-            // Only the quantising warp waits; the rest arrive and leave (the wait counts
-            // the cluster's threads that have not exited).
-            bool q = blockIdx.x % GU_CLUSTER == 0 && threadIdx.x < 32;
+            // Only it waits; the rest arrive and leave (the wait counts the cluster's threads
+            // that have not exited).
             cluster_arrive();
             if (!q) return;
             cluster_wait();
         } else {
             cluster_sync();
         }
-        if (blockIdx.x % GU_CLUSTER == 0 && threadIdx.x < 32) {
+        if (q) {
             int b = r / QK;
             group_quantize_q8_0<true>(act + (size_t)k * I + (size_t)b * QK, actq + (size_t)k * astride, I, b,
                                       threadIdx.x < 8);
@@ -878,7 +879,8 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     if constexpr (S != T) {
         // The host launches this kernel right after the routed activations' quantiser, which
         // waits before it triggers (PDL_ENTRY), so the gate/up kernel that wrote sact has
-        // finished when this one starts: the shared expert's term is added up before the wait.
+        // finished when this one starts: the shared expert's term is added up before the wait
+        // (LATE: only its weights are requested here).
         sp.load(Sd + (size_t)r * srow, si);
         if (!LATE) shared = sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si);
     } else if (Sd && lane == 0) {
@@ -900,8 +902,8 @@ __device__ void moe_down_q(const u8* __restrict__ Wd, u64 expert_bytes, u64 row_
     bool early = !LATE && EARLY && ((T == WT_CT4 && I <= 32 * QK) || (T == WT_Q4_K && I <= 4 * QK_K) ||
                            (T == WT_Q6_K && DOWN_Q6K_PAIRS && I <= 4 * QK_K));
     if (!early) pdl_wait();
-    // LATE: the shared activation row (written by the gate/up kernel, final now) is asked of
-    // L1, a 128-byte line a lane, so the term's reads after the routed rows hit there.
+    // LATE: the shared expert's term, its activation row (the gate/up kernel's slot K) final
+    // only now.
     if constexpr (S != T && LATE) shared = sp.finish(Sd + (size_t)r * srow, (const u8*)sact, si);
     // Lane s holds the slot of rank s (route_copy's order, see moe_gate_up_q), so the loop
     // below reads it with a shuffle and its iterations (independent loads) can overlap.
