@@ -20,6 +20,7 @@
 // (finite values beyond f16's range saturate), so results differ from the f32 kernel by
 // about f16 rounding (~1e-3 relative); the reference path keeps attention.cu.
 #include "merge.cuh"
+#include "qk_rope.cuh"
 #include "tc.cuh"
 
 #define FA_D 128
@@ -478,15 +479,43 @@ PREFILL_KERNEL(_q8_0, kv_q8)
 // part (natural-log max M, sum L), merged by merge.cuh. Queries, keys, values and P are f16
 // (~1e-3 relative), as in attention_prefill. Grid (n_kv, 1, n_split), block 128, dynamic
 // shared memory as attention_prefill's (manifest.rs FLASH_SMEM).
-template <typename KV>
+//
+// QKF (attention_decode_gqa_qk_f16, an f16 cache): the step's QK-norm, RoPE and KV store
+// done here instead of by fused.cu's qk_norm_rope_store, one launch fewer per layer: q, kin
+// and vin are the raw projections. After the wait each block norms and rotates its G query
+// heads into shared memory (qk_rope.cuh's norm_rope_head, the unfused kernel's arithmetic)
+// and its KV head's key, and rounds that key and the value to the cache's f16; the block
+// whose keys include the position writes them to the cache row, and patches them into its
+// staged tile once the tile has landed (the tile's copy of that row may predate the write),
+// so no block reads another's write and the values are those the cache would give: the
+// outputs are bitwise those of the two kernels. Every split's block norms the queries (G
+// heads, a few hundred loads); only the position's split has the key. The next kernel is
+// let in after the wait (GQA_QK_TRIGGER_EARLY=1: at the start, as the unfused kernel does),
+// since at its start the Q/K/V product before it may still be running.
+#ifndef GQA_QK_TRIGGER_EARLY
+#define GQA_QK_TRIGGER_EARLY 0
+#endif
+template <typename KV, bool QKF = false>
 __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __restrict__ kc,
                                        const KV* __restrict__ vc, float* __restrict__ out,
                                        float* __restrict__ part, int cap, int hq, int n_kv,
                                        int window, const u32* __restrict__ params,
-                                       const float* __restrict__ gt, int gcols, int early) {
+                                       const float* __restrict__ gt, int gcols, int early,
+                                       const float* __restrict__ kin = nullptr,
+                                       const float* __restrict__ vin = nullptr,
+                                       const float* __restrict__ qgain = nullptr,
+                                       const float* __restrict__ kgain = nullptr,
+                                       const float* __restrict__ inv_freq = nullptr, float rscale = 1.0f,
+                                       int rd = 0, float eps = 0.0f) {
+    static_assert(!QKF || Kv<KV>::F16, "the fused QK form stages an f16 cache only");
     extern __shared__ __align__(16) unsigned short fa_smem[];
     // The softplus gate's inputs of the block's heads (one split only), read at the start.
     __shared__ float gs[FA_GQA_MAX_G * FA_D];
+    // QKF: the rotated queries, the position's key and value as the cache holds them, and
+    // each warp's norm scratch.
+    __shared__ __align__(16) float qsf[QKF ? FA_GQA_MAX_G : 1][QKF ? FA_D : 1];
+    __shared__ KV kpos[QKF ? FA_D : 1], vpos[QKF ? FA_D : 1];
+    __shared__ float ys[QKF ? 4 : 1][QKF ? FA_D : 1];
     int kvh = blockIdx.x, split = blockIdx.z, n_split = gridDim.z;
     int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gr = lane >> 2, qd = lane & 3;
     int G = hq / n_kv, h0 = kvh * G;
@@ -498,14 +527,17 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
     // t/s with the trigger after the wait, one run each, session 30). Lab switch
     // ATTN_TRIGGER_LATE: after the wait, as before.
 #ifndef ATTN_TRIGGER_LATE
-    pdl_trigger();
+    if (!QKF || GQA_QK_TRIGGER_EARLY) pdl_trigger();
 #endif
     // early != 0: the host launched this kernel right after one that waits before it
     // triggers (qk_norm_rope_store), so every kernel before that one has finished: the step's
     // position and the gate (an output of the Q/K/V/gate product) are read before the wait,
     // and only the rotated queries and the step's own key and value need it. Otherwise both
-    // after the wait, as before.
+    // after the wait, as before. (QKF: never early.)
     if (!early) pdl_wait();
+#ifndef ATTN_TRIGGER_LATE
+    if (QKF && !GQA_QK_TRIGGER_EARLY) pdl_trigger();
+#endif
     int pos = (int)params[P_POS0];
     if (gt && n_split == 1)
         for (int r = 0; r < G; r++) gs[r * FA_D + tid] = gt[((h0 + r) * FA_D + tid) / per];
@@ -515,13 +547,41 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
 #endif
     int first, last;
     split_keys(pos, window, split, n_split, first, last);
+    if constexpr (QKF) {
+        // The first tile's copies go out before the heads are normed (its copy of the
+        // position's row is replaced below).
+        if (first <= last) fa_first_tile<KV>(fa_smem, kc, vc, first, last, cap, row, kvh, tid);
+        u32 upos = (u32)pos;
+        bool writer = first <= pos && pos <= last;
+        size_t slot = (size_t)(upos % cap) * row + (size_t)kvh * FA_D;
+        // Warp w: heads w, w + 4, ... of the G queries then the key (index G).
+        for (int j = w; j <= G; j += 4) {
+            if (j < G) {
+                norm_rope_head(q + (size_t)(h0 + j) * FA_D, qgain, ys[w], FA_D, rd, upos, inv_freq, rscale, eps,
+                               [&](int i, float o) { qsf[j][i] = o; });
+            } else {
+                norm_rope_head(kin + (size_t)kvh * FA_D, kgain, ys[w], FA_D, rd, upos, inv_freq, rscale, eps,
+                               [&](int i, float o) {
+                                   Kv<KV>::st(kpos + i, o);
+                                   if (writer) Kv<KV>::st((KV*)kc + slot + i, o);
+                               });
+            }
+            __syncwarp();
+        }
+        {
+            float x = vin[(size_t)kvh * FA_D + tid];  // FA_D == blockDim.x
+            Kv<KV>::st(vpos + tid, x);
+            if (writer) Kv<KV>::st((KV*)vc + slot + tid, x);
+        }
+        __syncthreads();
+    }
     // Q fragments (attention_prefill's layout) for rows gr and gr + 8: query heads h0 + gr
     // and h0 + gr + 8, zeros past the group.
     u32 qf[8][4];
     {
         bool va = gr < G, vb = gr + 8 < G;
-        const float* qa = q + (size_t)(h0 + gr) * FA_D;
-        const float* qb = q + (size_t)(h0 + gr + 8) * FA_D;
+        const float* qa = QKF ? &qsf[gr][0] : q + (size_t)(h0 + gr) * FA_D;
+        const float* qb = QKF ? &qsf[gr + 8][0] : q + (size_t)(h0 + gr + 8) * FA_D;
         #pragma unroll
         for (int s = 0; s < 8; s++) {
             int d0 = 16 * s + 2 * qd;
@@ -542,10 +602,19 @@ __device__ void attention_decode_gqa_t(const float* __restrict__ q, const KV* __
     float ma = -LG_INF, mb = -LG_INF, la = 0.0f, lb = 0.0f;
     const float sl2 = 1.4426950408889634f / sqrtf((float)FA_D);
     int mi = lane >> 3, mr = lane & 7;
-    if (first <= last) fa_first_tile<KV>(fa_smem, kc, vc, first, last, cap, row, kvh, tid);
+    if (!QKF && first <= last) fa_first_tile<KV>(fa_smem, kc, vc, first, last, cap, row, kvh, tid);
     for (int kb = first, it = 0; kb <= last; kb += FA_BK, it++) {
         const unsigned short* ks = fa_tile<KV>(fa_smem, kc, vc, kb, it, last, cap, row, kvh, tid);
         __syncthreads();
+        if constexpr (QKF) {
+            // The position's row of the landed tile: the key and value made above.
+            if (pos >= kb && pos < kb + FA_BK && pos <= last) {
+                unsigned short* kt = (unsigned short*)ks + (pos - kb) * FA_KLD + tid;
+                kt[0] = kpos[tid];
+                kt[FA_BK * FA_KLD] = vpos[tid];
+                __syncthreads();
+            }
+        }
         const unsigned short* vs = ks + FA_BK * FA_KLD;
         int kw = kb + 16 * w;  // the warp's first key
         if (kw <= last) {
@@ -646,3 +715,15 @@ GQA_KERNEL(, float)
 GQA_KERNEL(_f16, unsigned short)
 GQA_KERNEL(_bf16, kv_bf16)
 GQA_KERNEL(_q8_0, kv_q8)
+
+// The fused QK form (QKF above), an f16 cache: attention.cu's attention_decode_qk's
+// arguments (q, kin, vin the raw projections; grid (n_kv, 1, n_split) as attention_decode_gqa).
+extern "C" __global__ void __launch_bounds__(128, 3) attention_decode_gqa_qk_f16(
+    const float* __restrict__ q, const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,
+    float* __restrict__ out, float* __restrict__ part, int cap, int hq, int n_kv, int d, int window,
+    const u32* __restrict__ params, const float* __restrict__ g, int gcols, const float* __restrict__ kin,
+    const float* __restrict__ vin, const float* __restrict__ qw, const float* __restrict__ kw,
+    const float* __restrict__ inv_freq, float rscale, int rd, float eps) {
+    attention_decode_gqa_t<unsigned short, true>(q, kc, vc, out, part, cap, hq, n_kv, window, params, g, gcols, 0,
+                                                 kin, vin, qw, kw, inv_freq, rscale, rd, eps);
+}

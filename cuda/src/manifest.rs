@@ -126,6 +126,7 @@ manifest! {
     AttentionPrefillF16 => "flash.cu", "attention_prefill_f16";
     AttentionDecodeGqa => "flash.cu", "attention_decode_gqa";
     AttentionDecodeGqaF16 => "flash.cu", "attention_decode_gqa_f16";
+    AttentionDecodeGqaQkF16 => "flash.cu", "attention_decode_gqa_qk_f16";
     KvStoreBf16 => "attention.cu", "kv_store_bf16";
     AttentionBf16 => "attention.cu", "attention_bf16";
     AttentionDecodeBf16 => "attention.cu", "attention_decode_bf16";
@@ -465,6 +466,7 @@ impl K {
             K::AttentionPrefill | K::AttentionDecodeGqa => FLASH_SMEM,
             K::AttentionPrefillF16
             | K::AttentionDecodeGqaF16
+            | K::AttentionDecodeGqaQkF16
             | K::AttentionPrefillBf16
             | K::AttentionDecodeGqaBf16 => 2 * FLASH_SMEM,
             K::AttentionPrefillQ8_0 | K::AttentionDecodeGqaQ8_0 => FLASH_SMEM_Q8,

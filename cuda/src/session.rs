@@ -96,7 +96,13 @@ pub struct CudaSessionOptions {
     /// On S 2.1 W4A16 decode the fused kernel took 10.7 us against 6.0 + 4.4 for the two it
     /// replaces (the small kernels' time is their chain of dependent loads, which the fusion
     /// keeps) and tg64 fell 213.4 -> 203.9 t/s (BENCHMARKS.md, session 14); measured again in
-    /// session 37, 261.3 -> 242.4 t/s.
+    /// session 37, 261.3 -> 242.4 t/s. Since session 38, where decode runs the tensor-core GQA
+    /// kernel with an f16 cache, the fusion is that kernel's own form
+    /// (`flash.cu`'s `attention_decode_gqa_qk_f16`, device test
+    /// `gqa_qk_fusion_gives_the_unfused_bits`): level on S 2.1 W4A16 (261.5 / 261.4 t/s
+    /// against 261.4 / 261.6) and Q4_K_M (312.1 / 312.5 against 313.8 / 313.7), with 14 of
+    /// the 48 layers fused (the others' output is placed over the raw q, which the fusion
+    /// keeps apart); still off.
     /// `LAGOON_CUDA_QK_ATTN=1` turns it on, `=0` off.
     pub qk_attention: bool,
     /// Decode steps split the RMSNorm before a run of float products (a W4A16 checkpoint's

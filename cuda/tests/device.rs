@@ -1472,17 +1472,10 @@ fn quant_type_models_match_llama_cpp() {
     }
 }
 
-/// Every KV cache on a whole model with head_dim 128 (the tiny fixtures' 16 and 64 are too
-/// narrow for the q8_0 cache and the tensor-core attention): a 4-layer S 2.1-shaped model
-/// shrunk to hidden 256 (GQA groups of 6 and 9 over 2 KV heads, a 16-key sliding window so
-/// the rings wrap, partial RoPE with YaRN on the full layers) written by `synth` (Q8_0), 40
-/// tokens. Against the f32 cache on the quantised path: prefill, chunks of 7 (the q8_0
-/// cache's small steps take the tensor-core prefill kernel) and decode (within twice the
-/// decode path's own spread against its chunked steps, as `kv_16bit_caches_match_the_f32_cache`
-/// bounds it; five times that for q8_0); decode replayed as a graph equals the eager steps bitwise.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn kv_caches_on_a_head_dim_128_model() {
+/// The 4-layer S 2.1-shaped model of head_dim 128 that `kv_caches_on_a_head_dim_128_model`
+/// describes, written by `synth` (Q8_0) into a fresh temporary directory named after `tag`
+/// (the caller removes it).
+fn head_dim_128_model(tag: &str) -> (std::path::PathBuf, Checkpoint) {
     use lagoon_gguf::synth::{self, mix::TypeMix, preset::Preset};
     let shape = lagoon_gguf::synth::preset::Shape {
         vocab_size: 512,
@@ -1500,13 +1493,28 @@ fn kv_caches_on_a_head_dim_128_model() {
     }
     .with_layers(4);
     assert_eq!(shape.head_dim, 128);
-    let dir = std::env::temp_dir().join(format!("lagoon-kv128-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("lagoon-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("model.gguf");
     let mut o = synth::SynthOptions::new(shape, TypeMix::Q8_0, "kv128");
     o.seed = 7;
     synth::write(&path, &o).unwrap();
     let ckpt = Checkpoint::open(&path).unwrap();
+    (dir, ckpt)
+}
+
+/// Every KV cache on a whole model with head_dim 128 (the tiny fixtures' 16 and 64 are too
+/// narrow for the q8_0 cache and the tensor-core attention): a 4-layer S 2.1-shaped model
+/// shrunk to hidden 256 (GQA groups of 6 and 9 over 2 KV heads, a 16-key sliding window so
+/// the rings wrap, partial RoPE with YaRN on the full layers) written by `synth` (Q8_0), 40
+/// tokens. Against the f32 cache on the quantised path: prefill, chunks of 7 (the q8_0
+/// cache's small steps take the tensor-core prefill kernel) and decode (within twice the
+/// decode path's own spread against its chunked steps, as `kv_16bit_caches_match_the_f32_cache`
+/// bounds it; five times that for q8_0); decode replayed as a graph equals the eager steps bitwise.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn kv_caches_on_a_head_dim_128_model() {
+    let (dir, ckpt) = head_dim_128_model("kv128");
     let w = weights(&ckpt);
     let mut rng = Rng(0x6e33_0128);
     let toks: Vec<u32> = (0..40).map(|_| (rng.next() % 512) as u32).collect();
@@ -1556,6 +1564,80 @@ fn kv_caches_on_a_head_dim_128_model() {
             );
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The QK-norm + RoPE + KV store inside the tensor-core GQA decode kernel
+/// (`qk_attention` with an f16 cache: `flash.cu`'s `attention_decode_gqa_qk_f16`) gives the
+/// bits of `qk_norm_rope_store` + `attention_decode_gqa`, on the head_dim 128 model (GQA
+/// groups of 6 and 9, a 16-key sliding window whose ring wraps, YaRN on the full layers):
+/// 40 one-token steps, one split and 8-key splits (only the split holding the position has
+/// its key), graph replay and eager steps. A profiled run checks that every layer step ran
+/// the fused kernel.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gqa_qk_fusion_gives_the_unfused_bits() {
+    let (dir, ckpt) = head_dim_128_model("gqaqk");
+    let w = weights(&ckpt);
+    let mut rng = Rng(0x6e33_0129);
+    let toks: Vec<u32> = (0..40).map(|_| (rng.next() % 512) as u32).collect();
+    for graphs in [true, false] {
+        for split_keys in [0, 8] {
+            let opts = |qk_attention: bool| CudaSessionOptions {
+                n_ctx: toks.len(),
+                ubatch: 1,
+                attn_split_keys: split_keys,
+                cuda_graphs: graphs,
+                quantized_activations: true,
+                kv: KvCache::F16,
+                qk_attention,
+                ..Default::default()
+            };
+            let (fused, plain) = (
+                session_logits(&ckpt, &w, &toks, opts(true)),
+                session_logits(&ckpt, &w, &toks, opts(false)),
+            );
+            let same = same_bits(&fused, &plain);
+            println!(
+                "head_dim 128, graphs {graphs}, split keys {split_keys}: QK in the GQA kernel vs \
+                 apart: bitwise equal {same}, rel L2 {:.3e}",
+                rel_l2(&fused, &plain)
+            );
+            assert!(
+                same,
+                "graphs {graphs}, split keys {split_keys}: the fusion changed the logits"
+            );
+        }
+    }
+    let mut s = CudaSession::new(
+        &ckpt.config,
+        &w,
+        CudaSessionOptions {
+            n_ctx: toks.len(),
+            ubatch: 1,
+            quantized_activations: true,
+            kv: KvCache::F16,
+            qk_attention: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let n = launches_by_prefix(
+        &mut s,
+        &toks[..4],
+        &["attention_decode_gqa_qk", "qk_norm_rope_store"],
+    );
+    println!(
+        "head_dim 128: {} fused GQA launches, {} qk_norm_rope_store",
+        n[0], n[1]
+    );
+    assert!(
+        n[0] > 0 && n[0] + n[1] == 4 * ckpt.config.n_layers,
+        "{} fused and {} apart for {} layer steps",
+        n[0],
+        n[1],
+        4 * ckpt.config.n_layers
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -152,6 +152,16 @@ impl CudaSession {
             I(rd as i32),
             F(c.rms_eps),
         ]);
+        // The tensor-core GQA kernel's fused form (`flash.cu`'s QKF: an f16 cache, head_dim
+        // 128), one block per (KV head, split); else the per-query-head kernel.
+        if self.gqa_attention && self.opts.kv == crate::KvCache::F16 {
+            return self.dev.launch3(
+                K::AttentionDecodeGqaQkF16,
+                (c.n_kv_heads as u32, 1, split as u32),
+                128,
+                &args,
+            );
+        }
         self.dev.launch3(
             self.kv_kernel(
                 K::AttentionDecodeQk,
