@@ -550,6 +550,44 @@ fn logits_on_off(
     )
 }
 
+/// Asserts that a fusion's logits are the unfused ones bit for bit (`logits_on_off`'s pair),
+/// printing `what` with their distance.
+fn assert_fusion_bits(what: &str, (fused, plain): (Vec<f32>, Vec<f32>)) {
+    let same = same_bits(&fused, &plain);
+    println!(
+        "{what}: fused vs apart: bitwise equal {same}, rel L2 {:.3e}",
+        rel_l2(&fused, &plain)
+    );
+    assert!(same, "{what}: the fusion changed the logits");
+}
+
+/// The kernels four one-token steps of a profiled `qk_attention` session ran (profiled steps
+/// launch one at a time, no graph): launches named `fused*` and of `qk_norm_rope_store`, at
+/// least one fused and every layer step one or the other (a layer whose output the planner
+/// placed over the raw q, k or v keeps the two kernels).
+fn qk_fused_launches(
+    ckpt: &Checkpoint,
+    w: &ModelWeights<'_>,
+    toks: &[u32],
+    opts: CudaSessionOptions,
+    fused: &str,
+    what: &str,
+) {
+    let mut s = CudaSession::new(&ckpt.config, w, opts).unwrap();
+    let n = launches_by_prefix(&mut s, &toks[..4], &[fused, "qk_norm_rope_store"]);
+    let steps = 4 * ckpt.config.n_layers;
+    println!(
+        "{what}: {} {fused} launches, {} qk_norm_rope_store",
+        n[0], n[1]
+    );
+    assert!(
+        n[0] > 0 && n[0] + n[1] == steps,
+        "{what}: {} {fused} and {} qk_norm_rope_store launches for {steps} layer steps",
+        n[0],
+        n[1]
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn decode_graph_replay_equals_eager_steps() {
@@ -647,52 +685,24 @@ fn qk_attention_fusion_gives_the_unfused_bits() {
                     qk_attention,
                     ..Default::default()
                 };
-                let (fused, plain) = (
-                    session_logits(ckpt, w, toks, opts(true)),
-                    session_logits(ckpt, w, toks, opts(false)),
-                );
-                let same = same_bits(&fused, &plain);
-                println!(
-                    "{model} kv {kv:?} split keys {split_keys}: QK in attention vs apart over {} \
-                     steps: bitwise equal {same}, rel L2 {:.3e}",
-                    toks.len(),
-                    rel_l2(&fused, &plain)
-                );
-                assert!(
-                    same,
-                    "{model} kv {kv:?} split keys {split_keys}: the fusion changed the logits"
+                assert_fusion_bits(
+                    &format!(
+                        "{model} kv {kv:?} split keys {split_keys}, {} steps, QK in attention",
+                        toks.len()
+                    ),
+                    logits_on_off(ckpt, w, toks, opts),
                 );
             }
             // Which kernels ran (profiled steps launch one at a time, no graph).
-            let mut s = CudaSession::new(
-                &ckpt.config,
-                w,
-                CudaSessionOptions {
-                    n_ctx: toks.len(),
-                    ubatch: 1,
-                    kv,
-                    qk_attention: true,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-            let n = launches_by_prefix(
-                &mut s,
-                &toks[..4],
-                &["attention_decode_qk", "qk_norm_rope_store"],
-            );
-            let (qk, apart) = (n[0], n[1]);
-            println!(
-                "{model} kv {kv:?}: {qk} attention_decode_qk launches, {apart} qk_norm_rope_store"
-            );
-            // (A layer whose output the planner placed over the raw k or v keeps the two
-            // kernels: every layer is one or the other.)
-            assert!(
-                qk > 0 && qk + apart == 4 * ckpt.config.n_layers,
-                "{model}: {qk} attention_decode_qk and {apart} qk_norm_rope_store launches for {} \
-                 layer steps",
-                4 * ckpt.config.n_layers
-            );
+            let opts = CudaSessionOptions {
+                n_ctx: toks.len(),
+                ubatch: 1,
+                kv,
+                qk_attention: true,
+                ..Default::default()
+            };
+            let what = format!("{model} kv {kv:?}");
+            qk_fused_launches(ckpt, w, toks, opts, "attention_decode_qk", &what);
         }
     });
 }
@@ -1593,50 +1603,27 @@ fn gqa_qk_fusion_gives_the_unfused_bits() {
                 qk_attention,
                 ..Default::default()
             };
-            let (fused, plain) = (
-                session_logits(&ckpt, &w, &toks, opts(true)),
-                session_logits(&ckpt, &w, &toks, opts(false)),
-            );
-            let same = same_bits(&fused, &plain);
-            println!(
-                "head_dim 128, graphs {graphs}, split keys {split_keys}: QK in the GQA kernel vs \
-                 apart: bitwise equal {same}, rel L2 {:.3e}",
-                rel_l2(&fused, &plain)
-            );
-            assert!(
-                same,
-                "graphs {graphs}, split keys {split_keys}: the fusion changed the logits"
+            assert_fusion_bits(
+                &format!("head_dim 128, graphs {graphs}, split keys {split_keys}, QK in GQA"),
+                logits_on_off(&ckpt, &w, &toks, opts),
             );
         }
     }
-    let mut s = CudaSession::new(
-        &ckpt.config,
+    let opts = CudaSessionOptions {
+        n_ctx: toks.len(),
+        ubatch: 1,
+        quantized_activations: true,
+        kv: KvCache::F16,
+        qk_attention: true,
+        ..Default::default()
+    };
+    qk_fused_launches(
+        &ckpt,
         &w,
-        CudaSessionOptions {
-            n_ctx: toks.len(),
-            ubatch: 1,
-            quantized_activations: true,
-            kv: KvCache::F16,
-            qk_attention: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let n = launches_by_prefix(
-        &mut s,
-        &toks[..4],
-        &["attention_decode_gqa_qk", "qk_norm_rope_store"],
-    );
-    println!(
-        "head_dim 128: {} fused GQA launches, {} qk_norm_rope_store",
-        n[0], n[1]
-    );
-    assert!(
-        n[0] > 0 && n[0] + n[1] == 4 * ckpt.config.n_layers,
-        "{} fused and {} apart for {} layer steps",
-        n[0],
-        n[1],
-        4 * ckpt.config.n_layers
+        &toks,
+        opts,
+        "attention_decode_gqa_qk",
+        "head_dim 128",
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
