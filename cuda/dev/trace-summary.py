@@ -8,10 +8,14 @@ block recorded when it triggered and when its pdl_wait started and ended. A laun
 `ready` when its wait ended (or, without a wait, when it started); the time from one launch's
 ready to the next one's is that launch's share of the critical path (the next launch waits
 for it to finish). The step length is found as the period of the launches' grid shapes; the
-last STEPS steps (default 16) are summarised: per kernel name (the host's launches with the
-same grid and block), launches per step, µs each and per step on the critical path (median
-over the steps), and how long its first block waited in pdl_wait; then one layer's launches
-in order (the most common layer shape), each with its median share of the critical path.
+last STEPS steps (default 16) are summarised: per kernel, launches per step, µs each and per
+step on the critical path (median over the steps), and how long its first block waited in
+pdl_wait; then one layer's launches in order (the most common layer shape), each with its
+median share of the critical path. A launch is named by the host launch at its place in the
+step (TRACE.names lists the host's launches in order, the captured step among them), so
+kernels of one grid shape (the expert down and the O projection, 768 blocks) are told apart;
+when no window of the host's order matches the traced step, by the kernels launched with its
+grid (joined by |), as before.
 """
 import collections
 import statistics
@@ -27,11 +31,14 @@ def main():
             g, t, k, gx, gy, b = map(int, line.split())
             recs.append((g, t, k, (gx, gy, b)))
     names = collections.defaultdict(set)
+    host = []  # the host's launches in launch order: (name, sig)
     try:
         with open(path + ".names") as f:
             for line in f:
                 n, gx, gy, b = line.split()
-                names[(int(gx), int(gy), int(b))].add(n)
+                sig = (int(gx), int(gy), int(b))
+                names[sig].add(n)
+                host.append((n, sig))
     except OSError:
         pass
     # Launches: a grid id's records in time order, a new launch whenever a kind repeats (the
@@ -81,6 +88,10 @@ def main():
     steps = min(steps, n // period - 1)
     first = n - steps * period
     print(f"{n} launches traced; a step is {period} launches; the last {steps} steps:")
+    if name_by_order(launches, host, first, period):
+        print("(each launch named by its place in the host's launch order)")
+    else:
+        print("(launches named by grid shape: kernels of one shape share a name)")
     totals = []
     per = collections.defaultdict(list)  # name -> per-step (count, span µs, wait µs)
     for s in range(steps):
@@ -92,7 +103,7 @@ def main():
         acc = collections.defaultdict(lambda: [0, 0.0, 0.0])
         for i in range(a, b):
             l = launches[i]
-            nm = "|".join(sorted(names.get(l["sig"], {"?"}))) + " %dx%dx%d" % l["sig"]
+            nm = launch_name(l, names) + " %dx%dx%d" % l["sig"]
             e = acc[nm]
             e[0] += 1
             e[1] += (launches[i + 1]["ready"] - l["ready"]) / 1e3
@@ -116,12 +127,37 @@ def main():
     layer_view(launches, names, first, period, steps)
 
 
+def name_by_order(launches, host, first, period):
+    """Names each traced launch of the steps from `first` on (`l["name"]`) by the host launch
+    at the same place in a step: the host noted a step's launches in order when it captured
+    the step's graph, so a window of `period` host launches whose grids match the traced
+    step's, at some rotation, says which kernel each launch is even where several kernels
+    share a grid shape. False (nothing named) when no window matches."""
+    sigs = [l["sig"] for l in launches]
+    hs = [h[1] for h in host]
+    if len(sigs) < first + 2 * period:
+        return False
+    for r in range(period):
+        want = sigs[first + r:first + r + period]
+        for j in range(len(hs) - period, -1, -1):
+            if hs[j:j + period] == want:
+                for i in range(first, len(launches)):
+                    launches[i]["name"] = host[j + (i - first - r) % period][0]
+                return True
+    return False
+
+
+def launch_name(l, names):
+    """The launch's kernel (name_by_order), else every kernel launched with its grid."""
+    return l.get("name") or "|".join(sorted(names.get(l["sig"], {"?"})))
+
+
 def layer_view(launches, names, first, period, steps):
     """The launches of one layer in order, median span per position over the layers of the
     most common shape (a layer starts at the launch before its Q/K/V product: the norm, or at
     the product itself when the norm is folded into it)."""
     def nm(l):
-        return "|".join(sorted(names.get(l["sig"], {"?"})))
+        return launch_name(l, names)
     rows = collections.defaultdict(list)
     for s in range(steps):
         a = first + s * period
@@ -133,7 +169,7 @@ def layer_view(launches, names, first, period, steps):
                   and ("norm" in nm(seq[i - 1]) or "mv_rinv" in nm(seq[i]))]
         for j in range(len(starts) - 1):
             lay = seq[starts[j]:starts[j + 1] + 1]
-            key = tuple(l["sig"] for l in lay[:-1])
+            key = tuple((nm(l), l["sig"]) for l in lay[:-1])
             rows[key].append([(lay[i + 1]["ready"] - lay[i]["ready"]) / 1e3 for i in range(len(lay) - 1)])
     if not rows:
         return
@@ -142,10 +178,9 @@ def layer_view(launches, names, first, period, steps):
     print("| # | launch (grid x, y, block) | µs on the critical path (median) |")
     print("|---:|---|---:|")
     tot = 0.0
-    for i, sig in enumerate(key):
+    for i, (n, sig) in enumerate(key):
         m = statistics.median(sp[i] for sp in spans)
         tot += m
-        n = "|".join(sorted(names.get(sig, {"?"})))
         print(f"| {i + 1} | {n} {sig[0]}x{sig[1]}x{sig[2]} | {m:.2f} |")
     print(f"| | layer | {tot:.1f} |")
 
