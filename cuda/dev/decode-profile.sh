@@ -32,9 +32,11 @@ esac
 lap "synth done"
 # VARIANTS: environment settings compared, interleaved (default: programmatic launch off/on);
 # one variant may set several variables, comma-separated (A=1,B=1).
+# (170 s: on a fresh machine the first run also compiles every kernel and loads the model; an
+# S 2.1 W4A16 first run took over 100 s in session 38.)
 for v in ${VARIANTS:-LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1 LAGOON_CUDA_PDL=0 LAGOON_CUDA_PDL=1}; do
   echo "== $v"
-  env ${v//,/ } timeout 100 .device/bin/bench --model "$model" --device cuda -p 0 -n 64 -d ${DEPTHS:-0} -r 3 2>&1 \
+  env ${v//,/ } timeout 170 .device/bin/bench --model "$model" --device cuda -p 0 -n 64 -d ${DEPTHS:-0} -r 3 2>&1 \
     | grep -E "^\||floor" | tail -4
   lap "bench $v"
 done
