@@ -787,17 +787,12 @@ fn gate_up_quantiser_gives_the_launch_bits() {
             gate_up_q8,
             ..Default::default()
         };
-        let (inside, launch) = logits_on_off(ckpt, w, toks, opts);
-        let same = same_bits(&inside, &launch);
-        println!(
-            "{model}: gate/up-quantised vs quantiser launch over {} steps: bitwise equal {same}, \
-             rel L2 {:.3e}",
-            toks.len(),
-            rel_l2(&inside, &launch)
-        );
-        assert!(
-            same,
-            "{model}: quantising inside the gate/up changed the logits"
+        assert_fusion_bits(
+            &format!(
+                "{model}, {} steps, the routed quantiser inside the gate/up",
+                toks.len()
+            ),
+            logits_on_off(ckpt, w, toks, opts),
         );
         let count = |on: bool| {
             let mut s = CudaSession::new(&ckpt.config, w, opts(on)).unwrap();
