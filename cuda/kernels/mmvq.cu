@@ -495,9 +495,16 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // H200 (session 26, W4A16 tg64 alternating: 224.3 / 224.4 t/s against 245.6 / 245.6): 88
 // registers for the CT4 kernel instead of 64, five blocks per SM, so the 768 blocks take
 // 1.16 waves instead of 0.73; capped at six blocks (DOWN_MIN_BLOCKS=6, 80 registers and a
-// small spill) 242.8 / 242.8.
+// small spill) 242.8 / 242.8. Session 39 (S 2.1 W4A16 tg64, alternating, two rounds in one
+// call, H_BATCH 6 in both): 4 (three rounds for ten routed rows, 72 registers) 268.16 / 268.23
+// against 6 (two rounds, 68 registers) 263.55 / 263.31 (+1.8%; a sweep in the call before
+// found 8 slower, 259.3 against 260.7). Same occupancy (seven blocks per SM), so not the
+// registers: likely the first batch, issued before the wait (DOWN_EARLY) while the routed
+// quantiser's latency-bound chain runs, slows that chain less when it is smaller (not
+// measured; DOWN_BATCH 2-3 and DOWN_EARLY=0 are untried at this setting). Q4_K_M's down takes
+// moe_down_pairs, not this batch.
 #ifndef DOWN_BATCH
-#define DOWN_BATCH 6
+#define DOWN_BATCH 4
 #endif
 // moe_down_q's short-row paths issue their first batch of routed weight loads before
 // pdl_wait (see moe_down_q); DOWN_EARLY=0 (LAGOON_CUDA_DEFINES) waits first. Measured on the
@@ -536,9 +543,7 @@ struct DownCt4 {
     static __device__ __forceinline__ bool on(int lane, int I) { return lane < I / QK; }
     static __device__ __forceinline__ int blocks(int I) { return I / QK; }
     __device__ __forceinline__ void load(const u8* __restrict__ row, int lane) {
-        const u32* p = (const u32*)(row + (size_t)lane * 20);
-        #pragma unroll
-        for (int k = 0; k < 5; k++) w[k] = ldw(p + k);
+        ct4_fetch(row, lane, w);
     }
     __device__ __forceinline__ float part(const u8* __restrict__ a, int lane, int I, int nb) const {
         return __fadd_rn(0.0f, ct4_block_dot(w, a + (size_t)lane * QK, q8_0_d(a, I)[lane], q8_0_d(a, I)[nb + lane]));

@@ -753,6 +753,17 @@ __device__ __forceinline__ float ct8_block_dot(const u32 w[9], const u8* __restr
     return z != 0 ? __fsub_rn(v, __fmul_rn(s, __fmul_rn((float)z, ds))) : v;
 }
 
+// A CT4 block's five words (blocks.cuh block_ct4: the header word, then the codes), block b
+// of the row. Tried as one 16-byte code load and one scale load (a split layout's access
+// pattern, lab switch CT4_SPLIT_LAB, session 39, S 2.1 W4A16 tg64 alternating, two rounds):
+// 2-byte scales 259.27 / 259.28 t/s, 4-byte scales (the same bytes as now) 253.83 / 253.83,
+// against 261.84 / 261.78 -- slower, as session 26's wide CT4 loads were; removed.
+__device__ __forceinline__ void ct4_fetch(const u8* __restrict__ row, int b, u32 w[5]) {
+    const u32* p = (const u32*)(row + (size_t)b * 20);
+    #pragma unroll
+    for (int k = 0; k < 5; k++) w[k] = ldw(p + k);
+}
+
 // A lane's share of a CT4 (T = WT_CT4: 20-byte blocks, five words) or CT8 (WT_CT8: 36 bytes,
 // nine words) row against a Q8_0 activation: blocks lane, lane + 32, ..., CT4_BATCH of them
 // fetched before any is computed.
@@ -771,9 +782,13 @@ __device__ __forceinline__ float lane_part_ct(const u8* __restrict__ row, const 
         for (int i = 0; i < CT4_BATCH; i++) {
             int b = b0 + 32 * i;
             if (b < nb) {
-                const u32* p = (const u32*)(row + (size_t)b * (4 * WORDS));
-                #pragma unroll
-                for (int k = 0; k < WORDS; k++) w[i][k] = ldw(p + k);
+                if constexpr (T == WT_CT4) {
+                    ct4_fetch(row, b, w[i]);
+                } else {
+                    const u32* p = (const u32*)(row + (size_t)b * (4 * WORDS));
+                    #pragma unroll
+                    for (int k = 0; k < WORDS; k++) w[i][k] = ldw(p + k);
+                }
             }
         }
     };
@@ -823,13 +838,8 @@ __device__ __forceinline__ float2 warp_dot2_ct4(const u8* __restrict__ r0, const
         for (int i = 0; i < GU_CT4_BATCH; i++) {
             int b = b0 + 32 * i;
             if (b < nb) {
-                const u32* p0 = (const u32*)(r0 + (size_t)b * 20);
-                const u32* p1 = (const u32*)(r1 + (size_t)b * 20);
-                #pragma unroll
-                for (int k = 0; k < 5; k++) {
-                    w[0][i][k] = ldw(p0 + k);
-                    w[1][i][k] = ldw(p1 + k);
-                }
+                ct4_fetch(r0, b, w[0][i]);
+                ct4_fetch(r1, b, w[1][i]);
             }
         }
     };
@@ -861,10 +871,19 @@ __device__ __forceinline__ float2 warp_dot2_ct4(const u8* __restrict__ r0, const
 // ---- BF16 / F16 against the f32 activation itself ----
 // No quantisation: `a` is the f32 input row. Lane l takes the 8-element (16-byte) pieces
 // l, l + 32, ... of the row, H_BATCH of them fetched before any is used (a 3072-wide bf16 row
-// is 12 pieces per lane: one round). Widening bf16/f16 to f32 is exact; the products are
-// f32 FMAs, so the sum differs from the CPU's only in order. Rows 16-byte aligned, cols % 8
-// == 0.
-#define H_BATCH 8
+// is 12 pieces per lane: two rounds of 6). Widening bf16/f16 to f32 is exact; the products
+// are f32 FMAs, so the sum differs from the CPU's only in order (the batch size does not
+// change it). Rows 16-byte aligned, cols % 8 == 0.
+// H_BATCH 6 (was 8) measured on the H200 (session 39, S 2.1 W4A16 tg64 alternating, two
+// rounds, DOWN_BATCH 4 in both): 268.16 / 268.23 t/s against 265.04 / 265.08 (+1.2%); 12
+// (one round) was slower in the sweep before (259.2 against 260.7). The Q/K/V/gate kernel
+// `mv_rinv_bf16` takes 63 registers instead of 71 (eight blocks per SM instead of seven);
+// `mv_stage_bf16` (the O projection) keeps 80 but asks for fewer pieces before its wait,
+// while the attention runs. Q4_K_M (float products only in its router and shared pieces) was
+// not re-measured.
+#ifndef H_BATCH
+#define H_BATCH 6
+#endif
 
 template <int T>
 __device__ __forceinline__ float h_lo(u32 w) {
