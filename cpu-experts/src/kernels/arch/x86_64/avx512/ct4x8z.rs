@@ -145,12 +145,15 @@ fn tokens<const T: usize>(p: &[u8], g: &Ct4Geom, a: &[Ct4Act<'_>], out: &mut [[f
             let s1 = block_dots::<T>(p, g, c, a, pd);
             let sc = scales_pair(p, g, gi);
             for t in 0..T {
-                // Row r's sums: block b's into lane 2r, block c's into lane 2r + 1.
-                let v = _mm512_mask_blend_epi32(
-                    0xAAAA,
-                    _mm512_add_epi32(s0[t], _mm512_srli_epi64::<32>(s0[t])),
-                    _mm512_add_epi32(s1[t], _mm512_slli_epi64::<32>(s1[t])),
-                );
+                // Row r's sums: block b's into lane 2r, block c's into lane 2r + 1. Each
+                // lane pair's halves are swapped in one operand (`vpshufd`), so one add
+                // makes both: [b even, c odd] + [b odd, c even] (exact i32, 4 operations
+                // where two shifts, two adds and a blend took 5).
+                let u = _mm512_mask_blend_epi32(0xAAAA, s0[t], s1[t]);
+                let w = _mm512_shuffle_epi32::<0b10_11_00_01>(_mm512_mask_blend_epi32(
+                    0xAAAA, s1[t], s0[t],
+                ));
+                let v = _mm512_add_epi32(u, w);
                 let at = &a[t];
                 let q = _mm512_slli_epi32::<3>(_mm512_set1_epi64(pair64(
                     at.bsum[b].to_le_bytes(),
@@ -158,8 +161,11 @@ fn tokens<const T: usize>(p: &[u8], g: &Ct4Geom, a: &[Ct4Act<'_>], out: &mut [[f
                 )));
                 let d = _mm512_castsi512_ps(_mm512_set1_epi64(pair64(at.a.d[b], at.a.d[c])));
                 let x = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(v, q)));
-                // The scalar kernel's gsum = 0 + d·sumi, then acc += s·gsum, b before c.
-                let y = _mm512_mul_ps(sc, _mm512_add_ps(zero, x));
+                // The scalar kernel's gsum = 0 + d·sumi, then acc += s·gsum, b before c. The
+                // `0 +` is left out: it changes only a −0 to +0, and the sums start at +0, so
+                // adding s·(−0) or s·(+0) gives the same bits (a sum is −0 only when both
+                // of its terms are).
+                let y = _mm512_mul_ps(sc, x);
                 let r = _mm512_add_ps(acc[t], y);
                 acc[t] = _mm512_add_ps(
                     r,
