@@ -12,7 +12,7 @@
 //! | bytes | what |
 //! |---|---|
 //! | `[0, S)` | scale of group gi, row r, at `(8 gi + r)·size` (the checkpoint's dtype), then zeros |
-//! | `[S + 128b, S + 128b + 128)` | block b: byte `4k + m` of row r's re-ordered codes at `S + 128b + 32k + 4r + m` |
+//! | `[S + 128b, S + 128b + 128)` | block b: byte `4k + m` of row r's re-ordered codes at `S + 128b + 64(k / 2) + 8r + 4(k % 2) + m` |
 //!
 //! The scales come first so that the stream a thread reads is one run: a kernel's software
 //! prefetch, running ahead of the codes past the end of its group, brings in the next group's
@@ -21,9 +21,12 @@
 //! prefetch was still 9 KB short of them, and each of those misses held up the f32 chain.
 //!
 //! Re-ordered codes: byte i (0..16) of a block holds element i in its low nibble and element
-//! 16 + i in its high one (compressed-tensors packs column c as nibble c, low first), so the
-//! low nibbles of a 32-byte chunk k are elements `4k .. 4k + 4` of all eight rows and the high
-//! nibbles elements `16 + 4k ..`, as in the Q4_K and IQ4_XS layouts.
+//! 16 + i in its high one (compressed-tensors packs column c as nibble c, low first). Each
+//! 64-byte half of a block holds two 4-byte steps (k = 2h, 2h + 1) of all eight rows with the
+//! steps interleaved, row r's in dwords 2r and 2r + 1: one plain 64-byte load puts row r in
+//! lanes 2r and 2r + 1, elements `8h .. 8h + 8` in the low nibbles and `16 + 8h ..` in the
+//! high ones. (Until session 39 the steps lay one after the other, as in the IQ4_XS layout,
+//! and every load took a `vpermd` to interleave them.)
 //!
 //! Numerics: lanes are rows, and each lane does `kernels::ct`'s scalar row kernel's steps
 //! (per block the exact `sumi = Σ (c − 8)·q`, `gsum += d_b·sumi` over the group's blocks from
@@ -152,7 +155,7 @@ pub fn repack_ct4_x8(weight: &[u8], scales: &[u8], rows: usize, g: &Ct4Geom) -> 
             {
                 let nib = |c: usize| (src[c / 2] >> (4 * (c % 2))) & 0xF;
                 for i in 0..16 {
-                    blk[32 * (i / 4) + 4 * r + i % 4] = nib(i) | (nib(16 + i) << 4);
+                    blk[code_byte(r, i)] = nib(i) | (nib(16 + i) << 4);
                 }
             }
             let srow = &scales[(8 * gr + r) * sb..][..sb];
@@ -162,6 +165,13 @@ pub fn repack_ct4_x8(weight: &[u8], scales: &[u8], rows: usize, g: &Ct4Geom) -> 
         }
     }
     Some(out)
+}
+
+/// Where byte i (0..16) of row r's re-ordered codes lies in a repacked block: step k = i / 4
+/// in half k / 2, row r's dword pair, the pair's dword k % 2.
+const fn code_byte(r: usize, i: usize) -> usize {
+    let k = i / 4;
+    64 * (k / 2) + 8 * r + 4 * (k % 2) + i % 4
 }
 
 /// Scale of group `gi`, row `r` of a repacked group.
@@ -195,7 +205,7 @@ pub fn dot_ct4_x8_scalar(p: &[u8], g: &Ct4Geom, acts: &[Ct4Act<'_>], out: &mut [
                     let qa = &at.a.qs[QK * b..][..QK];
                     let mut sumi = 0i32;
                     for i in 0..16 {
-                        let byte = blk[32 * (i / 4) + 4 * r + i % 4];
+                        let byte = blk[code_byte(r, i)];
                         sumi += (i32::from(byte & 0xF) - 8) * i32::from(qa[i])
                             + (i32::from(byte >> 4) - 8) * i32::from(qa[16 + i]);
                     }

@@ -1,9 +1,9 @@
 //! compressed-tensors int4 × Q8_0 for eight repacked rows (`kernels::x8_ct4`'s layout) on 512
 //! bits with AVX512-VNNI.
 //!
-//! Per 32-column block: two 64-byte loads, each two steps of the eight rows interleaved by
-//! one `vpermd` (`iq4x8z::ld_steps`: row r's dwords to lanes 2r and 2r + 1), a nibble mask
-//! and a shift with a mask (no codebook: the codes are the values plus 8), and per token two
+//! Per 32-column block: two 64-byte loads, each two steps of the eight rows, interleaved at
+//! repack (row r's dwords in lanes 2r and 2r + 1), a nibble mask and a shift with a mask (no
+//! codebook: the codes are the values plus 8), and per token two
 //! `vpdpbusd` against 8-byte activation broadcasts (`iq4x8z::bcast8`; the re-ordered codes
 //! meet the activation in Q8_0 order, so no shuffle per token). The unsigned codes' `8·Σq`
 //! comes off the row sums per block from the caller's block sums. The pairs of lanes are
@@ -19,7 +19,7 @@ use core::arch::x86_64::*;
 
 use lagoon_core::quant::ct::ScaleDtype;
 
-use super::iq4x8z::{bcast8, ld_steps};
+use super::iq4x8z::bcast8;
 use super::{Avx512Vnni, ld512};
 use crate::kernels::act::Q8_0Act;
 use crate::kernels::arch::x86_64::avx2::k4x8::{self as x8b, arr};
@@ -84,7 +84,7 @@ fn block_dots<const T: usize>(
     x8b::prefetch(&p[o..][..128], pd);
     let mut s = [_mm512_setzero_si512(); T];
     for kp in 0..2 {
-        let w = ld_steps(p, o + 64 * kp);
+        let w = ld512(arr::<64>(p, o + 64 * kp));
         let lo = _mm512_and_si512(w, m4);
         let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
         for t in 0..T {
