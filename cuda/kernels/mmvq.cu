@@ -499,12 +499,17 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // call, H_BATCH 6 in both): 4 (three rounds for ten routed rows, 72 registers) 268.16 / 268.23
 // against 6 (two rounds, 68 registers) 263.55 / 263.31 (+1.8%; a sweep in the call before
 // found 8 slower, 259.3 against 260.7). Same occupancy (seven blocks per SM), so not the
-// registers: likely the first batch, issued before the wait (DOWN_EARLY) while the routed
-// quantiser's latency-bound chain runs, slows that chain less when it is smaller (not
-// measured; DOWN_BATCH 2-3 and DOWN_EARLY=0 are untried at this setting). Q4_K_M's down takes
-// moe_down_pairs, not this batch.
+// registers. Session 40 (same bench, alternating, two rounds in each of three calls on one
+// machine, floor ~4,600 GB/s): 2 (five rounds) 270.83 / 270.81 and 271.01 / 270.81 against 4's
+// 268.32 / 268.35 and 268.32 / 268.40 (+0.9%); 3 268.9-269.0 (+0.2%); 1 266.6-266.7 (-0.6%);
+// DOWN_EARLY=0 265.1-265.2 (-1.2%); ptxas gives the CT4 down 72 registers at every size from
+// 1 to 6, so the gain is the schedule, not occupancy. A lab with a first round of its own size
+// (DOWN_BATCH0; the loop peeled): 2 then 4s 269.1 against 4 then 4s 266.2 (the peeled form
+// itself -0.8% against the loop), so a smaller batch before the wait does help, as session 39
+// guessed, but the later rounds want small batches too (2 then 3s 266.7, 2 then 8s 261.4):
+// not kept. Q4_K_M's down takes moe_down_pairs, not this batch (DOWN_Q4K_PAIR_BATCH).
 #ifndef DOWN_BATCH
-#define DOWN_BATCH 4
+#define DOWN_BATCH 2
 #endif
 // moe_down_q's short-row paths issue their first batch of routed weight loads before
 // pdl_wait (see moe_down_q); DOWN_EARLY=0 (LAGOON_CUDA_DEFINES) waits first. Measured on the
@@ -715,11 +720,15 @@ __device__ __forceinline__ float moe_down_short(const u8* __restrict__ Wd, u64 e
 #ifndef DOWN_Q6K_PAIR_BATCH
 #define DOWN_Q6K_PAIR_BATCH 2
 #endif
-// Entries per half warp fetched per round by the Q4_K pair path: 3 takes S 2.1's 11 entries
-// in two rounds with 36 registers of pieces (lab switch). 6 (one round) spills under the
-// six-block cap (ptxas: 212 bytes of spill stores) and takes 126 registers uncapped.
+// Entries per half warp fetched per round by the Q4_K pair path (lab switch): 2 takes S 2.1's
+// 11 entries in three rounds, 3 in two with 36 registers of pieces. 6 (one round) spills under
+// the six-block cap (ptxas: 212 bytes of spill stores) and takes 126 registers uncapped.
+// Session 40 (S 2.1 Q4_K_M tg64, alternating, two rounds, one call): 2 317.52 / 317.29 t/s
+// against 3's 313.22 / 313.03 (+1.4%; 317.35 / 317.23 again in the next call), 1 317.03 /
+// 316.84; 80 registers for moe_down_q_q4_K at 2 and 3 alike. As DOWN_BATCH above: smaller
+// rounds, the same bits (each lane adds its pieces in entry order either way).
 #ifndef DOWN_Q4K_PAIR_BATCH
-#define DOWN_Q4K_PAIR_BATCH 3
+#define DOWN_Q4K_PAIR_BATCH 2
 #endif
 
 // A piece's activation offsets within an activation row (act.cu's Q8_K layout), constant per
