@@ -24,12 +24,10 @@ fi
 # /dev/shm holds, so take xs-2.1 for int8).
 types=${TYPES:-q4_k_m}
 preset=${PRESET:-s-2.1}
-case "$types" in
-  int4-g32 | int8) model=${MODEL:-/dev/shm/$preset-$types} ;;
-  *) model=${MODEL:-/dev/shm/$preset-$types.gguf} ;;
-esac
-[ -e "$model" ] || .device/bin/synth --preset "$preset" --types "$types" --threads 16 --out "$model" > "$out/synth.log" 2>&1
-lap "synth done"
+# MODEL: a checkpoint to bench instead (nothing is made then).
+. "$(dirname "$0")/shm-model.sh"
+shm_model "$types" "$preset" "$out/synth.log"
+lap "model $model"
 # VARIANTS: environment settings compared, interleaved (default: programmatic launch off/on);
 # one variant may set several variables, comma-separated (A=1,B=1).
 # (170 s: on a fresh machine the first run also compiles every kernel and loads the model; an

@@ -16,17 +16,10 @@ t0=$(date +%s)
 lap() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 types=${TYPES:-int4-g32}
 preset=${PRESET:-s-2.1}
-case "$types" in
-  int4-g32 | int8) model=/dev/shm/$preset-$types ;;
-  *) model=/dev/shm/$preset-$types.gguf ;;
-esac
-if [ ! -e "$model" ]; then
-  # Room for it: one full-size S 2.1 checkpoint at a time fits /dev/shm (the names this
-  # script, decode-profile.sh and the session scripts give them).
-  rm -rf /dev/shm/*.gguf /dev/shm/*-int4-g32 /dev/shm/*-int8 /dev/shm/w
-  .device/bin/synth --preset "$preset" --types "$types" --threads 16 --out "$model" > "$out/synth.log" 2>&1
-  lap "synth $preset $types"
-fi
+# The model in /dev/shm, made when missing (shm-model.sh; MODEL: a checkpoint instead).
+. "$(dirname "$0")/shm-model.sh"
+shm_model "$types" "$preset" "$out/synth.log"
+lap "model $model"
 [ $# -gt 0 ] || set -- ""
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in "$@"; do
