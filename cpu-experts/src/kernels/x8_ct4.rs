@@ -11,8 +11,14 @@
 //!
 //! | bytes | what |
 //! |---|---|
-//! | `[0, S)` | scale of group gi, row r, at `(8 gi + r)·size` (the checkpoint's dtype), then zeros |
+//! | `[0, S)` | scale of group gi, row r, at `slot(gi, r)·size` (the checkpoint's dtype), then zeros |
 //! | `[S + 128b, S + 128b + 128)` | block b: byte `4k + m` of row r's re-ordered codes at `S + 128b + 64(k / 2) + 8r + 4(k % 2) + m` |
+//!
+//! `slot(gi, r)` is `8 gi + r`, except with groups of 32 columns, where groups 2p and 2p + 1
+//! (a full pair) interleave: `16p + 2r + gi % 2`, so one 16-scale load puts row r's two scales
+//! in lanes 2r and 2r + 1, where the 512-bit kernel's two blocks of a pair meet them (until
+//! session 40 the pairs lay group after group and each took a `vpermd`). A last, unpaired
+//! group stays at `8 gi + r`.
 //!
 //! The scales come first so that the stream a thread reads is one run: a kernel's software
 //! prefetch, running ahead of the codes past the end of its group, brings in the next group's
@@ -79,6 +85,16 @@ impl Ct4Geom {
     /// Bytes of one group of 8 rows.
     pub fn group_bytes(&self) -> usize {
         self.scale_bytes() + self.blocks() * 128
+    }
+
+    /// Where row `r`'s scale of group `gi` lies among a repacked group's scales, in scales
+    /// (the module's `slot`).
+    pub(crate) fn scale_slot(&self, gi: usize, r: usize) -> usize {
+        if self.run == QK && gi < self.groups() & !1 {
+            16 * (gi / 2) + 2 * r + gi % 2
+        } else {
+            8 * gi + r
+        }
     }
 
     /// Blocks `[b0, b1)` of scale group `gi`.
@@ -160,7 +176,7 @@ pub fn repack_ct4_x8(weight: &[u8], scales: &[u8], rows: usize, g: &Ct4Geom) -> 
             }
             let srow = &scales[(8 * gr + r) * sb..][..sb];
             for gi in 0..ng {
-                sc[(8 * gi + r) * sz..][..sz].copy_from_slice(&srow[gi * sz..][..sz]);
+                sc[g.scale_slot(gi, r) * sz..][..sz].copy_from_slice(&srow[gi * sz..][..sz]);
             }
         }
     }
@@ -176,7 +192,7 @@ const fn code_byte(r: usize, i: usize) -> usize {
 
 /// Scale of group `gi`, row `r` of a repacked group.
 fn scale_at(p: &[u8], g: &Ct4Geom, gi: usize, r: usize) -> f32 {
-    super::ct::load_scale(g.sd, p, 8 * gi + r)
+    super::ct::load_scale(g.sd, p, g.scale_slot(gi, r))
 }
 
 /// Whether `p`, `acts` and `out` fit `g` (the kernels write NaN everywhere otherwise).

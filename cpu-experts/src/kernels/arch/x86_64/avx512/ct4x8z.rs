@@ -47,6 +47,8 @@ fn ct4_x8z(p: &[u8], g: &Ct4Geom, acts: &[Ct4Act<'_>], out: &mut [[f32; 8]]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn scales16(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
+    // `Ct4Geom::scale_slot(gi, 0)` for the groups this takes (any group but a paired one of
+    // 32 columns), written out: the slot's test costs a division.
     let o = 8 * gi * g.sd.size();
     let bits = match g.sd {
         ScaleDtype::Bf16 => {
@@ -96,13 +98,14 @@ fn block_dots<const T: usize>(
     s
 }
 
-/// The eight rows' scales of groups gi and gi + 1 interleaved: row r's in lanes 2r and 2r + 1.
+/// The eight rows' scales of the full pair of groups gi (even) and gi + 1: row r's in lanes 2r
+/// and 2r + 1, as `Ct4Geom::scale_slot` lays them (interleaved at repack).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn scales_pair(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
+    // `scale_slot(gi, 0)` = 16·(gi / 2) = 8·gi for an even gi of a full pair.
     let o = 8 * gi * g.sd.size();
-    let inter = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-    let v = match g.sd {
+    match g.sd {
         ScaleDtype::Bf16 => {
             // SAFETY: `arr` gives 32 readable bytes; `loadu` accepts any alignment.
             let v = unsafe { _mm256_loadu_si256(arr::<32>(p, o).as_ptr().cast()) };
@@ -117,8 +120,7 @@ fn scales_pair(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
             // SAFETY: `arr` gives 64 readable bytes; `loadu` accepts any alignment.
             unsafe { _mm512_loadu_ps(arr::<64>(p, o).as_ptr().cast()) }
         }
-    };
-    _mm512_permutexvar_ps(inter, v)
+    }
 }
 
 /// Two adjacent 4-byte values as one 64-bit lane pattern (`x` low, `y` high).
