@@ -884,6 +884,16 @@ __device__ __forceinline__ float2 warp_dot2_ct4(const u8* __restrict__ r0, const
 #ifndef H_BATCH
 #define H_BATCH 6
 #endif
+// H_MEMONLY=1 (lab switch, off; wrong outputs): lane_parts_h -- the float mat-vecs that read
+// their activation row from global memory (the Q/K/V/gate `mv_rinv_*`, lm_head, the router;
+// not the O projection's ring or the shared expert's HRowPart) -- keeps its weight loads and
+// replaces the activation reads and the FMAs with GU_MEMONLY's checksum, so a run shows what
+// the loads alone stream. Why: session 38's ncu had the 617 MB lm_head at 3.52 TB/s, ~76% of
+// the read floor, where no ramp or tail can matter; this tells the access pattern's share of
+// that from the arithmetic's. Written in session 40, not yet measured.
+#ifndef H_MEMONLY
+#define H_MEMONLY 0
+#endif
 
 template <int T>
 __device__ __forceinline__ float h_lo(u32 w) {
@@ -945,7 +955,13 @@ __device__ __forceinline__ void lane_parts_h(const u8* const __restrict__ rows[R
         #pragma unroll
         for (int u = 0; u < B; u++) {
             int i = i0 + 32 * W * u;
-            if (i < n8) {
+            if (i < n8 && H_MEMONLY) {
+                #pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const uint4& v = wv[r][u];
+                    acc[r] += memonly_sum(v.x ^ v.y ^ v.z ^ v.w);
+                }
+            } else if (i < n8) {
                 float4 x0 = x4[2 * i], x1 = x4[2 * i + 1];
                 if constexpr (NORM) {
                     const float4* g4 = (const float4*)g;
