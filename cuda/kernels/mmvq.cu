@@ -503,11 +503,11 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // machine, floor ~4,600 GB/s): 2 (five rounds) 270.83 / 270.81 and 271.01 / 270.81 against 4's
 // 268.32 / 268.35 and 268.32 / 268.40 (+0.9%); 3 268.9-269.0 (+0.2%); 1 266.6-266.7 (-0.6%);
 // DOWN_EARLY=0 265.1-265.2 (-1.2%); ptxas gives the CT4 down 72 registers at every size from
-// 1 to 4 (68 at 6; seven blocks per SM at all), so the gain is the schedule, not occupancy. A lab with a first round of its own size
-// (DOWN_BATCH0; the loop peeled): 2 then 4s 269.1 against 4 then 4s 266.2 (the peeled form
-// itself -0.8% against the loop), so a smaller batch before the wait does help, as session 39
-// guessed, but the later rounds want small batches too (2 then 3s 266.7, 2 then 8s 261.4):
-// not kept. Q4_K_M's down takes moe_down_pairs, not this batch (DOWN_Q4K_PAIR_BATCH).
+// 1 to 4 (68 at 6; seven blocks per SM at all), so the gain is the schedule, not occupancy.
+// A lab with a first round of its own size (DOWN_BATCH0; the loop peeled): 2 then 4s 269.1
+// against 4 then 4s 266.2 (the peeled form itself -0.8% against the loop), so a smaller batch
+// before the wait does help, as session 39 guessed, but the later rounds want small batches
+// too (2 then 3s 266.7, 2 then 8s 261.4): not kept. Q4_K_M's down takes moe_down_pairs, not this batch (DOWN_Q4K_PAIR_BATCH).
 #ifndef DOWN_BATCH
 #define DOWN_BATCH 2
 #endif

@@ -884,13 +884,15 @@ __device__ __forceinline__ float2 warp_dot2_ct4(const u8* __restrict__ r0, const
 #ifndef H_BATCH
 #define H_BATCH 6
 #endif
-// H_MEMONLY=1 (lab switch, off; wrong outputs): lane_parts_h -- the float mat-vecs that read
-// their activation row from global memory (the Q/K/V/gate `mv_rinv_*`, lm_head, the router;
-// not the O projection's ring or the shared expert's HRowPart) -- keeps its weight loads and
-// replaces the activation reads and the FMAs with GU_MEMONLY's checksum, so a run shows what
-// the loads alone stream. Why: session 38's ncu had the 617 MB lm_head at 3.52 TB/s, ~76% of
-// the read floor, where no ramp or tail can matter; this tells the access pattern's share of
-// that from the arithmetic's. Written in session 40, not yet measured.
+// H_MEMONLY=1 (lab switch, off; wrong outputs): lane_parts_h -- under the float mat-vecs that
+// read their activation row from global memory (the Q/K/V/gate `mv_rinv_*`, and `mv_bf16` /
+// `mv_f16` and the other kernels that take lane_part_h; not the O projection's ring or the
+// shared expert's HRowPart) -- keeps its weight loads and replaces the activation reads and
+// the FMAs with GU_MEMONLY's checksum, so a run shows what the loads alone stream. Why:
+// session 38's ncu had the 617 MB lm_head at 3.52 TB/s, ~76% of the read floor, where no ramp
+// or tail can matter, and the Q/K/V/gate at 3.24; this splits the access pattern's share of
+// that from the arithmetic's. Written in session 40, not yet measured (which kernel runs the
+// lm_head is to be read off the trace first).
 #ifndef H_MEMONLY
 #define H_MEMONLY 0
 #endif

@@ -90,7 +90,7 @@ impl Ct4Geom {
     /// Where row `r`'s scale of group `gi` lies among a repacked group's scales, in scales
     /// (the module's `slot`).
     pub(crate) fn scale_slot(&self, gi: usize, r: usize) -> usize {
-        if self.run == QK && gi < self.groups() & !1 {
+        if self.run == QK && gi < (self.groups() & !1) {
             16 * (gi / 2) + 2 * r + gi % 2
         } else {
             8 * gi + r
