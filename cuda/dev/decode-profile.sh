@@ -24,7 +24,7 @@ fi
 # /dev/shm holds, so take xs-2.1 for int8).
 types=${TYPES:-q4_k_m}
 preset=${PRESET:-s-2.1}
-# MODEL: a checkpoint to bench instead (nothing is made then).
+# MODEL: a checkpoint to bench instead (synth makes it there if it is missing).
 . "$(dirname "$0")/shm-model.sh"
 shm_model "$types" "$preset" "$out/synth.log"
 lap "model $model"

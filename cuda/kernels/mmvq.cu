@@ -507,7 +507,8 @@ __device__ void moe_gate_up_q(const u8* __restrict__ Wg, const u8* __restrict__ 
 // A lab with a first round of its own size (DOWN_BATCH0; the loop peeled): 2 then 4s 269.1
 // against 4 then 4s 266.2 (the peeled form itself -0.8% against the loop), so a smaller batch
 // before the wait does help, as session 39 guessed, but the later rounds want small batches
-// too (2 then 3s 266.7, 2 then 8s 261.4): not kept. Q4_K_M's down takes moe_down_pairs, not this batch (DOWN_Q4K_PAIR_BATCH).
+// too (2 then 3s 266.7, 2 then 8s 261.4): not kept. Q4_K_M's down takes moe_down_pairs, not
+// this batch (DOWN_Q4K_PAIR_BATCH).
 #ifndef DOWN_BATCH
 #define DOWN_BATCH 2
 #endif
@@ -548,7 +549,7 @@ struct DownCt4 {
     static __device__ __forceinline__ bool on(int lane, int I) { return lane < I / QK; }
     static __device__ __forceinline__ int blocks(int I) { return I / QK; }
     __device__ __forceinline__ void load(const u8* __restrict__ row, int lane) {
-        ct4_fetch(row, lane, w);
+        ct_fetch<5>(row, lane, w);
     }
     __device__ __forceinline__ float part(const u8* __restrict__ a, int lane, int I, int nb) const {
         return __fadd_rn(0.0f, ct4_block_dot(w, a + (size_t)lane * QK, q8_0_d(a, I)[lane], q8_0_d(a, I)[nb + lane]));

@@ -753,15 +753,16 @@ __device__ __forceinline__ float ct8_block_dot(const u32 w[9], const u8* __restr
     return z != 0 ? __fsub_rn(v, __fmul_rn(s, __fmul_rn((float)z, ds))) : v;
 }
 
-// A CT4 block's five words (blocks.cuh block_ct4: the header word, then the codes), block b
-// of the row. Tried as one 16-byte code load and one scale load (a split layout's access
+// Block b's WORDS 4-byte words of a CT row: five for CT4 (blocks.cuh block_ct4: the header
+// word, then the codes), nine for CT8. CT4's tried as one 16-byte code load and one scale load (a split layout's access
 // pattern, lab switch CT4_SPLIT_LAB, session 39, S 2.1 W4A16 tg64 alternating, two rounds):
 // 2-byte scales 259.27 / 259.28 t/s, 4-byte scales (the same bytes as now) 253.83 / 253.83,
 // against 261.84 / 261.78 -- slower, as session 26's wide CT4 loads were; removed.
-__device__ __forceinline__ void ct4_fetch(const u8* __restrict__ row, int b, u32 w[5]) {
-    const u32* p = (const u32*)(row + (size_t)b * 20);
+template <int WORDS>
+__device__ __forceinline__ void ct_fetch(const u8* __restrict__ row, int b, u32 w[WORDS]) {
+    const u32* p = (const u32*)(row + (size_t)b * (4 * WORDS));
     #pragma unroll
-    for (int k = 0; k < 5; k++) w[k] = ldw(p + k);
+    for (int k = 0; k < WORDS; k++) w[k] = ldw(p + k);
 }
 
 // A lane's share of a CT4 (T = WT_CT4: 20-byte blocks, five words) or CT8 (WT_CT8: 36 bytes,
@@ -781,15 +782,7 @@ __device__ __forceinline__ float lane_part_ct(const u8* __restrict__ row, const 
         #pragma unroll
         for (int i = 0; i < CT4_BATCH; i++) {
             int b = b0 + 32 * i;
-            if (b < nb) {
-                if constexpr (T == WT_CT4) {
-                    ct4_fetch(row, b, w[i]);
-                } else {
-                    const u32* p = (const u32*)(row + (size_t)b * (4 * WORDS));
-                    #pragma unroll
-                    for (int k = 0; k < WORDS; k++) w[i][k] = ldw(p + k);
-                }
-            }
+            if (b < nb) ct_fetch<WORDS>(row, b, w[i]);
         }
     };
     int b0 = lane;
@@ -838,8 +831,8 @@ __device__ __forceinline__ float2 warp_dot2_ct4(const u8* __restrict__ r0, const
         for (int i = 0; i < GU_CT4_BATCH; i++) {
             int b = b0 + 32 * i;
             if (b < nb) {
-                ct4_fetch(r0, b, w[0][i]);
-                ct4_fetch(r1, b, w[1][i]);
+                ct_fetch<5>(r0, b, w[0][i]);
+                ct_fetch<5>(r1, b, w[1][i]);
             }
         }
     };
