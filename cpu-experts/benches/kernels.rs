@@ -950,15 +950,17 @@ impl MtExperts {
     }
 
     /// `k` with the sets' rows repacked for the 8-row kernels (`kernels::x8`, what a session
-    /// uses where the copy fits) for Q4_K, IQ4_XS, Q6_K, IQ3_XXS (only where its vector kernel
-    /// runs, else the store is empty and the arm repeats the table's) and int4; `None` for
-    /// other kinds. Throughput still counts the stored type's bytes (the copies hold 148/144,
-    /// 138/136, 210/210, 98/98 and, int4 g32, 144/144 of them, the scales padded to a line).
+    /// uses where the copy fits) for Q4_K, IQ4_XS, Q6_K, IQ3_XXS and Q8_0 (those two only where
+    /// their vector kernels run, else the store is empty and the arm repeats the table's) and
+    /// int4; `None` for other kinds. Throughput still counts the stored type's bytes (the
+    /// copies hold 148/144, 138/136, 210/210, 98/98, 34/34 and, int4 g32, 144/144 of them, the
+    /// scales padded to a line).
     fn x8(&self, k: &Kernels, kind: Kind) -> Option<Kernels> {
         matches!(
             kind,
-            Kind::G(GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K | GgmlType::IQ3XXS)
-                | Kind::CtInt4(_)
+            Kind::G(
+                GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K | GgmlType::IQ3XXS | GgmlType::Q8_0
+            ) | Kind::CtInt4(_)
         )
         .then(|| {
             let views: Vec<MatRef<'_>> = self.ex.sets.iter().flatten().map(Mat::view).collect();
@@ -1264,6 +1266,36 @@ fn bench_x8_incache(c: &mut Criterion<ThreadCpu>) {
             b.iter(|| {
                 for (pg, o) in p.chunks_exact(group).zip(out.iter_mut()) {
                     f(pg, &a, HIDDEN, o);
+                }
+                black_box(&out);
+            })
+        });
+    }
+    // Q8_0 (`kernels::x8_q8_0`), where its kernel runs: the token prepared once, as a call
+    // of the store prepares it.
+    if kind_name_selected("q8_0") && lagoon_cpu::kernels::x8_q8_0::simd() {
+        use lagoon_cpu::kernels::act::Q8_0Act;
+        use lagoon_cpu::kernels::x8_q8_0::{Q80Geom, dot_q8_0_x8, prepare_fn, repack_q8_0_x8};
+        let geom = Q80Geom::new(HIDDEN).expect("Q8_0 shape");
+        let mut w = vec![0u8; ROWS * HIDDEN / 32 * 34];
+        rng.fill(&mut w);
+        for b in w.chunks_exact_mut(34) {
+            b[0..2].copy_from_slice(&rng.f16_scale());
+        }
+        let p = repack_q8_0_x8(&w, ROWS, HIDDEN).expect("8-row groups");
+        let mut a8 = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8_0, HIDDEN)];
+        k.quantize_act(ActFormat::Q8_0, &x, &mut a8);
+        let qa = Q8_0Act::new(&a8, HIDDEN).expect("a Q8_0 row");
+        let mut pa = vec![0u8; geom.act_bytes()];
+        assert!(prepare_fn()(&qa, &geom, &mut pa));
+        let f = dot_q8_0_x8();
+        let group = geom.group_bytes();
+        let mut out = [[0f32; 8]; ROWS / 8];
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        g.bench_function("q8_0", |b| {
+            b.iter(|| {
+                for (pg, o) in p.chunks_exact(group).zip(out.iter_mut()) {
+                    f(pg, &geom, &[&pa], core::slice::from_mut(o));
                 }
                 black_box(&out);
             })

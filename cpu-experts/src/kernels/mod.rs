@@ -26,6 +26,7 @@ pub mod x8_ct4;
 pub mod x8_iq3xxs;
 pub mod x8_iq4xs;
 pub mod x8_q6k;
+pub mod x8_q8_0;
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant;

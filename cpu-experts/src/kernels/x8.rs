@@ -1,8 +1,9 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
 //! row. Sessions use them by default where the copy fits in memory ([`X8Store`], which also
-//! holds IQ4_XS, Q6_K, IQ3_XXS and int4 compressed-tensors rows in [`super::x8_iq4xs`]'s,
-//! [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s and [`super::x8_ct4`]'s layouts;
+//! holds IQ4_XS, Q6_K, IQ3_XXS, Q8_0 and int4 compressed-tensors rows in
+//! [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s, [`super::x8_q8_0`]'s and
+//! [`super::x8_ct4`]'s layouts;
 //! `SessionOptions::repack` or `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
 //! (`avx2::k4x8`), and AVX512-VNNI on 256 bits (`avx512::x8`, the same body with `vpdpbusd`)
 //! where the CPU has it.
@@ -53,6 +54,7 @@ use super::x8_ct4::{
 use super::x8_iq3xxs::{IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK, dot_iq3xxs_x8_multi, repack_iq3xxs_x8};
 use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
 use super::x8_q6k::{Q6K_BLOCK, Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
+use super::x8_q8_0::{DotQ80X8, PrepQ80, Q8_0_BLOCK, Q80Geom, repack_q8_0_x8};
 
 /// Bytes of one group of 8 rows per super-block.
 pub const Q4K_X8_BLOCK: usize = 8 * 148;
@@ -101,14 +103,16 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS (where its vector kernel runs)
-/// and symmetric int4 compressed-tensors matrices (this module's layout,
-/// [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s and
-/// [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their codes,
-/// served only with the scales they were made from), and the kernels that read them: what [`super::Kernels::with_x8`] hands the products of those matrices to.
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS and Q8_0 (those two where their
+/// vector kernels run) and symmetric int4 compressed-tensors matrices (this module's layout,
+/// [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s, [`super::x8_q8_0`]'s
+/// and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their
+/// codes, served only with the scales they were made from), and the kernels that read them:
+/// what [`super::Kernels::with_x8`] hands the products of those matrices to.
 /// `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of
-/// those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, int4 g32 144 per
-/// 144), whose results are the scalar reference's, not the table's one-row kernels'.
+/// those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, 34 per 34, int4 g32
+/// 144 per 144), whose results are the scalar reference's (int4: `kernels::ct`'s scalar row
+/// kernel's), not the table's one-row kernels'.
 pub struct X8Store {
     map: HashMap<usize, Packed, AddrHash>,
     dot: DotX8Multi,
@@ -119,6 +123,8 @@ pub struct X8Store {
     dot_iq3xxs: DotX8Multi,
     dot_ct4: DotCt4X8,
     sums_ct4: BlockSums,
+    dot_q8_0: DotQ80X8,
+    prep_q8_0: PrepQ80,
 }
 
 /// The store's map hashes addresses, looked up once per kernel call (thousands per decode
@@ -158,12 +164,14 @@ enum Packed {
     Ggml(GgmlType, Vec<u8>),
     /// With the address of the scales it was made from (a matrix is served only with them).
     Ct4(Ct4Geom, usize, Vec<u8>),
+    /// Q8_0 rows ([`super::x8_q8_0`]).
+    Q80(Q80Geom, Vec<u8>),
 }
 
 impl Packed {
     fn bytes(&self) -> &[u8] {
         match self {
-            Packed::Ggml(_, p) | Packed::Ct4(_, _, p) => p,
+            Packed::Ggml(_, p) | Packed::Ct4(_, _, p) | Packed::Q80(_, p) => p,
         }
     }
 }
@@ -192,6 +200,8 @@ enum TodoKind<'a> {
     Ggml(GgmlType, &'a [u8], usize),
     /// Codes, scales, shape.
     Ct4(&'a [u8], &'a [u8], Ct4Geom),
+    /// Q8_0 bytes, shape.
+    Q80(&'a [u8], Q80Geom),
 }
 
 impl Todo<'_> {
@@ -202,6 +212,7 @@ impl Todo<'_> {
                 self.rows / 8 * cols / QK_K * block_sizes(ty).map_or(0, |b| b.1)
             }
             TodoKind::Ct4(_, _, g) => self.rows / 8 * g.group_bytes(),
+            TodoKind::Q80(_, g) => self.rows / 8 * g.group_bytes(),
         }
     }
 }
@@ -222,13 +233,31 @@ fn ct4_geom(m: &CtMatrix<'_>, rows: usize) -> Option<Ct4Geom> {
         .flatten()
 }
 
-/// The distinct repackable Q4_K, IQ4_XS, Q6_K, IQ3_XXS and int4 matrices of `mats` (by
+/// The distinct repackable Q4_K, IQ4_XS, Q6_K, IQ3_XXS, Q8_0 and int4 matrices of `mats` (by
 /// address).
 fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
     let mut todo = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for m in mats {
         match m.enc {
+            Encoding::Ggml {
+                ty: GgmlType::Q8_0,
+                data,
+            } => {
+                // Only where the vector kernel runs (there is no AVX2 form).
+                if let Some(g) = Q80Geom::new(m.cols)
+                    && super::x8_q8_0::simd()
+                    && m.rows.is_multiple_of(8)
+                    && data.len() == m.rows * g.blocks * Q8_0_BLOCK
+                    && seen.insert(data.as_ptr() as usize)
+                {
+                    todo.push(Todo {
+                        key: data.as_ptr() as usize,
+                        what: TodoKind::Q80(data, g),
+                        rows: m.rows,
+                    });
+                }
+            }
             Encoding::Ggml { ty, data } => {
                 if let Some((blk, _)) = block_sizes(ty)
                     && m.rows.is_multiple_of(8)
@@ -263,16 +292,18 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
-    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, the
-    /// codes and scales' size of int4, the scales padded to a line per 8 rows): for deciding
-    /// whether the copy fits before making it.
+    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, 34 per
+    /// 34 of Q8_0 (an odd last block padded to a pair), the codes and scales' size of int4,
+    /// the scales padded to a line per 8 rows): for deciding whether the copy fits before
+    /// making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
         repackable(mats).iter().map(Todo::planned).sum()
     }
 
     /// Repacks every Q4_K, IQ4_XS, Q6_K and (where its vector kernel runs) IQ3_XXS matrix of
-    /// `mats` whose rows are a multiple of 8 and columns of 256, and every int4 one
-    /// `ct4_geom` takes (others are left to the table). Matrices seen twice are repacked once.
+    /// `mats` whose rows are a multiple of 8 and columns of 256, every Q8_0 one (where its
+    /// vector kernel runs) whose rows are a multiple of 8, and every int4 one `ct4_geom` takes
+    /// (others are left to the table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
         // The distinct repackable matrices, then repacked on all cores (a few hundred MB/s per
         // core: a large model's repack is load time).
@@ -302,6 +333,8 @@ impl X8Store {
                                 .map(|p| Packed::Ggml(ty, p)),
                                 TodoKind::Ct4(w, sc, g) => repack_ct4_x8(w, sc, rows, &g)
                                     .map(|p| Packed::Ct4(g, sc.as_ptr() as usize, p)),
+                                TodoKind::Q80(w, g) => repack_q8_0_x8(w, rows, 32 * g.blocks)
+                                    .map(|p| Packed::Q80(g, p)),
                             };
                             if let Some(p) = p {
                                 done.push((t.key, p));
@@ -325,6 +358,8 @@ impl X8Store {
             dot_iq3xxs: dot_iq3xxs_x8_multi(),
             dot_ct4: dot_ct4_x8(),
             sums_ct4: block_sums_fn(),
+            dot_q8_0: super::x8_q8_0::dot_q8_0_x8(),
+            prep_q8_0: super::x8_q8_0::prepare_fn(),
         }
     }
 
@@ -370,8 +405,12 @@ impl X8Store {
             Encoding::Ggml { ty, data } => (ty, data),
             Encoding::Ct(c) => return self.dot_ct4_rows(w, &c, &mut call),
         };
-        let Some(Packed::Ggml(pty, p)) = self.map.get(&(data.as_ptr() as usize)) else {
-            return false;
+        let (pty, p) = match self.map.get(&(data.as_ptr() as usize)) {
+            Some(Packed::Ggml(pty, p)) => (pty, p),
+            Some(Packed::Q80(g, p)) if ty == GgmlType::Q8_0 => {
+                return self.dot_q8_0_rows(w, g, p, &mut call);
+            }
+            _ => return false,
         };
         let (cols, nb) = (w.cols, w.cols / QK_K);
         let (group, dot) = match (ty, *pty) {
@@ -429,6 +468,49 @@ impl X8Store {
                 sums.resize(STORE_TOKENS * g.blocks(), 0);
             }
             self.ct4_chunks(g, p, call, sums)
+        })
+    }
+
+    /// [`X8Store::dot_rows_multi`] for a Q8_0 matrix: each token's activation prepared once
+    /// per call ([`super::x8_q8_0::prepare`]), then the 8-row kernel over the groups.
+    fn dot_q8_0_rows(&self, w: &MatRef<'_>, g: &Q80Geom, p: &[u8], call: &mut Call<'_>) -> bool {
+        let (cols, ab, gb, pb) = (
+            32 * g.blocks,
+            super::act::q8_0_row_bytes(32 * g.blocks),
+            g.group_bytes(),
+            g.act_bytes(),
+        );
+        if cols != w.cols || p.len() != w.rows / 8 * gb || !call.fits(w.rows, ab) {
+            return false;
+        }
+        // The prepared rows in a per-thread buffer that grows once.
+        thread_local! {
+            static PREP: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
+        }
+        PREP.with_borrow_mut(|buf| {
+            if buf.len() < STORE_TOKENS * pb {
+                buf.resize(STORE_TOKENS * pb, 0);
+            }
+            let mut y = [[0.0f32; 8]; STORE_TOKENS];
+            for c0 in (0..call.n_act).step_by(STORE_TOKENS) {
+                let nc = STORE_TOKENS.min(call.n_act - c0);
+                for (t, o) in buf.chunks_exact_mut(pb).take(nc).enumerate() {
+                    let ok = Q8_0Act::new(call.act(c0 + t, ab), cols)
+                        .is_some_and(|a| (self.prep_q8_0)(&a, g, o));
+                    if !ok {
+                        return false;
+                    }
+                }
+                let mut refs: [&[u8]; STORE_TOKENS] = [&[]; STORE_TOKENS];
+                for (r, o) in refs.iter_mut().zip(buf.chunks_exact(pb)).take(nc) {
+                    *r = o;
+                }
+                for gi in call.groups() {
+                    (self.dot_q8_0)(&p[gi * gb..][..gb], g, &refs[..nc], &mut y[..nc]);
+                    call.put(c0, gi, &y[..nc]);
+                }
+            }
+            true
         })
     }
 
@@ -881,6 +963,7 @@ mod tests {
         let iq4 = vec![0x11u8; n * cols / QK_K * IQ4XS_BLOCK];
         let q6 = vec![0x22u8; n * cols / QK_K * Q6K_BLOCK];
         let iq3 = vec![0x33u8; n * cols / QK_K * IQ3XXS_BLOCK];
+        let q8 = vec![0x44u8; n * cols / 32 * Q8_0_BLOCK];
         let ragged = rows(&mut seed, 12, cols);
         let f32s = vec![0u8; 4 * n * cols];
         let m = |ty, rows, data| MatRef {
@@ -895,18 +978,51 @@ mod tests {
             m(GgmlType::Q6K, n, &q6[..]),
             m(GgmlType::IQ3XXS, n, &iq3[..]),
             m(GgmlType::Q4K, 12, &ragged[..]),
+            m(GgmlType::Q8_0, n, &q8[..]),
             m(GgmlType::F32, n, &f32s[..]),
         ];
         // IQ3_XXS only where its vector kernel runs.
         let iq3_held = super::super::x8_iq3xxs::simd();
         let iq3_bytes = if iq3_held { IQ3XXS_X8_BLOCK } else { 0 };
-        let want = n / 8 * cols / QK_K * (Q4K_X8_BLOCK + IQ4XS_X8_BLOCK + Q6K_X8_BLOCK + iq3_bytes);
+        // Q8_0 likewise; 34 bytes per 34 (an even number of blocks).
+        let q8_held = super::super::x8_q8_0::simd();
+        let q8_bytes = if q8_held {
+            8 * cols / 32 * Q8_0_BLOCK
+        } else {
+            0
+        };
+        let want = n / 8
+            * (cols / QK_K * (Q4K_X8_BLOCK + IQ4XS_X8_BLOCK + Q6K_X8_BLOCK + iq3_bytes) + q8_bytes);
         assert_eq!(X8Store::planned_bytes(&mats), want);
         let store = X8Store::build(&mats);
         assert_eq!(
             (store.len(), store.bytes()),
-            (3 + usize::from(iq3_held), want)
+            (3 + usize::from(iq3_held) + usize::from(q8_held), want)
         );
+        // The Q8_0 matrix: served (with Q8_0 activations) where held, with the reference's bits.
+        let a8 = {
+            let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 - 8.0).collect();
+            let ab = super::super::act::q8_0_row_bytes(cols);
+            let mut a8 = vec![0u8; ab];
+            crate::kernels::Kernels::scalar().quantize_act(
+                crate::kernels::ActFormat::Q8_0,
+                &x,
+                &mut a8,
+            );
+            a8
+        };
+        let mut out8 = vec![0.0f32; 8];
+        assert_eq!(
+            store.dot_rows_multi(&mats[6], 8, 8, &a8, a8.len(), 1, &mut out8, 8),
+            q8_held
+        );
+        if q8_held {
+            let rb = cols / 32 * Q8_0_BLOCK;
+            for (r, o) in out8.iter().enumerate() {
+                let want = scalar::vec_dot_q8_0_q8_0(&q8[(8 + r) * rb..][..rb], &a8, cols);
+                assert_eq!(o.to_bits(), want.to_bits(), "Q8_0 row {}", 8 + r);
+            }
+        }
         assert_eq!(
             store.dot_rows_multi(
                 &mats[4],
@@ -930,7 +1046,7 @@ mod tests {
         }
         // Not held, or not whole groups of 8 rows: left to the table.
         assert!(!store.dot_rows_multi(&mats[5], 0, 8, &a, a.len(), 1, &mut out, 8));
-        assert!(!store.dot_rows_multi(&mats[6], 0, 8, &a, a.len(), 1, &mut out, 8));
+        assert!(!store.dot_rows_multi(&mats[7], 0, 8, &a, a.len(), 1, &mut out, 8));
         assert!(!store.dot_rows_multi(&mats[0], 4, 8, &a, a.len(), 1, &mut out, 8));
     }
 

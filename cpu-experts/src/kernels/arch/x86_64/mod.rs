@@ -243,6 +243,22 @@ pub(crate) fn ct4_sums(vnni: bool) -> Option<crate::kernels::x8_ct4::BlockSums> 
         .map(avx512::ct4x8z::ct4_sums_fn)
 }
 
+/// The repacked 8-row Q8_0 kernel (`kernels::x8_q8_0`): AVX512-VNNI's on 512 bits
+/// (`avx512::q8x8z`) when `vnni` and the CPU has it; no AVX2 form.
+pub(crate) fn q8_0_x8(vnni: bool) -> Option<crate::kernels::x8_q8_0::DotQ80X8> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::q8x8z::q8_0_x8z_fn)
+}
+
+/// The Q8_0 8-row kernel's activation preparation on 512 bits, where [`q8_0_x8`] gives a
+/// kernel.
+pub(crate) fn q8_0_x8_prep(vnni: bool) -> Option<crate::kernels::x8_q8_0::PrepQ80> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::q8x8z::q8_0_prep_fn)
+}
+
 /// Whether `LAGOON_CPU_ATTN_TOKENS=rows` sends several-token attention to the kernels that
 /// take one query row at a time (`avx512/float.rs`, `avx2/attend.rs` `tokens`) instead of
 /// the `attn_tiles` ones, for measuring.

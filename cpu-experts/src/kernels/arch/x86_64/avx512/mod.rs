@@ -48,6 +48,7 @@ pub(super) mod k4;
 pub(super) mod k4x8amx;
 pub(super) mod k4x8z;
 mod q8_0;
+pub(super) mod q8x8z;
 mod vnni256;
 pub(super) mod x8;
 

@@ -1,0 +1,365 @@
+//! Q8_0 rows repacked eight at a time: [`super::x8`]'s layout idea for the 8-bit type, whose
+//! prefill ran on a 4-row × 4-token GEMM (`avx512::q8_0`) at ~94 GFLOP/s a thread on the Zen 4
+//! VM, spending about eight vector operations per block, row and token pair: the product
+//! (`vpdpbusd`), its f32 conversion, scale product and FMA, and the rows' and tokens' scales
+//! widened and spread (BENCHMARKS.md, session 37). Here one register holds one 4-byte step of
+//! **two blocks** of eight rows, so each `vpdpbusd` serves 16 (row, block) dot products, and
+//! the f32 step per block pair is shared by the eight rows: about 14 vector operations per
+//! token, pair of blocks and eight rows, ~0.9 per (row, block, token).
+//!
+//! Layout of one group of 8 rows ([`Q80Geom::group_bytes`]), blocks taken in pairs
+//! (2p, 2p + 1) (an odd last block is paired with an empty one: zero codes and scale), pairs
+//! in units of two (2u, 2u + 1; a last odd pair alone in its unit), each unit one run of
+//! 1,088 bytes (576 for a lone pair):
+//!
+//! | bytes of unit u | what |
+//! |---|---|
+//! | `[0, 64)` | f16 `d` of pair 2u + h's block 2p + s, row r, at `32h + 2(2r + s)` (a lone pair's second half zero) |
+//! | `[64 + 512h + 64k, + 64)` | step k (0..8) of pair 2u + h: row r's bytes `4k .. 4k + 4` of block 2p at `8r`, of block 2p + 1 at `8r + 4`, each `q + 128` (unsigned) |
+//!
+//! so a 64-byte load puts row r's two blocks in dword lanes 2r and 2r + 1, and one 16-scale
+//! load (one `vcvtph2ps`) puts their scales in the same lanes. The scales lie in the stream
+//! just before their codes (one 64-byte line per 1,024 bytes of codes), so a thread reads one
+//! run front to back.
+//!
+//! Activations are prepared once per token and call ([`prepare`], `PAIR_ACT` bytes a pair):
+//! the pair's quants with the blocks' 4-byte steps interleaved (`dword 2k` = block 2p's step
+//! k, `2k + 1` = block 2p + 1's), so that one 8-byte broadcast meets both blocks' step k in
+//! every row; then the two blocks' `−128·Σ q` (the unsigned codes' offset, where each lane's
+//! accumulation starts) and their f32 scales.
+//!
+//! Numerics: lane 2r ends at row r's exact `sumi` of block 2p and lane 2r + 1 at block
+//! 2p + 1's; each lane then takes the scalar reference's step (`scalar::vec_dot_q8_0_q8_0`:
+//! `acc += sumi·(d·d_a)`, no FMA), block 2p's term before 2p + 1's, so every output is the
+//! scalar reference's bits (the one-row kernels add eight f32 lanes per row instead; a session
+//! with the store sends decode and prefill of a held matrix here alike).
+
+use lagoon_core::quant::QK;
+
+use super::act::Q8_0Act;
+
+/// Shape of a repacked Q8_0 matrix's rows: its 32-column blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Q80Geom {
+    pub blocks: usize,
+}
+
+/// Bytes of one pair's prepared activation: 64 interleaved quants, two `−128·Σq` (i32), two
+/// scales (f32).
+pub const PAIR_ACT: usize = 80;
+
+/// Bytes of a unit of two pairs in a group: their 32 scales, then their codes.
+const UNIT: usize = 64 + 2 * 512;
+
+/// Bytes of a Q8_0 block (`d: f16 | qs: i8[32]`).
+pub(crate) const Q8_0_BLOCK: usize = 34;
+
+impl Q80Geom {
+    /// `None` unless `cols` is a non-zero multiple of 32.
+    pub fn new(cols: usize) -> Option<Self> {
+        (cols > 0 && cols.is_multiple_of(QK)).then_some(Q80Geom { blocks: cols / QK })
+    }
+
+    /// Block pairs (the last one half empty when `blocks` is odd).
+    pub fn pairs(&self) -> usize {
+        self.blocks.div_ceil(2)
+    }
+
+    /// Offset of pair `p`'s 16 scales (f16) in a group.
+    pub fn scale_at(&self, p: usize) -> usize {
+        UNIT * (p / 2) + 32 * (p % 2)
+    }
+
+    /// Offset of pair `p`'s 512 bytes of codes in a group.
+    pub fn code_at(&self, p: usize) -> usize {
+        UNIT * (p / 2) + 64 + 512 * (p % 2)
+    }
+
+    /// Bytes of one group of 8 rows.
+    pub fn group_bytes(&self) -> usize {
+        let n = self.pairs();
+        UNIT * (n / 2) + (64 + 512) * (n % 2)
+    }
+
+    /// Bytes of one token's prepared activation.
+    pub fn act_bytes(&self) -> usize {
+        PAIR_ACT * self.pairs()
+    }
+}
+
+/// Where byte i (0..32) of block b's quants, row r, lies in its pair's 512 bytes.
+const fn code_byte(b: usize, r: usize, i: usize) -> usize {
+    64 * (i / 4) + 8 * r + 4 * (b % 2) + i % 4
+}
+
+/// Repacks `rows` Q8_0 rows of `cols` columns (`w`: the rows' 34-byte blocks, row after row)
+/// into groups of 8 rows. `None` unless `rows` is a non-zero multiple of 8, `cols` of 32 and
+/// `w` exactly that size.
+pub fn repack_q8_0_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
+    let g = Q80Geom::new(cols)?;
+    let rb = g.blocks * Q8_0_BLOCK;
+    if rows == 0 || !rows.is_multiple_of(8) || w.len() != rows * rb {
+        return None;
+    }
+    let mut out = vec![0u8; rows / 8 * g.group_bytes()];
+    for (gr, dst) in out.chunks_exact_mut(g.group_bytes()).enumerate() {
+        for r in 0..8 {
+            let row = &w[(8 * gr + r) * rb..][..rb];
+            for (b, blk) in row.as_chunks::<Q8_0_BLOCK>().0.iter().enumerate() {
+                let sc = g.scale_at(b / 2) + 2 * (2 * r + b % 2);
+                dst[sc..sc + 2].copy_from_slice(&blk[..2]);
+                let pair = &mut dst[g.code_at(b / 2)..][..512];
+                for (i, &q) in blk[2..].iter().enumerate() {
+                    pair[code_byte(b, r, i)] = q ^ 0x80;
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// One token's prepared activation for a group of `g` (`out`: [`Q80Geom::act_bytes`] bytes):
+/// per pair, the quants with the blocks' 4-byte steps interleaved, `−128·Σq` of each block
+/// (i32) and their scales (f32), an absent odd block's all zero. `false` when `a` or `out` is
+/// not of `g`'s size.
+pub fn prepare(a: &Q8_0Act<'_>, g: &Q80Geom, out: &mut [u8]) -> bool {
+    if a.qs.len() != QK * g.blocks || out.len() != g.act_bytes() {
+        return false;
+    }
+    for (p, o) in out.chunks_exact_mut(PAIR_ACT).enumerate() {
+        o.fill(0);
+        for s in 0..2 {
+            let b = 2 * p + s;
+            if b >= g.blocks {
+                continue;
+            }
+            let q = &a.qs[QK * b..][..QK];
+            for (k, step) in q.as_chunks::<4>().0.iter().enumerate() {
+                for (i, &x) in step.iter().enumerate() {
+                    o[8 * k + 4 * s + i] = x as u8;
+                }
+            }
+            let sum: i32 = q.iter().map(|&x| i32::from(x)).sum();
+            o[64 + 4 * s..][..4].copy_from_slice(&(-128 * sum).to_le_bytes());
+            o[72 + 4 * s..][..4].copy_from_slice(&a.d[b]);
+        }
+    }
+    true
+}
+
+/// A [`prepare`] implementation.
+pub type PrepQ80 = fn(a: &Q8_0Act<'_>, g: &Q80Geom, out: &mut [u8]) -> bool;
+
+/// The 8-row kernels: `out[t][r]` = row r of the group `p` dotted with the token whose
+/// prepared activation is `acts[t]`.
+pub type DotQ80X8 = fn(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]);
+
+/// Whether `p`, `acts` and `out` fit `g` (the kernels write NaN everywhere otherwise).
+pub(crate) fn fits(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &[[f32; 8]]) -> bool {
+    p.len() == g.group_bytes()
+        && acts.len() == out.len()
+        && acts.iter().all(|a| a.len() == g.act_bytes())
+}
+
+/// The scalar kernel: each row and token in the scalar reference's order, from the repacked
+/// codes and the prepared activations.
+pub fn dot_q8_0_x8_scalar(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]) {
+    if !fits(p, g, acts, out) {
+        out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
+        return;
+    }
+    for (a, o) in acts.iter().zip(out.iter_mut()) {
+        for (r, y) in o.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for b in 0..g.blocks {
+                let (pr, s) = (b / 2, b % 2);
+                let codes = &p[g.code_at(pr)..][..512];
+                let pa = &a[PAIR_ACT * pr..][..PAIR_ACT];
+                let mut sumi = 0i32;
+                for i in 0..QK {
+                    let w = (codes[code_byte(b, r, i)] ^ 0x80) as i8;
+                    sumi += i32::from(w) * i32::from(pa[8 * (i / 4) + 4 * s + i % 4] as i8);
+                }
+                let d = super::scalar::f16_at(p, g.scale_at(pr) + 2 * (2 * r + s));
+                let da = f32::from_le_bytes(pa[72 + 4 * s..][..4].try_into().unwrap());
+                acc += sumi as f32 * (d * da);
+            }
+            *y = acc;
+        }
+    }
+}
+
+/// The fastest [`DotQ80X8`] this CPU runs (`x8::x8_pick!`): the 512-bit VNNI kernel
+/// (`avx512::q8x8z`) where there is one, else the scalar kernel (there is no AVX2 form, so
+/// the store repacks Q8_0 only where [`simd`] says there is a vector kernel).
+pub fn dot_q8_0_x8() -> DotQ80X8 {
+    super::x8::x8_pick!(q8_0_x8, dot_q8_0_x8_scalar)
+}
+
+/// The fastest [`PrepQ80`] this CPU runs (the same bytes as [`prepare`]).
+pub fn prepare_fn() -> PrepQ80 {
+    super::x8::x8_pick!(q8_0_x8_prep, prepare)
+}
+
+/// Whether this CPU runs a vector [`DotQ80X8`] (unless `LAGOON_FORCE_AVX2=1` keeps AVX-512
+/// out).
+pub fn simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::kernels::arch::x86_64::q8_0_x8(!super::x8::no_avx512()).is_some();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::scalar::vec_dot_q8_0_q8_0;
+    use crate::kernels::x8::testing::rng;
+    use crate::kernels::{ActFormat, Kernels};
+
+    fn act(seed: &mut u64, cols: usize, scale: f32) -> Vec<u8> {
+        let x: Vec<f32> = (0..cols)
+            .map(|_| ((rng(seed) % 2001) as f32 - 1000.0) * scale)
+            .collect();
+        let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8_0, cols)];
+        Kernels::scalar().quantize_act(ActFormat::Q8_0, &x, &mut a);
+        a
+    }
+
+    /// An activation row of every quant at `q` with scale 1 (`ds` = 32q): the largest sums.
+    fn extreme(cols: usize, q: i8) -> Vec<u8> {
+        let nb = cols / QK;
+        let mut a = vec![q as u8; cols];
+        (0..nb).for_each(|_| a.extend(1.0f32.to_le_bytes()));
+        (0..nb).for_each(|_| a.extend((32.0 * f32::from(q)).to_le_bytes()));
+        a
+    }
+
+    /// Random Q8_0 rows: random quants (every byte, -128 included), f16 scales of both signs.
+    fn rows(seed: &mut u64, n: usize, cols: usize, full: bool) -> Vec<u8> {
+        let mut w = vec![0u8; n * cols / QK * Q8_0_BLOCK];
+        for blk in w.chunks_exact_mut(Q8_0_BLOCK) {
+            for b in blk[2..].iter_mut() {
+                *b = if full { 0x80 } else { rng(seed) as u8 };
+            }
+            let d = half::f16::from_f32(((rng(seed) % 2000) as f32 - 1000.0) * 1e-5);
+            blk[..2].copy_from_slice(&d.to_le_bytes());
+        }
+        w
+    }
+
+    fn kernels() -> Vec<(&'static str, DotQ80X8, PrepQ80)> {
+        #[allow(unused_mut)]
+        let mut k: Vec<(&'static str, DotQ80X8, PrepQ80)> =
+            vec![("scalar", dot_q8_0_x8_scalar, prepare)];
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(f), Some(pf)) = (
+            crate::kernels::arch::x86_64::q8_0_x8(true),
+            crate::kernels::arch::x86_64::q8_0_x8_prep(true),
+        ) {
+            k.push(("avx512", f, pf));
+            k.push(("avx512-scalar-prep", f, prepare));
+        }
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            k.len() == 3,
+            crate::kernels::arch::x86_64::avx512_table().is_some(),
+            "the 512-bit kernel is tested wherever the CPU runs it"
+        );
+        k
+    }
+
+    /// Every kernel, 1..=6 tokens at once, even and odd block counts (an empty last block),
+    /// random and extreme (-128 codes against ±127 activations) data, gives each row and token
+    /// `vec_dot_q8_0_q8_0`'s bits; the vector preparation writes the scalar one's bytes.
+    #[test]
+    fn q8_0_x8_kernels_give_the_scalar_reference_bits() {
+        let mut seed = 0x5d1c_37a9_e402_b86fu64;
+        for (n_rows, cols, full) in [
+            (8usize, 32usize, false),
+            (8, 64, false),
+            (16, 96, false),
+            (8, 1024, false),
+            (24, 3072, false),
+            (8, 160, true),
+        ] {
+            let g = Q80Geom::new(cols).unwrap();
+            let w = rows(&mut seed, n_rows, cols, full);
+            let p = repack_q8_0_x8(&w, n_rows, cols).unwrap();
+            assert_eq!(p.len(), n_rows / 8 * g.group_bytes());
+            let acts: Vec<Vec<u8>> = [1e-3f32, 1.0, 1e4, 0.5]
+                .iter()
+                .map(|&x| act(&mut seed, cols, x))
+                .chain([extreme(cols, 127), extreme(cols, -127)])
+                .collect();
+            let rb = cols / QK * Q8_0_BLOCK;
+            for (name, f, pf) in kernels() {
+                let prepped: Vec<Vec<u8>> = acts
+                    .iter()
+                    .map(|a| {
+                        let mut o = vec![0xAAu8; g.act_bytes()];
+                        assert!(pf(&Q8_0Act::new(a, cols).unwrap(), &g, &mut o));
+                        let mut want = vec![0x55u8; g.act_bytes()];
+                        assert!(prepare(&Q8_0Act::new(a, cols).unwrap(), &g, &mut want));
+                        assert_eq!(o, want, "{name}: prepared bytes, {cols} columns");
+                        o
+                    })
+                    .collect();
+                let refs: Vec<&[u8]> = prepped.iter().map(|v| &v[..]).collect();
+                for n in 1..=refs.len() {
+                    for (gr, pg) in p.chunks_exact(g.group_bytes()).enumerate() {
+                        let mut out = vec![[0.0f32; 8]; n];
+                        f(pg, &g, &refs[..n], &mut out);
+                        for (t, o) in out.iter().enumerate() {
+                            for (r, &y) in o.iter().enumerate() {
+                                let row = 8 * gr + r;
+                                let want = vec_dot_q8_0_q8_0(&w[row * rb..][..rb], &acts[t], cols);
+                                assert_eq!(
+                                    y.to_bits(),
+                                    want.to_bits(),
+                                    "{name} {n_rows}x{cols} n={n} t={t} row {row}: {y} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_repack_refuses_ragged_shapes_and_kernels_flag_bad_input() {
+        assert!(repack_q8_0_x8(&[0; 34 * 7], 7, 32).is_none());
+        assert!(repack_q8_0_x8(&[0; 34 * 8], 8, 31).is_none());
+        assert!(repack_q8_0_x8(&[0; 34 * 8 - 1], 8, 32).is_none());
+        assert!(repack_q8_0_x8(&[], 0, 32).is_none());
+        let g = Q80Geom::new(64).unwrap();
+        let a = act(&mut 7, 64, 1.0);
+        let a = Q8_0Act::new(&a, 64).unwrap();
+        assert!(!prepare(&a, &g, &mut [0; PAIR_ACT - 1]));
+        assert!(!prepare(
+            &a,
+            &Q80Geom::new(96).unwrap(),
+            &mut [0; 2 * PAIR_ACT]
+        ));
+        for (name, f, pf) in kernels() {
+            assert!(!pf(&a, &g, &mut [0; 2 * PAIR_ACT]), "{name}");
+            let ok = vec![0u8; g.act_bytes()];
+            let mut out = vec![[0.0f32; 8]; 1];
+            f(&vec![0; g.group_bytes() - 1], &g, &[&ok], &mut out);
+            assert!(out[0].iter().all(|v| v.is_nan()), "{name}: short group");
+            let mut out = vec![[0.0f32; 8]; 2];
+            f(&vec![0; g.group_bytes()], &g, &[&ok], &mut out);
+            assert!(
+                out.iter().flatten().all(|v| v.is_nan()),
+                "{name}: lengths differ"
+            );
+            let mut out = vec![[0.0f32; 8]; 1];
+            f(&vec![0; g.group_bytes()], &g, &[&ok[1..]], &mut out);
+            assert!(
+                out[0].iter().all(|v| v.is_nan()),
+                "{name}: short activation"
+            );
+        }
+    }
+}
