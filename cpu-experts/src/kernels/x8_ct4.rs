@@ -5,26 +5,30 @@
 //! bytes and regroups them with two shuffles for 16 weight bytes; here one 64-byte load holds
 //! two steps of eight rows, met by an 8-byte activation broadcast per token.
 //!
-//! Layout of one group of 8 rows ([`Ct4Geom::group_bytes`]): the rows' scales group by group,
-//! padded to a 64-byte line (`S` = [`Ct4Geom::scale_bytes`]), then for each 32-column block b,
-//! 128 bytes of codes.
+//! Layout of one group of 8 rows ([`Ct4Geom::group_bytes`]): units of `L` scale groups
+//! (`L` = [`Ct4Geom::line_groups`], the groups whose eight rows' scales fill one 64-byte line:
+//! 4 for 16-bit scales, 2 for f32), unit j covering scale groups `Lj .. Lj + L` and their
+//! blocks (`B` = [`Ct4Geom::unit_blocks`] a unit, the last one possibly fewer), each unit one
+//! 64-byte line of scales and then 128 bytes of codes per 32-column block (`U = 64 + 128B`
+//! bytes a full unit):
 //!
 //! | bytes | what |
 //! |---|---|
-//! | `[0, S)` | scale of group gi, row r, at `slot(gi, r)·size` (the checkpoint's dtype), then zeros |
-//! | `[S + 128b, S + 128b + 128)` | block b: byte `4k + m` of row r's re-ordered codes at `S + 128b + 64(k / 2) + 8r + 4(k % 2) + m` |
+//! | `[Uj, Uj + 64)` | scale of group gi, row r, at `Uj + slot(gi, r)·size` (the checkpoint's dtype), then zeros |
+//! | `[Uj + 64 + 128i, + 128)` | block b = Bj + i: byte `4k + m` of row r's re-ordered codes at `64(k / 2) + 8r + 4(k % 2) + m` |
 //!
-//! `slot(gi, r)` is `8 gi + r`, except with groups of 32 columns, where groups 2p and 2p + 1
-//! (a full pair) interleave: `16p + 2r + gi % 2`, so one 16-scale load puts row r's two scales
-//! in lanes 2r and 2r + 1, where the 512-bit kernel's two blocks of a pair meet them (until
-//! session 40 the pairs lay group after group and each took a `vpermd`). A last, unpaired
-//! group stays at `8 gi + r`.
+//! `slot(gi, r)` is `8(gi − Lj) + r`, except with groups of 32 columns, where groups 2p and
+//! 2p + 1 (a full pair, never split: L is even) interleave: `16(p − Lj/2) + 2r + gi % 2`, so
+//! one 16-scale load puts row r's two scales in lanes 2r and 2r + 1, where the 512-bit
+//! kernel's two blocks of a pair meet them (until session 40 the pairs lay group after group
+//! and each took a `vpermd`). A last, unpaired group stays at `8(gi − Lj) + r`.
 //!
-//! The scales come first so that the stream a thread reads is one run: a kernel's software
-//! prefetch, running ahead of the codes past the end of its group, brings in the next group's
-//! scales before its first block needs them. With the scales after the codes (as until
-//! session 23) the first ~20 blocks of every group read their scales from DRAM while the
-//! prefetch was still 9 KB short of them, and each of those misses held up the f32 chain.
+//! The scales lie in the stream just before the codes they scale, so a thread reads one run
+//! front to back (since session 41). Until then they came first in a group, one run of their
+//! own (and until session 23 after the codes, worse): a second stream inside each group, and
+//! on the Zen 4 VM the one-thread GEMV beside a read reached 57.5% with it against 73.5% for
+//! the IQ4_XS 8-row kernel, whose scales are inline; the same move took the Q8_0 8-row kernel
+//! (`x8_q8_0`) from 68% to 80% (BENCHMARKS.md, session 41).
 //!
 //! Re-ordered codes: byte i (0..16) of a block holds element i in its low nibble and element
 //! 16 + i in its high one (compressed-tensors packs column c as nibble c, low first). Each
@@ -71,30 +75,42 @@ impl Ct4Geom {
         self.cols.div_ceil(self.run)
     }
 
-    /// Bytes of one group of 8 rows' scales, padded to a multiple of 64 (the codes start
-    /// there).
-    pub fn scale_bytes(&self) -> usize {
-        (self.groups() * 8 * self.sd.size()).next_multiple_of(64)
+    /// Scale groups whose eight rows' scales fill one 64-byte line (the module's `L`).
+    pub fn line_groups(&self) -> usize {
+        64 / (8 * self.sd.size())
+    }
+
+    /// 32-column blocks of a full unit (the module's `B`).
+    pub fn unit_blocks(&self) -> usize {
+        self.line_groups() * self.run / QK
+    }
+
+    /// Bytes of a full unit (the module's `U`): a line of scales and its blocks' codes.
+    pub fn unit_bytes(&self) -> usize {
+        64 + 128 * self.unit_blocks()
     }
 
     /// Offset of block `b`'s 128 bytes of codes in a group of 8 rows.
     pub fn code_at(&self, b: usize) -> usize {
-        self.scale_bytes() + 128 * b
+        let ub = self.unit_blocks();
+        (b / ub) * self.unit_bytes() + 64 + 128 * (b % ub)
     }
 
     /// Bytes of one group of 8 rows.
     pub fn group_bytes(&self) -> usize {
-        self.scale_bytes() + self.blocks() * 128
+        64 * self.groups().div_ceil(self.line_groups()) + 128 * self.blocks()
     }
 
-    /// Where row `r`'s scale of group `gi` lies among a repacked group's scales, in scales
-    /// (the module's `slot`).
-    pub(crate) fn scale_slot(&self, gi: usize, r: usize) -> usize {
-        if self.run == QK && gi < (self.groups() & !1) {
-            16 * (gi / 2) + 2 * r + gi % 2
+    /// Where row `r`'s scale of group `gi` lies in a repacked group, in bytes (the unit's
+    /// start plus the module's `slot` times the scale's size).
+    pub(crate) fn scale_byte(&self, gi: usize, r: usize) -> usize {
+        let (j, l) = (gi / self.line_groups(), self.line_groups());
+        let slot = if self.run == QK && gi < (self.groups() & !1) {
+            16 * ((gi - l * j) / 2) + 2 * r + gi % 2
         } else {
-            8 * gi + r
-        }
+            8 * (gi - l * j) + r
+        };
+        j * self.unit_bytes() + slot * self.sd.size()
     }
 
     /// Blocks `[b0, b1)` of scale group `gi`.
@@ -160,15 +176,10 @@ pub fn repack_ct4_x8(weight: &[u8], scales: &[u8], rows: usize, g: &Ct4Geom) -> 
     }
     let mut out = vec![0u8; rows / 8 * g.group_bytes()];
     for (gr, dst) in out.chunks_exact_mut(g.group_bytes()).enumerate() {
-        let (sc, codes) = dst.split_at_mut(g.scale_bytes());
         for r in 0..8 {
             let row = &weight[(8 * gr + r) * rb..][..rb];
-            for (src, blk) in row
-                .as_chunks::<16>()
-                .0
-                .iter()
-                .zip(codes.as_chunks_mut::<128>().0)
-            {
+            for (b, src) in row.as_chunks::<16>().0.iter().enumerate() {
+                let blk = &mut dst[g.code_at(b)..][..128];
                 let nib = |c: usize| (src[c / 2] >> (4 * (c % 2))) & 0xF;
                 for i in 0..16 {
                     blk[code_byte(r, i)] = nib(i) | (nib(16 + i) << 4);
@@ -176,7 +187,7 @@ pub fn repack_ct4_x8(weight: &[u8], scales: &[u8], rows: usize, g: &Ct4Geom) -> 
             }
             let srow = &scales[(8 * gr + r) * sb..][..sb];
             for gi in 0..ng {
-                sc[g.scale_slot(gi, r) * sz..][..sz].copy_from_slice(&srow[gi * sz..][..sz]);
+                dst[g.scale_byte(gi, r)..][..sz].copy_from_slice(&srow[gi * sz..][..sz]);
             }
         }
     }
@@ -192,7 +203,7 @@ const fn code_byte(r: usize, i: usize) -> usize {
 
 /// Scale of group `gi`, row `r` of a repacked group.
 fn scale_at(p: &[u8], g: &Ct4Geom, gi: usize, r: usize) -> f32 {
-    super::ct::load_scale(g.sd, p, g.scale_slot(gi, r))
+    super::ct::load_scale(g.sd, &p[g.scale_byte(gi, r)..], 0)
 }
 
 /// Whether `p`, `acts` and `out` fit `g` (the kernels write NaN everywhere otherwise).

@@ -43,13 +43,11 @@ fn ct4_x8z(p: &[u8], g: &Ct4Geom, acts: &[Ct4Act<'_>], out: &mut [[f32; 8]]) {
     }
 }
 
-/// The eight rows' scales of group `gi` as f32 in the even lanes (odd lanes zero).
+/// The eight rows' scales of a group as f32 in the even lanes (odd lanes zero), from byte `o`
+/// (`Ct4Geom::scale_byte(gi, 0)` of any group but a paired one of 32 columns).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn scales16(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
-    // `Ct4Geom::scale_slot(gi, 0)` for the groups this takes (any group but a paired one of
-    // 32 columns), written out: the slot's test costs a division.
-    let o = 8 * gi * g.sd.size();
+fn scales16(p: &[u8], g: &Ct4Geom, o: usize) -> __m512 {
     let bits = match g.sd {
         ScaleDtype::Bf16 => {
             // SAFETY: `arr` gives 16 readable bytes; `loadu` accepts any alignment.
@@ -70,19 +68,18 @@ fn scales16(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
     _mm512_castsi512_ps(bits)
 }
 
-/// Block b's code dots for the first T tokens of `a`: row r's two halves in lanes 2r and
-/// 2r + 1 (before `8·Σq` comes off).
+/// Block b's code dots (its codes at byte `o`) for the first T tokens of `a`: row r's two
+/// halves in lanes 2r and 2r + 1 (before `8·Σq` comes off).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn block_dots<const T: usize>(
     p: &[u8],
-    g: &Ct4Geom,
+    o: usize,
     b: usize,
     a: &[Ct4Act<'_>],
     pd: x8b::Ahead,
 ) -> [__m512i; T] {
     let m4 = _mm512_set1_epi8(0x0F);
-    let o = g.code_at(b);
     x8b::prefetch(&p[o..][..128], pd);
     let mut s = [_mm512_setzero_si512(); T];
     for kp in 0..2 {
@@ -98,13 +95,12 @@ fn block_dots<const T: usize>(
     s
 }
 
-/// The eight rows' scales of the full pair of groups gi (even) and gi + 1: row r's in lanes 2r
-/// and 2r + 1, as `Ct4Geom::scale_slot` lays them (interleaved at repack).
+/// The eight rows' scales of a full pair of groups gi (even) and gi + 1 from byte `o`
+/// (`Ct4Geom::scale_byte(gi, 0)`): row r's in lanes 2r and 2r + 1, as the repack interleaves
+/// them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn scales_pair(p: &[u8], g: &Ct4Geom, gi: usize) -> __m512 {
-    // `scale_slot(gi, 0)` = 16·(gi / 2) = 8·gi for an even gi of a full pair.
-    let o = 8 * gi * g.sd.size();
+fn scales_pair(p: &[u8], g: &Ct4Geom, o: usize) -> __m512 {
     match g.sd {
         ScaleDtype::Bf16 => {
             // SAFETY: `arr` gives 32 readable bytes; `loadu` accepts any alignment.
@@ -130,70 +126,17 @@ fn pair64(x: [u8; 4], y: [u8; 4]) -> i64 {
 }
 
 /// One pass over the group for the first T tokens of `a`; returns T. With groups of 32
-/// columns (one block each), two blocks share one 16-lane f32 step: block b in the even
-/// lanes, b + 1 in the odd ones, their terms added to the rows' sums in order (b's, then
-/// b + 1's shifted down), so each row's f32 steps are still the scalar kernel's.
+/// columns (one block each), two blocks share one 16-lane f32 step ([`pairs32`]); other
+/// group sizes take [`groups`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn tokens<const T: usize>(p: &[u8], g: &Ct4Geom, a: &[Ct4Act<'_>], out: &mut [[f32; 8]]) -> usize {
     let pd = x8b::prefetch_ahead();
-    let zero = _mm512_setzero_ps();
-    let mut acc = [zero; T];
-    let mut gi = 0;
-    while gi < g.groups() {
-        if g.run == 32 && gi + 1 < g.groups() {
-            let (b, c) = (gi, gi + 1);
-            let s0 = block_dots::<T>(p, g, b, a, pd);
-            let s1 = block_dots::<T>(p, g, c, a, pd);
-            let sc = scales_pair(p, g, gi);
-            for t in 0..T {
-                // Row r's sums: block b's into lane 2r, block c's into lane 2r + 1. Each
-                // lane pair's halves are swapped in one operand (`vpshufd`), so one add
-                // makes both: [b even, c odd] + [b odd, c even] (exact i32, 4 operations
-                // where two shifts, two adds and a blend took 5).
-                let u = _mm512_mask_blend_epi32(0xAAAA, s0[t], s1[t]);
-                let w = _mm512_shuffle_epi32::<0b10_11_00_01>(_mm512_mask_blend_epi32(
-                    0xAAAA, s1[t], s0[t],
-                ));
-                let v = _mm512_add_epi32(u, w);
-                let at = &a[t];
-                let q = _mm512_slli_epi32::<3>(_mm512_set1_epi64(pair64(
-                    at.bsum[b].to_le_bytes(),
-                    at.bsum[c].to_le_bytes(),
-                )));
-                let d = _mm512_castsi512_ps(_mm512_set1_epi64(pair64(at.a.d[b], at.a.d[c])));
-                let x = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(v, q)));
-                // The scalar kernel's gsum = 0 + d·sumi, then acc += s·gsum, b before c. The
-                // `0 +` is left out: it changes only a −0 to +0, and the sums start at +0, so
-                // adding s·(−0) or s·(+0) gives the same bits (a sum is −0 only when both
-                // of its terms are).
-                let y = _mm512_mul_ps(sc, x);
-                let r = _mm512_add_ps(acc[t], y);
-                acc[t] = _mm512_add_ps(
-                    r,
-                    _mm512_castsi512_ps(_mm512_srli_epi64::<32>(_mm512_castps_si512(y))),
-                );
-            }
-            gi += 2;
-            continue;
-        }
-        let (b0, b1) = g.group_blocks(gi);
-        let mut gsum = [zero; T];
-        for b in b0..b1 {
-            let s = block_dots::<T>(p, g, b, a, pd);
-            for t in 0..T {
-                // Row r's lanes 2r and 2r + 1 added into lane 2r, less 8·Σq: the exact sumi.
-                let pair = _mm512_add_epi32(s[t], _mm512_srli_epi64::<32>(s[t]));
-                let sumi = _mm512_sub_epi32(pair, _mm512_set1_epi32(8 * a[t].bsum[b]));
-                let x = _mm512_mul_ps(_mm512_set1_ps(a[t].a.d(b)), _mm512_cvtepi32_ps(sumi));
-                gsum[t] = _mm512_add_ps(gsum[t], x);
-            }
-        }
-        let sc = scales16(p, g, gi);
-        for t in 0..T {
-            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sc, gsum[t]));
-        }
-        gi += 1;
+    let mut acc = [_mm512_setzero_ps(); T];
+    match (g.run, g.line_groups()) {
+        (32, 4) => pairs32::<T, 2>(p, g, a, pd, &mut acc),
+        (32, _) => pairs32::<T, 1>(p, g, a, pd, &mut acc),
+        _ => groups::<T>(p, g, a, pd, &mut acc),
     }
     for (o, v) in out.iter_mut().zip(acc) {
         // The even lanes (the rows) narrowed to eight.
@@ -202,6 +145,153 @@ fn tokens<const T: usize>(p: &[u8], g: &Ct4Geom, a: &[Ct4Act<'_>], out: &mut [[f
         unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), rows) };
     }
     T
+}
+
+/// Groups of 32 columns, unit by unit (`x8_ct4`'s layout: a line of scales, then the codes
+/// they scale): `PPU` full pairs a unit (2 with 16-bit scales, 1 with f32), each [`pair`]; an
+/// odd last group alone ([`group`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn pairs32<const T: usize, const PPU: usize>(
+    p: &[u8],
+    g: &Ct4Geom,
+    a: &[Ct4Act<'_>],
+    pd: x8b::Ahead,
+    acc: &mut [__m512; T],
+) {
+    let (ub, npairs) = (g.unit_bytes(), g.groups() / 2);
+    // A pair's 16 scales take 64 / PPU bytes.
+    let sb = 64 / PPU;
+    let mut unit = 0;
+    for u in 0..npairs / PPU {
+        for k in 0..PPU {
+            pair::<T>(
+                p,
+                g,
+                unit + sb * k,
+                unit + 64 + 256 * k,
+                2 * (PPU * u + k),
+                a,
+                pd,
+                acc,
+            );
+        }
+        unit += ub;
+    }
+    if npairs % PPU == 1 {
+        pair::<T>(p, g, unit, unit + 64, 2 * (npairs - 1), a, pd, acc);
+    }
+    if g.groups() % 2 == 1 {
+        let gi = g.groups() - 1;
+        group::<T>(p, g, gi, g.scale_byte(gi, 0), g.code_at(gi), a, pd, acc);
+    }
+}
+
+/// Other group sizes, unit by unit, each group by [`group`] (its blocks' codes in a run).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn groups<const T: usize>(
+    p: &[u8],
+    g: &Ct4Geom,
+    a: &[Ct4Act<'_>],
+    pd: x8b::Ahead,
+    acc: &mut [__m512; T],
+) {
+    let (l, ub, sz) = (g.line_groups(), g.unit_bytes(), g.sd.size());
+    let (mut unit, mut gi) = (0, 0);
+    while gi < g.groups() {
+        // The unit's groups gi .. gi + l: group gi + k's scales at `unit + 8k·size`, its
+        // first block's codes at `unit + 64 + 128·(its first block − the unit's)`.
+        let b0 = g.group_blocks(gi).0;
+        for k in 0..l.min(g.groups() - gi) {
+            let gb0 = g.group_blocks(gi + k).0;
+            let co = unit + 64 + 128 * (gb0 - b0);
+            group::<T>(p, g, gi + k, unit + 8 * k * sz, co, a, pd, acc);
+        }
+        gi += l;
+        unit += ub;
+    }
+}
+
+/// A full pair of groups of 32 columns, gi (even; block b = gi) and gi + 1, their scales at
+/// byte `so` and codes at `co`: block b in the even lanes, b + 1 in the odd ones, their terms
+/// added to the rows' sums in order (b's, then b + 1's shifted down), so each row's f32 steps
+/// are still the scalar kernel's.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn pair<const T: usize>(
+    p: &[u8],
+    g: &Ct4Geom,
+    so: usize,
+    co: usize,
+    b: usize,
+    a: &[Ct4Act<'_>],
+    pd: x8b::Ahead,
+    acc: &mut [__m512; T],
+) {
+    let c = b + 1;
+    let s0 = block_dots::<T>(p, co, b, a, pd);
+    let s1 = block_dots::<T>(p, co + 128, c, a, pd);
+    let sc = scales_pair(p, g, so);
+    for t in 0..T {
+        // Row r's sums: block b's into lane 2r, block c's into lane 2r + 1. Each lane pair's
+        // halves are swapped in one operand (`vpshufd`), so one add makes both: [b even, c
+        // odd] + [b odd, c even] (exact i32, 4 operations where two shifts, two adds and a
+        // blend took 5).
+        let u = _mm512_mask_blend_epi32(0xAAAA, s0[t], s1[t]);
+        let w =
+            _mm512_shuffle_epi32::<0b10_11_00_01>(_mm512_mask_blend_epi32(0xAAAA, s1[t], s0[t]));
+        let v = _mm512_add_epi32(u, w);
+        let at = &a[t];
+        let q = _mm512_slli_epi32::<3>(_mm512_set1_epi64(pair64(
+            at.bsum[b].to_le_bytes(),
+            at.bsum[c].to_le_bytes(),
+        )));
+        let d = _mm512_castsi512_ps(_mm512_set1_epi64(pair64(at.a.d[b], at.a.d[c])));
+        let x = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(v, q)));
+        // The scalar kernel's gsum = 0 + d·sumi, then acc += s·gsum, b before c. The `0 +` is
+        // left out: it changes only a −0 to +0, and the sums start at +0, so adding s·(−0)
+        // or s·(+0) gives the same bits (a sum is −0 only when both of its terms are).
+        let y = _mm512_mul_ps(sc, x);
+        let r = _mm512_add_ps(acc[t], y);
+        acc[t] = _mm512_add_ps(
+            r,
+            _mm512_castsi512_ps(_mm512_srli_epi64::<32>(_mm512_castps_si512(y))),
+        );
+    }
+}
+
+/// Group gi alone, its scales at byte `so` and its blocks' codes from `co` on, 128 bytes each.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn group<const T: usize>(
+    p: &[u8],
+    g: &Ct4Geom,
+    gi: usize,
+    so: usize,
+    co: usize,
+    a: &[Ct4Act<'_>],
+    pd: x8b::Ahead,
+    acc: &mut [__m512; T],
+) {
+    let (b0, b1) = g.group_blocks(gi);
+    let mut gsum = [_mm512_setzero_ps(); T];
+    for b in b0..b1 {
+        let s = block_dots::<T>(p, co + 128 * (b - b0), b, a, pd);
+        for t in 0..T {
+            // Row r's lanes 2r and 2r + 1 added into lane 2r, less 8·Σq: the exact sumi.
+            let pair = _mm512_add_epi32(s[t], _mm512_srli_epi64::<32>(s[t]));
+            let sumi = _mm512_sub_epi32(pair, _mm512_set1_epi32(8 * a[t].bsum[b]));
+            let x = _mm512_mul_ps(_mm512_set1_ps(a[t].a.d(b)), _mm512_cvtepi32_ps(sumi));
+            gsum[t] = _mm512_add_ps(gsum[t], x);
+        }
+    }
+    let sc = scales16(p, g, so);
+    for t in 0..T {
+        acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(sc, gsum[t]));
+    }
 }
 
 /// `x8_ct4::block_sums` by `vpsadbw`: each 64-byte load is two blocks, their bytes flipped to
