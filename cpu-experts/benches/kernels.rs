@@ -1033,6 +1033,7 @@ fn prefill_64tok(c: &mut Criterion) {
         GgmlType::Q8_0,
         GgmlType::Q6K,
         GgmlType::IQ4XS,
+        GgmlType::Q5K,
     ] {
         prefill_one(&k, &mut group, ty, 64, false);
     }
@@ -1069,14 +1070,24 @@ fn prefill_one<M: criterion::measurement::Measurement>(
         true => format!("{name}/{}", k.name()),
         false => name,
     };
-    group.bench_function(name, |b| {
-        b.iter(|| {
-            for r0 in (0..FFN).step_by(TILE) {
-                k.dot_rows_multi(&w, r0, TILE, &acts, ab, tok, &mut tile, TILE);
-                black_box(&tile);
-            }
-        })
-    });
+    // The table's kernels, then (outside the comparison groups) the 8-row ones where the
+    // store takes the type, as a session runs it.
+    let store = lagoon_cpu::kernels::x8::X8Store::build(std::slice::from_ref(&w));
+    let k8 = (!group_is_cmp && !store.is_empty())
+        .then(|| k.clone().with_x8(std::sync::Arc::new(store)));
+    for (kk, name) in [(k, name.clone())]
+        .into_iter()
+        .chain(k8.as_ref().map(|k8| (k8, format!("{name}/x8"))))
+    {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                for r0 in (0..FFN).step_by(TILE) {
+                    kk.dot_rows_multi(&w, r0, TILE, &acts, ab, tok, &mut tile, TILE);
+                    black_box(&tile);
+                }
+            })
+        });
+    }
 }
 
 /// Prefill through the routed experts: 512 tokens routed top-10 over 256 experts of Laguna
