@@ -1073,8 +1073,8 @@ fn prefill_one<M: criterion::measurement::Measurement>(
     // The table's kernels, then (outside the comparison groups) the 8-row ones where the
     // store takes the type, as a session runs it.
     let store = lagoon_cpu::kernels::x8::X8Store::build(std::slice::from_ref(&w));
-    let k8 = (!group_is_cmp && !store.is_empty())
-        .then(|| k.clone().with_x8(std::sync::Arc::new(store)));
+    let k8 =
+        (!group_is_cmp && !store.is_empty()).then(|| k.clone().with_x8(std::sync::Arc::new(store)));
     for (kk, name) in [(k, name.clone())]
         .into_iter()
         .chain(k8.as_ref().map(|k8| (k8, format!("{name}/x8"))))
@@ -1243,6 +1243,7 @@ fn bench_x8_incache(c: &mut Criterion<ThreadCpu>) {
     use lagoon_cpu::kernels::x8::{DotX8, dot_q4k_x8, repack_q4k_x8};
     use lagoon_cpu::kernels::x8_iq3xxs::{dot_iq3xxs_x8, repack_iq3xxs_x8};
     use lagoon_cpu::kernels::x8_iq4xs::{dot_iq4xs_x8, repack_iq4xs_x8};
+    use lagoon_cpu::kernels::x8_q5k::{dot_q5k_x8, repack_q5k_x8};
     type Repack = fn(&[u8], usize, usize) -> Option<Vec<u8>>;
     const ROWS: usize = 64;
     let k = Kernels::detect();
@@ -1253,8 +1254,9 @@ fn bench_x8_incache(c: &mut Criterion<ThreadCpu>) {
     let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8K, HIDDEN)];
     k.quantize_act(ActFormat::Q8K, &x, &mut a);
     let mut g = c.benchmark_group("x8_incache_1tok");
-    let fams: [(&str, usize, Repack, DotX8); 3] = [
+    let fams: [(&str, usize, Repack, DotX8); 4] = [
         ("q4_K", 144, repack_q4k_x8, dot_q4k_x8()),
+        ("q5_K", 176, repack_q5k_x8, dot_q5k_x8()),
         ("iq4_xs", 136, repack_iq4xs_x8, dot_iq4xs_x8()),
         ("iq3_xxs", 98, repack_iq3xxs_x8, dot_iq3xxs_x8()),
     ];

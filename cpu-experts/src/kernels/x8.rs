@@ -1,9 +1,9 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
 //! row. Sessions use them by default where the copy fits in memory ([`X8Store`], which also
-//! holds IQ4_XS, Q6_K, IQ3_XXS, Q8_0 and int4 compressed-tensors rows in
-//! [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s, [`super::x8_q8_0`]'s and
-//! [`super::x8_ct4`]'s layouts;
+//! holds IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0 and int4 compressed-tensors rows in
+//! [`super::x8_iq4xs`]'s, [`super::x8_q5k`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
+//! [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s layouts;
 //! `SessionOptions::repack` or `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
 //! (`avx2::k4x8`), and AVX512-VNNI on 256 bits (`avx512::x8`, the same body with `vpdpbusd`)
 //! where the CPU has it.
@@ -53,6 +53,7 @@ use super::x8_ct4::{
 };
 use super::x8_iq3xxs::{IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK, dot_iq3xxs_x8_multi, repack_iq3xxs_x8};
 use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
+use super::x8_q5k::{Q5K_BLOCK, Q5K_X8_BLOCK, dot_q5k_x8_multi, repack_q5k_x8};
 use super::x8_q6k::{Q6K_BLOCK, Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
 use super::x8_q8_0::{DotQ80X8, PrepQ80, Q8_0_BLOCK, Q80Geom, repack_q8_0_x8};
 
@@ -103,15 +104,15 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS and Q8_0 (those two where their
-/// vector kernels run) and symmetric int4 compressed-tensors matrices (this module's layout,
-/// [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s, [`super::x8_q8_0`]'s
-/// and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, Q5_K and Q8_0 (those three where
+/// their vector kernels run) and symmetric int4 compressed-tensors matrices (this module's
+/// layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
+/// [`super::x8_q5k`]'s, [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their
 /// codes, served only with the scales they were made from), and the kernels that read them:
 /// what [`super::Kernels::with_x8`] hands the products of those matrices to.
 /// `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of
-/// those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, 34 per 34, int4 g32
-/// 144 per 144), whose results are the scalar reference's (int4: `kernels::ct`'s scalar row
+/// those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, 180 per 176, 34 per
+/// 34, int4 g32 144 per 144), whose results are the scalar reference's (int4: `kernels::ct`'s scalar row
 /// kernel's), not the table's one-row kernels'.
 pub struct X8Store {
     map: HashMap<usize, Packed, AddrHash>,
@@ -120,6 +121,7 @@ pub struct X8Store {
     dot_one: DotX8Multi,
     dot_iq4xs: DotX8Multi,
     dot_q6k: DotX8Multi,
+    dot_q5k: DotX8Multi,
     dot_iq3xxs: DotX8Multi,
     dot_ct4: DotCt4X8,
     sums_ct4: BlockSums,
@@ -184,6 +186,8 @@ fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
         GgmlType::Q6K => Some((Q6K_BLOCK, Q6K_X8_BLOCK)),
         // Only where the vector kernel runs: the one-row table kernels beat the scalar one.
         GgmlType::IQ3XXS if super::x8_iq3xxs::simd() => Some((IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK)),
+        // Likewise (no AVX2 form).
+        GgmlType::Q5K if super::x8_q5k::simd() => Some((Q5K_BLOCK, Q5K_X8_BLOCK)),
         _ => None,
     }
 }
@@ -233,8 +237,8 @@ fn ct4_geom(m: &CtMatrix<'_>, rows: usize) -> Option<Ct4Geom> {
         .flatten()
 }
 
-/// The distinct repackable Q4_K, IQ4_XS, Q6_K, IQ3_XXS, Q8_0 and int4 matrices of `mats` (by
-/// address).
+/// The distinct repackable Q4_K, IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0 and int4 matrices of `mats`
+/// (by address).
 fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
     let mut todo = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -292,15 +296,16 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
-    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, 34 per
-    /// 34 of Q8_0 (an odd last block padded to a pair), the codes and scales' size of int4,
+    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, 180 per
+    /// 176 of Q5_K, 34 per 34 of Q8_0 (an odd last block padded to a pair), the codes and scales' size of int4,
     /// the scales padded to a line per 8 rows): for deciding whether the copy fits before
     /// making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
         repackable(mats).iter().map(Todo::planned).sum()
     }
 
-    /// Repacks every Q4_K, IQ4_XS, Q6_K and (where its vector kernel runs) IQ3_XXS matrix of
+    /// Repacks every Q4_K, IQ4_XS, Q6_K and (where their vector kernels run) IQ3_XXS and Q5_K
+    /// matrix of
     /// `mats` whose rows are a multiple of 8 and columns of 256, every Q8_0 one (where its
     /// vector kernel runs) whose rows are a multiple of 8, and every int4 one `ct4_geom` takes
     /// (others are left to the table). Matrices seen twice are repacked once.
@@ -328,6 +333,7 @@ impl X8Store {
                                     GgmlType::IQ4XS => repack_iq4xs_x8(data, rows, cols),
                                     GgmlType::Q6K => repack_q6k_x8(data, rows, cols),
                                     GgmlType::IQ3XXS => repack_iq3xxs_x8(data, rows, cols),
+                                    GgmlType::Q5K => repack_q5k_x8(data, rows, cols),
                                     _ => repack_q4k_x8(data, rows, cols),
                                 }
                                 .map(|p| Packed::Ggml(ty, p)),
@@ -355,6 +361,7 @@ impl X8Store {
             dot_one: dot_q4k_x8_multi_one_token(),
             dot_iq4xs: dot_iq4xs_x8_multi(),
             dot_q6k: dot_q6k_x8_multi(),
+            dot_q5k: dot_q5k_x8_multi(),
             dot_iq3xxs: dot_iq3xxs_x8_multi(),
             dot_ct4: dot_ct4_x8(),
             sums_ct4: block_sums_fn(),
@@ -418,6 +425,7 @@ impl X8Store {
             (GgmlType::Q4K, GgmlType::Q4K) => (nb * Q4K_X8_BLOCK, self.dot),
             (GgmlType::IQ4XS, GgmlType::IQ4XS) => (nb * IQ4XS_X8_BLOCK, self.dot_iq4xs),
             (GgmlType::Q6K, GgmlType::Q6K) => (nb * Q6K_X8_BLOCK, self.dot_q6k),
+            (GgmlType::Q5K, GgmlType::Q5K) => (nb * Q5K_X8_BLOCK, self.dot_q5k),
             (GgmlType::IQ3XXS, GgmlType::IQ3XXS) => (nb * IQ3XXS_X8_BLOCK, self.dot_iq3xxs),
             _ => return false,
         };

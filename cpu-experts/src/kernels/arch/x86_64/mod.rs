@@ -243,6 +243,21 @@ pub(crate) fn ct4_sums(vnni: bool) -> Option<crate::kernels::x8_ct4::BlockSums> 
         .map(avx512::ct4x8z::ct4_sums_fn)
 }
 
+/// The repacked 8-row Q5_K several-token kernel (`kernels::x8_q5k`): AVX512-VNNI's on 512
+/// bits (`avx512::k5x8z`) when `vnni` and the CPU has it; no AVX2 form.
+pub(crate) fn q5k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::k5x8z::q5k_x8z_multi_fn)
+}
+
+/// The repacked 8-row Q5_K one-token kernel, as [`q5k_x8_multi`] chooses.
+pub(crate) fn q5k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::k5x8z::q5k_x8z_fn)
+}
+
 /// The repacked 8-row Q8_0 kernel (`kernels::x8_q8_0`): AVX512-VNNI's on 512 bits
 /// (`avx512::q8x8z`) when `vnni` and the CPU has it; no AVX2 form.
 pub(crate) fn q8_0_x8(vnni: bool) -> Option<crate::kernels::x8_q8_0::DotQ80X8> {

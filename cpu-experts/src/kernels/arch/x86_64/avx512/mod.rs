@@ -47,6 +47,7 @@ mod k16;
 pub(super) mod k4;
 pub(super) mod k4x8amx;
 pub(super) mod k4x8z;
+pub(super) mod k5x8z;
 mod q8_0;
 pub(super) mod q8x8z;
 mod vnni256;
