@@ -719,11 +719,16 @@ fn multi_token_matches_one_token_with(fast: &Kernels) {
         Wt::G(GgmlType::Q4_0),
         Wt::G(GgmlType::IQ4XS),
         Wt::G(GgmlType::IQ2XXS),
+        // The float GEMMs (router, and F16 / BF16 attention of W4A16 checkpoints), with
+        // ragged tails past their 32-element steps.
+        Wt::G(GgmlType::F32),
+        Wt::G(GgmlType::F16),
+        Wt::G(GgmlType::BF16),
     ];
     for (ti, wt) in types.into_iter().enumerate() {
         for (ci, (units, rows, r0)) in [(12, 17, 3), (1, 5, 0), (3, 1, 2)].into_iter().enumerate() {
             let seed = 100 + 10 * ti as u64 + ci as u64;
-            let cols = units * wt.col_unit();
+            let cols = units * wt.col_unit() + wt.ragged(seed);
             let scales = if ci == 2 {
                 Scales::Tiny
             } else {

@@ -283,6 +283,9 @@ pub(crate) struct Table {
     pub q8_0_gemm: Option<Gemm>,
     /// F32 weights (the router).
     pub f32_gemm: Option<Gemm>,
+    /// F16 and BF16 weights (× f32 activations, as their one-row kernels).
+    pub f16_gemm: Option<Gemm>,
+    pub bf16_gemm: Option<Gemm>,
     /// Grouped-query attention of one token and KV head; `None`: the caller's per-head loop.
     pub attend: Option<AttendGroup>,
     /// The same for several tokens at once, K/V rows read once per block of positions.
@@ -335,6 +338,8 @@ pub(crate) fn scalar_table() -> Table {
         q6k_gemm: None,
         q8_0_gemm: None,
         f32_gemm: None,
+        f16_gemm: None,
+        bf16_gemm: None,
         attend: None,
         attend_tokens: None,
         f32: vec_dot_f32_f32,
@@ -839,6 +844,8 @@ impl Kernels {
                     GgmlType::Q6K => t.q6k_gemm,
                     GgmlType::Q8_0 => t.q8_0_gemm,
                     GgmlType::F32 => t.f32_gemm,
+                    GgmlType::F16 => t.f16_gemm,
+                    GgmlType::BF16 => t.bf16_gemm,
                     _ => None,
                 };
                 match f {

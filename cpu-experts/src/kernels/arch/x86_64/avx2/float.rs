@@ -55,98 +55,219 @@ fn f32_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
     })
 }
 
-/// [`Gemm`](crate::kernels::Gemm) for F32 × F32 (the router in prefill): tokens in groups
-/// of four, and for each group every row in turn, so the group's activation rows stay in
-/// L1 while the rows stream from L2 (rather than every token row streamed from L2 once per
-/// weight row). Each result is [`f32_f32`]'s, bit for bit.
-pub(super) fn f32_f32_gemm(g: crate::kernels::GemmArgs<'_>) -> bool {
-    let ab = 4 * g.cols;
-    if !(g.rb == ab && g.bounds_ok(ab, |_| true)) {
-        return false;
-    }
-    let crate::kernels::GemmArgs {
-        w,
-        rb,
-        n_rows,
-        acts,
-        act_stride,
-        n_act,
-        cols,
-        out,
-        out_stride,
-    } = g;
-    let act = |t: usize| &acts[t * act_stride..t * act_stride + ab];
-    for t0 in (0..n_act).step_by(4) {
-        let nt = 4.min(n_act - t0);
-        for r in 0..n_rows {
-            let row = &w[r * rb..(r + 1) * rb];
-            let mut v = [0.0f32; 4];
-            // SAFETY: `f32_n` and `f32_f32` only need AVX2, FMA and F16C. This wrapper is
-            // reachable only through the table built by `avx2::table`, which requires an
-            // `Avx2Fma` token.
-            unsafe {
-                match nt {
-                    4 => {
-                        v = f32_n::<4>(row, [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)], cols)
+/// A [`Gemm`](crate::kernels::Gemm) for float weights of `$WB` bytes an element × f32
+/// activations: tokens in groups of four, and for each group every row in turn through `$n`
+/// (`$one` for a lone token), so the group's activation rows stay in L1 while the rows stream
+/// from L2 (rather than every token row streamed from L2 once per weight row), and each row's
+/// chunk is loaded and widened once for the group. Each result is `$one`'s, bit for bit.
+macro_rules! float_gemm {
+    ($name:ident, $WB:literal, $n:ident, $one:ident) => {
+        pub(super) fn $name(g: crate::kernels::GemmArgs<'_>) -> bool {
+            let ab = 4 * g.cols;
+            if !(g.rb == $WB * g.cols && g.bounds_ok(ab, |_| true)) {
+                return false;
+            }
+            let crate::kernels::GemmArgs {
+                w,
+                rb,
+                n_rows,
+                acts,
+                act_stride,
+                n_act,
+                cols,
+                out,
+                out_stride,
+            } = g;
+            let act = |t: usize| &acts[t * act_stride..t * act_stride + ab];
+            for t0 in (0..n_act).step_by(4) {
+                let nt = 4.min(n_act - t0);
+                for r in 0..n_rows {
+                    let row = &w[r * rb..(r + 1) * rb];
+                    let mut v = [0.0f32; 4];
+                    // SAFETY: the kernels need AVX2, FMA and F16C (the `_z` forms also
+                    // AVX-512 F and VL). This wrapper is reachable only through the table built
+                    // by `avx2::table`, which requires an `Avx2Fma` token (the `_z` wrappers:
+                    // only through `avx512::table`, which requires an `Avx512Vnni` token).
+                    unsafe {
+                        match nt {
+                            4 => {
+                                v = $n::<4>(
+                                    row,
+                                    [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)],
+                                    cols,
+                                )
+                            }
+                            3 => v[..3].copy_from_slice(&$n::<3>(
+                                row,
+                                [act(t0), act(t0 + 1), act(t0 + 2)],
+                                cols,
+                            )),
+                            2 => {
+                                v[..2].copy_from_slice(&$n::<2>(row, [act(t0), act(t0 + 1)], cols))
+                            }
+                            _ => v[0] = $one(row, act(t0), cols),
+                        }
                     }
-                    3 => v[..3].copy_from_slice(&f32_n::<3>(
-                        row,
-                        [act(t0), act(t0 + 1), act(t0 + 2)],
-                        cols,
-                    )),
-                    2 => v[..2].copy_from_slice(&f32_n::<2>(row, [act(t0), act(t0 + 1)], cols)),
-                    _ => v[0] = f32_f32(row, act(t0), cols),
+                    for (k, &x) in v[..nt].iter().enumerate() {
+                        out[(t0 + k) * out_stride + r] = x;
+                    }
                 }
             }
-            for (k, &x) in v[..nt].iter().enumerate() {
-                out[(t0 + k) * out_stride + r] = x;
-            }
+            true
         }
-    }
-    true
+    };
 }
 
-/// [`f32_f32`] for `N` tokens at once: each weight chunk is loaded once for all of them, and
-/// every token's accumulators, steps and final reduction are exactly [`f32_f32`]'s, so each
-/// result is bit-identical to that token alone. A malformed token takes [`f32_f32`] (NaN).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f32_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    let ok = blocks::<4>(w, n).is_some() && acts.iter().all(|a| f32_act(a, n).is_some());
-    if !ok {
-        return core::array::from_fn(|t| f32_f32(w, acts[t], n));
-    }
-    let (w32, wt) = w.as_chunks::<128>();
-    let a32: [&[[u8; 128]]; N] = core::array::from_fn(|t| acts[t].as_chunks::<128>().0);
-    let mut acc = [[_mm256_setzero_ps(); 4]; N];
-    for (c, wc) in w32.iter().enumerate() {
-        let wc = wc.as_chunks::<32>().0;
-        for k in 0..4 {
-            let wv = ld_ps(&wc[k]);
-            for t in 0..N {
-                let av = ld_ps(&a32[t][c].as_chunks::<32>().0[k]);
-                acc[t][k] = _mm256_fmadd_ps(wv, av, acc[t][k]);
+float_gemm!(f32_f32_gemm, 4, f32_n, f32_f32);
+float_gemm!(f16_f32_gemm, 2, f16_n, f16_f32);
+float_gemm!(bf16_f32_gemm, 2, bf16_n, bf16_f32);
+// The same GEMMs compiled with AVX-512 F and VL for the AVX-512 table: four tokens' sixteen
+// accumulators spill on AVX2's sixteen ymm registers and fit in VL's 32. Same code, same
+// operations in the same order: the same bits.
+float_gemm!(f32_f32_gemm_z, 4, f32_n_z, f32_f32);
+float_gemm!(f16_f32_gemm_z, 2, f16_n_z, f16_f32);
+float_gemm!(bf16_f32_gemm_z, 2, bf16_n_z, bf16_f32);
+
+/// `float_loop!` for `N` tokens at once: each weight chunk is loaded and widened once for all
+/// of them, and every token's accumulators, steps and final reduction are exactly the one-row
+/// kernel `$one`'s, so each result is bit-identical to that token alone. A malformed token
+/// takes `$one` (NaN).
+macro_rules! float_n {
+    ($w:expr, $acts:expr, $n:expr, $N:ident, $WB:literal, $widen:expr, $scalar:expr, $one:ident) => {{
+        let (w, acts, n) = ($w, $acts, $n);
+        let ok = blocks::<$WB>(w, n).is_some() && acts.iter().all(|a| f32_act(a, n).is_some());
+        if !ok {
+            return core::array::from_fn(|t| $one(w, acts[t], n));
+        }
+        let widen = $widen;
+        let (w32, wt) = w.as_chunks::<{ 32 * $WB }>();
+        let a32: [&[[u8; 128]]; $N] = core::array::from_fn(|t| acts[t].as_chunks::<128>().0);
+        let mut acc = [[_mm256_setzero_ps(); 4]; $N];
+        for (c, wc) in w32.iter().enumerate() {
+            let wc = wc.as_chunks::<{ 8 * $WB }>().0;
+            for k in 0..4 {
+                let wv = widen(&wc[k]);
+                for t in 0..$N {
+                    let av = ld_ps(&a32[t][c].as_chunks::<32>().0[k]);
+                    acc[t][k] = _mm256_fmadd_ps(wv, av, acc[t][k]);
+                }
             }
         }
-    }
-    let tail0 = w32.len() * 128;
-    let (w8, wt) = wt.as_chunks::<32>();
-    let mut res = [0.0f32; N];
-    for t in 0..N {
-        let at_ = &acts[t][tail0..];
-        let (a8, at_) = at_.as_chunks::<32>();
-        let mut a0 = acc[t][0];
-        for (wc, ac) in w8.iter().zip(a8) {
-            a0 = _mm256_fmadd_ps(ld_ps(wc), ld_ps(ac), a0);
+        let tail0 = w32.len() * 32;
+        let (w8, wt) = wt.as_chunks::<{ 8 * $WB }>();
+        let scalar = $scalar;
+        let mut res = [0.0f32; $N];
+        for t in 0..$N {
+            let at_ = &acts[t][4 * tail0..];
+            let (a8, at_) = at_.as_chunks::<32>();
+            let mut a0 = acc[t][0];
+            for (wc, ac) in w8.iter().zip(a8) {
+                a0 = _mm256_fmadd_ps(widen(wc), ld_ps(ac), a0);
+            }
+            let a = acc[t];
+            let s = _mm256_add_ps(_mm256_add_ps(a0, a[1]), _mm256_add_ps(a[2], a[3]));
+            let mut sum = hsum_ps(s);
+            for (wc, ac) in wt.as_chunks::<$WB>().0.iter().zip(at_.as_chunks::<4>().0) {
+                sum += scalar(wc) * f32::from_le_bytes(*ac);
+            }
+            res[t] = sum;
         }
-        let a = acc[t];
-        let s = _mm256_add_ps(_mm256_add_ps(a0, a[1]), _mm256_add_ps(a[2], a[3]));
-        let mut sum = hsum_ps(s);
-        for (wc, ac) in wt.as_chunks::<4>().0.iter().zip(at_.as_chunks::<4>().0) {
-            sum += f32::from_le_bytes(*wc) * f32::from_le_bytes(*ac);
-        }
-        res[t] = sum;
-    }
-    res
+        res
+    }};
+}
+
+/// [`f32_f32`] for `N` tokens at once (`float_n!`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f32_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    float_n!(
+        w,
+        acts,
+        n,
+        N,
+        4,
+        |x: &[u8; 32]| ld_ps(x),
+        |x: &[u8; 4]| { f32::from_le_bytes(*x) },
+        f32_f32
+    )
+}
+
+/// [`f16_f32`] for `N` tokens at once (`float_n!`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    float_n!(
+        w,
+        acts,
+        n,
+        N,
+        2,
+        |x: &[u8; 16]| _mm256_cvtph_ps(ld128(x)),
+        |x: &[u8; 2]| crate::kernels::scalar::f16_to_f32(u16::from_le_bytes(*x)),
+        f16_f32
+    )
+}
+
+/// [`bf16_f32`] for `N` tokens at once (`float_n!`).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bf16_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    float_n!(
+        w,
+        acts,
+        n,
+        N,
+        2,
+        |x: &[u8; 16]| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(
+            x
+        )))),
+        |x: &[u8; 2]| f32::from_bits(u32::from(u16::from_le_bytes(*x)) << 16),
+        bf16_f32
+    )
+}
+
+/// [`f32_n`] with AVX-512 F and VL (see `f32_f32_gemm_z`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+fn f32_n_z<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    float_n!(
+        w,
+        acts,
+        n,
+        N,
+        4,
+        |x: &[u8; 32]| ld_ps(x),
+        |x: &[u8; 4]| { f32::from_le_bytes(*x) },
+        f32_f32
+    )
+}
+
+/// [`f16_n`] with AVX-512 F and VL.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+fn f16_n_z<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    float_n!(
+        w,
+        acts,
+        n,
+        N,
+        2,
+        |x: &[u8; 16]| _mm256_cvtph_ps(ld128(x)),
+        |x: &[u8; 2]| crate::kernels::scalar::f16_to_f32(u16::from_le_bytes(*x)),
+        f16_f32
+    )
+}
+
+/// [`bf16_n`] with AVX-512 F and VL.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+fn bf16_n_z<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    float_n!(
+        w,
+        acts,
+        n,
+        N,
+        2,
+        |x: &[u8; 16]| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(
+            x
+        )))),
+        |x: &[u8; 2]| f32::from_bits(u32::from(u16::from_le_bytes(*x)) << 16),
+        bf16_f32
+    )
 }
 
 /// F16 × F32: `vcvtph2ps` widens 8 halves at once.

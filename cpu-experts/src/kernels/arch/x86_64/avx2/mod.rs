@@ -101,6 +101,8 @@ pub(crate) fn table(_proof: Avx2Fma) -> Table {
         mxfp4: iq::vec_dot_mxfp4_q8_0,
         f32: float::vec_dot_f32_f32,
         f32_gemm: Some(float::f32_f32_gemm),
+        f16_gemm: Some(float::f16_f32_gemm),
+        bf16_gemm: Some(float::bf16_f32_gemm),
         attend: Some(attend::attend_group),
         attend_tokens: Some(attend::attend_tokens),
         f16: float::vec_dot_f16_f32,
@@ -207,6 +209,16 @@ pub(super) fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_u8i8(u: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1))
+}
+
+/// The float GEMMs (F32, F16, BF16 weights × f32 activations) compiled with AVX-512 F and VL,
+/// for the AVX-512 table (`float::f32_f32_gemm_z`): the AVX2 table's bits.
+pub(super) fn float_gemms_z(_proof: super::avx512::Avx512Vnni) -> [crate::kernels::Gemm; 3] {
+    [
+        float::f32_f32_gemm_z,
+        float::f16_f32_gemm_z,
+        float::bf16_f32_gemm_z,
+    ]
 }
 
 wrap!(prefetch_bytes => prefetch(b: &[u8]) -> ());

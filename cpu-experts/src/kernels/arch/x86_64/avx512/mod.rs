@@ -85,6 +85,7 @@ impl Avx512Vnni {
 /// The AVX-512 table: the AVX2 table with the kernels that measurably win replaced
 /// (single thread, `benches/kernels.rs`; see each module).
 pub(crate) fn table(proof: Avx512Vnni) -> Table {
+    let [f32_gemm, f16_gemm, bf16_gemm] = avx2::float_gemms_z(proof);
     let t = Table {
         name: "avx512vnni",
         q4k: vnni256::vec_dot_q4k_q8k,
@@ -94,6 +95,9 @@ pub(crate) fn table(proof: Avx512Vnni) -> Table {
         q4k_gemm: Some(k4::q4k_q8k_gemm),
         q6k_gemm: Some(k16::q6k_q8k_gemm),
         q8_0_gemm: Some(q8_0::q8_0_q8_0_gemm),
+        f32_gemm: Some(f32_gemm),
+        f16_gemm: Some(f16_gemm),
+        bf16_gemm: Some(bf16_gemm),
         attend: Some(float::attend_group),
         attend_tokens: Some(float::attend_tokens),
         iq4xs: vnni256::vec_dot_iq4_xs_q8k,
