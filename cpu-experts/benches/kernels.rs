@@ -1034,6 +1034,7 @@ fn prefill_64tok(c: &mut Criterion) {
         GgmlType::Q6K,
         GgmlType::IQ4XS,
         GgmlType::Q5K,
+        GgmlType::BF16,
     ] {
         prefill_one(&k, &mut group, ty, 64, false);
     }
