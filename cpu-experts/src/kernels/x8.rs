@@ -86,22 +86,29 @@ pub fn repack_q4k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
                 let blk: &[u8; Q4K_BLOCK] = w[(8 * g + r) * rb + b * Q4K_BLOCK..][..Q4K_BLOCK]
                     .try_into()
                     .unwrap();
-                o[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-                o[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
-                for j in 0..8 {
-                    let (sc, m) = super::scalar::scale_min_k4(j, &blk[4..16]);
-                    o[32 + 8 * j + r] = sc;
-                    o[96 + 16 * (j / 2) + 2 * r + j % 2] = m;
-                }
-                // Four-byte piece i (= 8c + k) of the quants to bytes 4r.. of 32-byte row i.
-                let (rows32, _) = o[160..].as_chunks_mut::<32>();
-                for (d, q) in rows32.iter_mut().zip(blk[16..].as_chunks::<4>().0) {
-                    d[4 * r..4 * r + 4].copy_from_slice(q);
-                }
+                pack_q4k_row(o, r, &blk[..16], &blk[16..]);
             }
         }
     }
     Some(out)
+}
+
+/// Writes row `r` of a group's super-block `o` in the Q4_K 8-row layout (bytes `[0, 1184)`):
+/// its `d | dmin | scales[12]` head (16 bytes, the unpacked scales and mins) and its 128
+/// bytes of 4-bit `qs`, each four-byte piece i (= 8c + k) to bytes 4r.. of 32-byte row i.
+/// (Q5_K's layout, `x8_q5k`, starts with the same.)
+pub(crate) fn pack_q4k_row(o: &mut [u8], r: usize, head: &[u8], qs: &[u8]) {
+    o[2 * r..2 * r + 2].copy_from_slice(&head[0..2]);
+    o[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&head[2..4]);
+    for j in 0..8 {
+        let (sc, m) = super::scalar::scale_min_k4(j, &head[4..16]);
+        o[32 + 8 * j + r] = sc;
+        o[96 + 16 * (j / 2) + 2 * r + j % 2] = m;
+    }
+    let (rows32, _) = o[160..Q4K_X8_BLOCK].as_chunks_mut::<32>();
+    for (d, q) in rows32.iter_mut().zip(qs.as_chunks::<4>().0) {
+        d[4 * r..4 * r + 4].copy_from_slice(q);
+    }
 }
 
 /// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, Q5_K and Q8_0 (those three where
@@ -604,23 +611,41 @@ impl<'c> Call<'c> {
 /// The scalar kernel: each row in the scalar reference's order. NaN in every output when `p`
 /// or `a` is not one group of `cols` columns.
 pub fn dot_q4k_x8_scalar(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
+    k_x8_scalar::<Q4K_X8_BLOCK>(p, a, cols, out, false);
+}
+
+/// The scalar kernel of the Q4_K 8-row layout and of Q5_K's (`x8_q5k`, `fifth`: each value's
+/// bit 4 from the rows' `qh` after the Q4_K bytes), each row in the scalar reference's order
+/// (`scalar::vec_dot_q4k_q8k` / `vec_dot_q5k_q8k`). NaN in every output when `p` or `a` is
+/// not one group of `cols` columns.
+pub(crate) fn k_x8_scalar<const BLOCK: usize>(
+    p: &[u8],
+    a: &[u8],
+    cols: usize,
+    out: &mut [f32; 8],
+    fifth: bool,
+) {
     let nb = cols / QK_K;
-    let Some(a) = Q8KAct::new(a, cols).filter(|_| p.len() == nb * Q4K_X8_BLOCK) else {
+    let Some(a) = Q8KAct::new(a, cols).filter(|_| p.len() == nb * BLOCK) else {
         *out = [f32::NAN; 8];
         return;
     };
     let f16 = super::scalar::f16_at;
     for (r, y) in out.iter_mut().enumerate() {
         let mut acc = 0.0f32;
-        for (b, o) in p.chunks_exact(Q4K_X8_BLOCK).enumerate() {
+        for (b, o) in p.chunks_exact(BLOCK).enumerate() {
             let qa = &a.qs[QK_K * b..][..QK_K];
             let (mut sumi, mut summ) = (0i32, 0i32);
             for j in 0..8 {
                 let (c, hi) = (j / 2, j % 2);
                 let mut dot = 0i32;
                 for l in 0..32 {
-                    let byte = o[160 + 256 * c + 32 * (l / 4) + 4 * r + l % 4];
-                    let q = if hi == 0 { byte & 0xF } else { byte >> 4 };
+                    let at = 32 * (l / 4) + 4 * r + l % 4;
+                    let byte = o[160 + 256 * c + at];
+                    let mut q = if hi == 0 { byte & 0xF } else { byte >> 4 };
+                    if fifth {
+                        q |= ((o[Q4K_X8_BLOCK + at] >> j) & 1) << 4;
+                    }
                     dot += i32::from(q) * i32::from(qa[32 * j + l]);
                 }
                 sumi += i32::from(o[32 + 8 * j + r]) * dot;
@@ -665,6 +690,17 @@ pub(crate) mod testing {
         *seed ^= *seed >> 7;
         *seed ^= *seed << 17;
         *seed
+    }
+
+    /// A Q8_0 activation row of `cols` random values at `scale` (the int4 and Q8_0 8-row
+    /// kernels' format).
+    pub(crate) fn act_q8_0(seed: &mut u64, cols: usize, scale: f32) -> Vec<u8> {
+        let x: Vec<f32> = (0..cols)
+            .map(|_| ((rng(seed) % 2001) as f32 - 1000.0) * scale)
+            .collect();
+        let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8_0, cols)];
+        Kernels::scalar().quantize_act(ActFormat::Q8_0, &x, &mut a);
+        a
     }
 
     /// A Q8_K activation row of `cols` random values at `scale`.

@@ -265,17 +265,8 @@ pub fn simd() -> bool {
 mod tests {
     use super::*;
     use crate::kernels::ct::vec_dot_ct_nib4_q8_0;
-    use crate::kernels::x8::testing::rng;
+    use crate::kernels::x8::testing::{act_q8_0 as act, rng};
     use crate::kernels::{ActFormat, Kernels};
-
-    fn act(seed: &mut u64, cols: usize, scale: f32) -> Vec<u8> {
-        let x: Vec<f32> = (0..cols)
-            .map(|_| ((rng(seed) % 2001) as f32 - 1000.0) * scale)
-            .collect();
-        let mut a = vec![0u8; Kernels::act_row_bytes(ActFormat::Q8_0, cols)];
-        Kernels::scalar().quantize_act(ActFormat::Q8_0, &x, &mut a);
-        a
-    }
 
     fn scales(seed: &mut u64, n: usize, sd: ScaleDtype) -> Vec<u8> {
         let mut s = Vec::with_capacity(n * sd.size());

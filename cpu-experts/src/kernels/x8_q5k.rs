@@ -22,7 +22,6 @@
 
 use lagoon_core::quant::QK_K;
 
-use super::act::Q8KAct;
 use super::x8::{DotX8, DotX8Multi, Q4K_X8_BLOCK};
 
 /// Bytes of one group of 8 rows per super-block.
@@ -48,19 +47,8 @@ pub fn repack_q5k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
                 let blk: &[u8; Q5K_BLOCK] = w[(8 * g + r) * rb + b * Q5K_BLOCK..][..Q5K_BLOCK]
                     .try_into()
                     .unwrap();
-                o[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-                o[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
-                for j in 0..8 {
-                    let (sc, m) = super::scalar::scale_min_k4(j, &blk[4..16]);
-                    o[32 + 8 * j + r] = sc;
-                    o[96 + 16 * (j / 2) + 2 * r + j % 2] = m;
-                }
-                let (qh, qs) = (&blk[16..48], &blk[48..176]);
-                // Four-byte piece i (= 8c + k) of qs to bytes 4r.. of 32-byte row i.
-                let (rows32, _) = o[160..Q4K_X8_BLOCK].as_chunks_mut::<32>();
-                for (d, q) in rows32.iter_mut().zip(qs.as_chunks::<4>().0) {
-                    d[4 * r..4 * r + 4].copy_from_slice(q);
-                }
+                let qh = &blk[16..48];
+                super::x8::pack_q4k_row(o, r, &blk[..16], &blk[48..176]);
                 let (hrows, _) = o[Q4K_X8_BLOCK..].as_chunks_mut::<32>();
                 for (d, h) in hrows.iter_mut().zip(qh.as_chunks::<4>().0) {
                     d[4 * r..4 * r + 4].copy_from_slice(h);
@@ -74,37 +62,7 @@ pub fn repack_q5k_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
 /// The scalar kernel: each row in the scalar reference's order. NaN in every output when `p`
 /// or `a` is not one group of `cols` columns.
 pub fn dot_q5k_x8_scalar(p: &[u8], a: &[u8], cols: usize, out: &mut [f32; 8]) {
-    let nb = cols / QK_K;
-    let Some(a) = Q8KAct::new(a, cols).filter(|_| p.len() == nb * Q5K_X8_BLOCK) else {
-        *out = [f32::NAN; 8];
-        return;
-    };
-    let f16 = super::scalar::f16_at;
-    for (r, y) in out.iter_mut().enumerate() {
-        let mut acc = 0.0f32;
-        for (b, o) in p.chunks_exact(Q5K_X8_BLOCK).enumerate() {
-            let qa = &a.qs[QK_K * b..][..QK_K];
-            let (mut sumi, mut summ) = (0i32, 0i32);
-            for j in 0..8 {
-                let (c, hi) = (j / 2, j % 2);
-                let mut dot = 0i32;
-                for l in 0..32 {
-                    let at = 32 * (l / 4) + 4 * r + l % 4;
-                    let byte = o[160 + 256 * c + at];
-                    let low = if hi == 0 { byte & 0xF } else { byte >> 4 };
-                    let q = low | ((o[Q4K_X8_BLOCK + at] >> j) & 1) << 4;
-                    dot += i32::from(q) * i32::from(qa[32 * j + l]);
-                }
-                sumi += i32::from(o[32 + 8 * j + r]) * dot;
-                let m = i32::from(o[96 + 16 * (j / 2) + 2 * r + j % 2]);
-                summ += m * (i32::from(a.bsum(b, 2 * j)) + i32::from(a.bsum(b, 2 * j + 1)));
-            }
-            let da = a.d(b);
-            acc += (da * f16(o, 2 * r)) * sumi as f32;
-            acc -= (da * f16(o, 16 + 2 * r)) * summ as f32;
-        }
-        *y = acc;
-    }
+    super::x8::k_x8_scalar::<Q5K_X8_BLOCK>(p, a, cols, out, true);
 }
 
 /// [`DotX8Multi`] on the scalar kernel, token by token (NaN everywhere when the lengths of
