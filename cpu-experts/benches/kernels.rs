@@ -1035,6 +1035,7 @@ fn prefill_64tok(c: &mut Criterion) {
         GgmlType::IQ4XS,
         GgmlType::Q5K,
         GgmlType::BF16,
+        GgmlType::F32,
     ] {
         prefill_one(&k, &mut group, ty, 64, false);
     }
