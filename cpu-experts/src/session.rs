@@ -181,8 +181,9 @@ fn with_x8(k: Kernels, w: &ModelWeights<'_>, repack: Option<bool>) -> Kernels {
     // ahead of the codes, the activation sums by `vpsadbw`) their 8-row kernel's expert GEMV
     // runs at 101-103% of a streaming read taken beside it on the 16-core host against the
     // one-row kernel's 83-86%, and 70-76% against 46-70% on the 2-core Zen 5 VM
-    // (BENCHMARKS.md, "Session 23"). Until then it was level with the one-row kernel and
-    // opt-in.
+    // (BENCHMARKS.md, "Session 23"); since session 41 (each line of scales just before its
+    // codes) 89-92% on the 2-core Zen 4 VM in its low read mode. Until session 23 it was
+    // level with the one-row kernel and opt-in.
     if std::env::var_os("LAGOON_CPU_X8_CT4").is_some_and(|v| v == "0") {
         mats.retain(|m| !matches!(m.enc, lagoon_core::weights::Encoding::Ct(_)));
     }

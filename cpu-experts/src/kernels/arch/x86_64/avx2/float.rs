@@ -176,99 +176,59 @@ macro_rules! float_n {
     }};
 }
 
-/// [`f32_f32`] for `N` tokens at once (`float_n!`).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f32_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    float_n!(
-        w,
-        acts,
-        n,
-        N,
-        4,
-        |x: &[u8; 32]| ld_ps(x),
-        |x: &[u8; 4]| { f32::from_le_bytes(*x) },
-        f32_f32
-    )
+/// The three `float_n!` kernels (F32, F16, BF16 weights; [`f32_f32`], [`f16_f32`] and
+/// [`bf16_f32`] for `N` tokens at once) compiled with the target features `$feat`: once for
+/// AVX2, once with AVX-512 F and VL (see `f32_f32_gemm_z`).
+macro_rules! float_n_kernels {
+    ($feat:literal, $f32:ident, $f16:ident, $bf16:ident) => {
+        #[target_feature(enable = $feat)]
+        fn $f32<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+            float_n!(
+                w,
+                acts,
+                n,
+                N,
+                4,
+                |x: &[u8; 32]| ld_ps(x),
+                |x: &[u8; 4]| { f32::from_le_bytes(*x) },
+                f32_f32
+            )
+        }
+
+        #[target_feature(enable = $feat)]
+        fn $f16<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+            float_n!(
+                w,
+                acts,
+                n,
+                N,
+                2,
+                |x: &[u8; 16]| _mm256_cvtph_ps(ld128(x)),
+                |x: &[u8; 2]| crate::kernels::scalar::f16_to_f32(u16::from_le_bytes(*x)),
+                f16_f32
+            )
+        }
+
+        #[target_feature(enable = $feat)]
+        fn $bf16<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+            float_n!(
+                w,
+                acts,
+                n,
+                N,
+                2,
+                |x: &[u8; 16]| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                    ld128(x)
+                ))),
+                |x: &[u8; 2]| f32::from_bits(u32::from(u16::from_le_bytes(*x)) << 16),
+                bf16_f32
+            )
+        }
+    };
 }
 
-/// [`f16_f32`] for `N` tokens at once (`float_n!`).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    float_n!(
-        w,
-        acts,
-        n,
-        N,
-        2,
-        |x: &[u8; 16]| _mm256_cvtph_ps(ld128(x)),
-        |x: &[u8; 2]| crate::kernels::scalar::f16_to_f32(u16::from_le_bytes(*x)),
-        f16_f32
-    )
-}
-
-/// [`bf16_f32`] for `N` tokens at once (`float_n!`).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn bf16_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    float_n!(
-        w,
-        acts,
-        n,
-        N,
-        2,
-        |x: &[u8; 16]| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(
-            x
-        )))),
-        |x: &[u8; 2]| f32::from_bits(u32::from(u16::from_le_bytes(*x)) << 16),
-        bf16_f32
-    )
-}
-
-/// [`f32_n`] with AVX-512 F and VL (see `f32_f32_gemm_z`).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-fn f32_n_z<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    float_n!(
-        w,
-        acts,
-        n,
-        N,
-        4,
-        |x: &[u8; 32]| ld_ps(x),
-        |x: &[u8; 4]| { f32::from_le_bytes(*x) },
-        f32_f32
-    )
-}
-
-/// [`f16_n`] with AVX-512 F and VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-fn f16_n_z<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    float_n!(
-        w,
-        acts,
-        n,
-        N,
-        2,
-        |x: &[u8; 16]| _mm256_cvtph_ps(ld128(x)),
-        |x: &[u8; 2]| crate::kernels::scalar::f16_to_f32(u16::from_le_bytes(*x)),
-        f16_f32
-    )
-}
-
-/// [`bf16_n`] with AVX-512 F and VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-fn bf16_n_z<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    float_n!(
-        w,
-        acts,
-        n,
-        N,
-        2,
-        |x: &[u8; 16]| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(ld128(
-            x
-        )))),
-        |x: &[u8; 2]| f32::from_bits(u32::from(u16::from_le_bytes(*x)) << 16),
-        bf16_f32
-    )
-}
+float_n_kernels!("avx2,fma,f16c", f32_n, f16_n, bf16_n);
+float_n_kernels!("avx2,fma,f16c,avx512f,avx512vl", f32_n_z, f16_n_z, bf16_n_z);
 
 /// F16 × F32: `vcvtph2ps` widens 8 halves at once.
 #[target_feature(enable = "avx2,fma,f16c")]
