@@ -111,16 +111,16 @@ pub(crate) fn pack_q4k_row(o: &mut [u8], r: usize, head: &[u8], qs: &[u8]) {
     }
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, Q5_K and Q8_0 (those three where
-/// their vector kernels run) and symmetric int4 compressed-tensors matrices (this module's
-/// layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
-/// [`super::x8_q5k`]'s, [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4: of their
-/// codes, served only with the scales they were made from), and the kernels that read them:
-/// what [`super::Kernels::with_x8`] hands the products of those matrices to.
-/// `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of
-/// those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, 180 per 176, 34 per
-/// 34, int4 g32 144 per 144), whose results are the scalar reference's (int4: `kernels::ct`'s scalar row
-/// kernel's), not the table's one-row kernels'.
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, Q5_K and Q8_0 (those three where their
+/// vector kernels run) and symmetric int4 compressed-tensors matrices (this module's layout,
+/// [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s, [`super::x8_q5k`]'s,
+/// [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4:
+/// of their codes, served only with the scales they were made from), and the kernels that read
+/// them: what [`super::Kernels::with_x8`] hands the products of those matrices to. `Session::new`
+/// makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of those weights (148 bytes
+/// per 144, 138 per 136, 210 per 210, 98 per 98, 180 per 176, 34 per 34, int4 g32 144 per 144),
+/// whose results are the scalar reference's (int4: `kernels::ct`'s scalar row kernel's), not the
+/// table's one-row kernels'.
 pub struct X8Store {
     map: HashMap<usize, Packed, AddrHash>,
     dot: DotX8Multi,
@@ -302,19 +302,18 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 }
 
 impl X8Store {
-    /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable
-    /// Q4_K matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, 180 per
-    /// 176 of Q5_K, 34 per 34 of Q8_0 (an odd last block padded to a pair), the codes and scales' size of int4,
-    /// the scales padded to a line per 8 rows): for deciding whether the copy fits before
-    /// making it.
+    /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable Q4_K
+    /// matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, 180 per 176 of
+    /// Q5_K, 34 per 34 of Q8_0 (an odd last block padded to a pair and an odd last pair's line of
+    /// scales half empty), the codes and scales' size of int4 (each line of scales padded): for
+    /// deciding whether the copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
         repackable(mats).iter().map(Todo::planned).sum()
     }
 
     /// Repacks every Q4_K, IQ4_XS, Q6_K and (where their vector kernels run) IQ3_XXS and Q5_K
-    /// matrix of
-    /// `mats` whose rows are a multiple of 8 and columns of 256, every Q8_0 one (where its
-    /// vector kernel runs) whose rows are a multiple of 8, and every int4 one `ct4_geom` takes
+    /// matrix of `mats` whose rows are a multiple of 8 and columns of 256, every Q8_0 one (where
+    /// its vector kernel runs) whose rows are a multiple of 8, and every int4 one `ct4_geom` takes
     /// (others are left to the table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
         // The distinct repackable matrices, then repacked on all cores (a few hundred MB/s per
