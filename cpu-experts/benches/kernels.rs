@@ -950,16 +950,21 @@ impl MtExperts {
     }
 
     /// `k` with the sets' rows repacked for the 8-row kernels (`kernels::x8`, what a session
-    /// uses where the copy fits) for Q4_K, IQ4_XS, Q6_K, IQ3_XXS and Q8_0 (those two only where
+    /// uses where the copy fits) for Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS and Q8_0 (those three only where
     /// their vector kernels run, else the store is empty and the arm repeats the table's) and
     /// int4; `None` for other kinds. Throughput still counts the stored type's bytes (the
-    /// copies hold 148/144, 138/136, 210/210, 98/98, 34/34 and, int4 g32, 144/144 of them, the
+    /// copies hold 148/144, 138/136, 210/210, 98/98, 66/66, 34/34 and, int4 g32, 144/144 of them, the
     /// scales padded to a line).
     fn x8(&self, k: &Kernels, kind: Kind) -> Option<Kernels> {
         matches!(
             kind,
             Kind::G(
-                GgmlType::Q4K | GgmlType::IQ4XS | GgmlType::Q6K | GgmlType::IQ3XXS | GgmlType::Q8_0
+                GgmlType::Q4K
+                    | GgmlType::IQ4XS
+                    | GgmlType::Q6K
+                    | GgmlType::IQ3XXS
+                    | GgmlType::IQ2XXS
+                    | GgmlType::Q8_0
             ) | Kind::CtInt4(_)
         )
         .then(|| {

@@ -23,6 +23,7 @@ pub mod ct;
 pub mod scalar;
 pub mod x8;
 pub mod x8_ct4;
+pub mod x8_iq2xxs;
 pub mod x8_iq3xxs;
 pub mod x8_iq4xs;
 pub mod x8_q5k;

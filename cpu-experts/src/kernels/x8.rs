@@ -51,6 +51,7 @@ use super::ct;
 use super::x8_ct4::{
     BlockSums, Ct4Act, Ct4Geom, DotCt4X8, block_sums_fn, dot_ct4_x8, repack_ct4_x8,
 };
+use super::x8_iq2xxs::{IQ2XXS_BLOCK, IQ2XXS_X8_BLOCK, dot_iq2xxs_x8_multi, repack_iq2xxs_x8};
 use super::x8_iq3xxs::{IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK, dot_iq3xxs_x8_multi, repack_iq3xxs_x8};
 use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
 use super::x8_q5k::{Q5K_BLOCK, Q5K_X8_BLOCK, dot_q5k_x8_multi, repack_q5k_x8};
@@ -111,14 +112,15 @@ pub(crate) fn pack_q4k_row(o: &mut [u8], r: usize, head: &[u8], qs: &[u8]) {
     }
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, Q5_K and Q8_0 (those three where their
-/// vector kernels run) and symmetric int4 compressed-tensors matrices (this module's layout,
-/// [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s, [`super::x8_q5k`]'s,
-/// [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4:
-/// of their codes, served only with the scales they were made from), and the kernels that read
-/// them: what [`super::Kernels::with_x8`] hands the products of those matrices to. `Session::new`
-/// makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of those weights (148 bytes
-/// per 144, 138 per 136, 210 per 210, 98 per 98, 180 per 176, 34 per 34, int4 g32 144 per 144),
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q5_K and Q8_0 (those four
+/// where their vector kernels run) and symmetric int4 compressed-tensors matrices (this module's
+/// layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
+/// [`super::x8_iq2xxs`]'s, [`super::x8_q5k`]'s, [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s),
+/// found by the address of their stored bytes (int4: of their codes, served only with the scales
+/// they were made from), and the kernels that read them: what [`super::Kernels::with_x8`] hands
+/// the products of those matrices to. `Session::new` makes one where it fits in memory
+/// (`LAGOON_CPU_X8`): a second copy of those weights (148 bytes per 144, 138 per 136, 210 per
+/// 210, 98 per 98, 66 per 66, 180 per 176, 34 per 34, int4 g32 144 per 144),
 /// whose results are the scalar reference's (int4: `kernels::ct`'s scalar row kernel's), not the
 /// table's one-row kernels'.
 pub struct X8Store {
@@ -130,6 +132,7 @@ pub struct X8Store {
     dot_q6k: DotX8Multi,
     dot_q5k: DotX8Multi,
     dot_iq3xxs: DotX8Multi,
+    dot_iq2xxs: DotX8Multi,
     dot_ct4: DotCt4X8,
     sums_ct4: BlockSums,
     dot_q8_0: DotQ80X8,
@@ -193,6 +196,7 @@ fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
         GgmlType::Q6K => Some((Q6K_BLOCK, Q6K_X8_BLOCK)),
         // Only where the vector kernel runs: the one-row table kernels beat the scalar one.
         GgmlType::IQ3XXS if super::x8_iq3xxs::simd() => Some((IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK)),
+        GgmlType::IQ2XXS if super::x8_iq2xxs::simd() => Some((IQ2XXS_BLOCK, IQ2XXS_X8_BLOCK)),
         // Likewise (no AVX2 form).
         GgmlType::Q5K if super::x8_q5k::simd() => Some((Q5K_BLOCK, Q5K_X8_BLOCK)),
         _ => None,
@@ -339,6 +343,7 @@ impl X8Store {
                                     GgmlType::IQ4XS => repack_iq4xs_x8(data, rows, cols),
                                     GgmlType::Q6K => repack_q6k_x8(data, rows, cols),
                                     GgmlType::IQ3XXS => repack_iq3xxs_x8(data, rows, cols),
+                                    GgmlType::IQ2XXS => repack_iq2xxs_x8(data, rows, cols),
                                     GgmlType::Q5K => repack_q5k_x8(data, rows, cols),
                                     _ => repack_q4k_x8(data, rows, cols),
                                 }
@@ -369,6 +374,7 @@ impl X8Store {
             dot_q6k: dot_q6k_x8_multi(),
             dot_q5k: dot_q5k_x8_multi(),
             dot_iq3xxs: dot_iq3xxs_x8_multi(),
+            dot_iq2xxs: dot_iq2xxs_x8_multi(),
             dot_ct4: dot_ct4_x8(),
             sums_ct4: block_sums_fn(),
             dot_q8_0: super::x8_q8_0::dot_q8_0_x8(),
@@ -433,6 +439,7 @@ impl X8Store {
             (GgmlType::Q6K, GgmlType::Q6K) => (nb * Q6K_X8_BLOCK, self.dot_q6k),
             (GgmlType::Q5K, GgmlType::Q5K) => (nb * Q5K_X8_BLOCK, self.dot_q5k),
             (GgmlType::IQ3XXS, GgmlType::IQ3XXS) => (nb * IQ3XXS_X8_BLOCK, self.dot_iq3xxs),
+            (GgmlType::IQ2XXS, GgmlType::IQ2XXS) => (nb * IQ2XXS_X8_BLOCK, self.dot_iq2xxs),
             _ => return false,
         };
         let ab = super::act::q8k_row_bytes(cols);
@@ -1006,6 +1013,7 @@ mod tests {
         let iq4 = vec![0x11u8; n * cols / QK_K * IQ4XS_BLOCK];
         let q6 = vec![0x22u8; n * cols / QK_K * Q6K_BLOCK];
         let iq3 = vec![0x33u8; n * cols / QK_K * IQ3XXS_BLOCK];
+        let iq2 = vec![0x55u8; n * cols / QK_K * IQ2XXS_BLOCK];
         let q8 = vec![0x44u8; n * cols / 32 * Q8_0_BLOCK];
         let ragged = rows(&mut seed, 12, cols);
         let f32s = vec![0u8; 4 * n * cols];
@@ -1020,6 +1028,7 @@ mod tests {
             m(GgmlType::IQ4XS, n, &iq4[..]),
             m(GgmlType::Q6K, n, &q6[..]),
             m(GgmlType::IQ3XXS, n, &iq3[..]),
+            m(GgmlType::IQ2XXS, n, &iq2[..]),
             m(GgmlType::Q4K, 12, &ragged[..]),
             m(GgmlType::Q8_0, n, &q8[..]),
             m(GgmlType::F32, n, &f32s[..]),
@@ -1034,13 +1043,21 @@ mod tests {
         } else {
             0
         };
+        // IQ2_XXS likewise.
+        let iq2_held = super::super::x8_iq2xxs::simd();
+        let iq2_bytes = if iq2_held { IQ2XXS_X8_BLOCK } else { 0 };
         let want = n / 8
-            * (cols / QK_K * (Q4K_X8_BLOCK + IQ4XS_X8_BLOCK + Q6K_X8_BLOCK + iq3_bytes) + q8_bytes);
+            * (cols / QK_K
+                * (Q4K_X8_BLOCK + IQ4XS_X8_BLOCK + Q6K_X8_BLOCK + iq3_bytes + iq2_bytes)
+                + q8_bytes);
         assert_eq!(X8Store::planned_bytes(&mats), want);
         let store = X8Store::build(&mats);
         assert_eq!(
             (store.len(), store.bytes()),
-            (3 + usize::from(iq3_held) + usize::from(q8_held), want)
+            (
+                3 + usize::from(iq3_held) + usize::from(iq2_held) + usize::from(q8_held),
+                want
+            )
         );
         // The Q8_0 matrix: served (with Q8_0 activations) where held, with the reference's bits.
         let a8 = {
@@ -1056,7 +1073,7 @@ mod tests {
         };
         let mut out8 = vec![0.0f32; 8];
         assert_eq!(
-            store.dot_rows_multi(&mats[6], 8, 8, &a8, a8.len(), 1, &mut out8, 8),
+            store.dot_rows_multi(&mats[7], 8, 8, &a8, a8.len(), 1, &mut out8, 8),
             q8_held
         );
         if q8_held {
@@ -1079,6 +1096,20 @@ mod tests {
             ),
             iq3_held
         );
+        // The IQ2_XXS matrix: served where held, with the reference's bits.
+        let a = act(&mut seed, cols, 1.0);
+        let mut out = vec![0.0f32; 8];
+        assert_eq!(
+            store.dot_rows_multi(&mats[5], 8, 8, &a, a.len(), 1, &mut out, 8),
+            iq2_held
+        );
+        if iq2_held {
+            let rb = cols / QK_K * IQ2XXS_BLOCK;
+            for (r, o) in out.iter().enumerate() {
+                let want = scalar::vec_dot_iq2_xxs_q8k(&iq2[(8 + r) * rb..][..rb], &a, cols);
+                assert_eq!(o.to_bits(), want.to_bits(), "IQ2_XXS row {}", 8 + r);
+            }
+        }
         let a = act(&mut seed, cols, 1.0);
         let mut out = vec![0.0f32; 8];
         assert!(store.dot_rows_multi(&mats[0], 8, 8, &a, a.len(), 1, &mut out, 8));
@@ -1088,8 +1119,8 @@ mod tests {
             assert_eq!(o.to_bits(), want.to_bits(), "row {}", 8 + r);
         }
         // Not held, or not whole groups of 8 rows: left to the table.
-        assert!(!store.dot_rows_multi(&mats[5], 0, 8, &a, a.len(), 1, &mut out, 8));
-        assert!(!store.dot_rows_multi(&mats[7], 0, 8, &a, a.len(), 1, &mut out, 8));
+        assert!(!store.dot_rows_multi(&mats[6], 0, 8, &a, a.len(), 1, &mut out, 8));
+        assert!(!store.dot_rows_multi(&mats[8], 0, 8, &a, a.len(), 1, &mut out, 8));
         assert!(!store.dot_rows_multi(&mats[0], 4, 8, &a, a.len(), 1, &mut out, 8));
     }
 

@@ -221,6 +221,17 @@ pub(crate) fn iq3xxs_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
     iq3_grid(vnni).map(avx512::iq3x8z::iq3xxs_x8z_fn)
 }
 
+/// The repacked 8-row IQ2_XXS several-token kernel (`kernels::x8_iq2xxs`): the 512-bit grid
+/// form (`avx512::iq2x8z`) on the CPUs [`iq3xxs_x8_multi`] takes; no other vector form.
+pub(crate) fn iq2xxs_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    iq3_grid(vnni).map(avx512::iq2x8z::iq2xxs_x8z_multi_fn)
+}
+
+/// The repacked 8-row IQ2_XXS one-token kernel, as [`iq2xxs_x8_multi`] chooses.
+pub(crate) fn iq2xxs_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
+    iq3_grid(vnni).map(avx512::iq2x8z::iq2xxs_x8z_fn)
+}
+
 fn iq3_grid(vnni: bool) -> Option<avx512::iq3x8z::Grid> {
     avx512::Avx512Vnni::detect()
         .filter(|_| vnni)

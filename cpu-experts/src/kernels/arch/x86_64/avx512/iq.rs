@@ -190,7 +190,7 @@ const fn split<const N: usize, const B: usize>(c: &[u16; N]) -> [u8; B] {
     t
 }
 
-static IQ2XXS_CODES: [u16; 256] = codes8(&IQ2XXS_GRID, &IQ2_VALS);
+pub(super) static IQ2XXS_CODES: [u16; 256] = codes8(&IQ2XXS_GRID, &IQ2_VALS);
 static IQ2XS_CODES: [u16; 512] = codes8(&IQ2XS_GRID, &IQ2_VALS);
 static IQ2S_CODES: [u16; 1024] = codes8(&IQ2S_GRID, &IQ2_VALS);
 pub(super) static IQ3XXS_CODES: [u16; 256] = codes4(&IQ3XXS_GRID, &IQ3XXS_VALS);
@@ -226,8 +226,8 @@ pub(super) const KSIGNS_AFFINE: i64 = affine_matrix([0x81, 0x82, 0x84, 0x88, 0x9
 const KSIGNS_HI_AFFINE: i64 = affine_matrix([0, 0x81, 0x82, 0x84, 0x88, 0x90, 0xA0, 0xC0]);
 /// IQ2 magnitudes as an affine map of the 2-bit code over GF(2): 8 ⊕ 17·c₀ ⊕ 35·c₁ is 8, 25,
 /// 43 for codes 0, 1, 2 (input bits 2-7, the neighbouring codes, are ignored).
-const IQ2_AFFINE: i64 = affine_matrix([8 ^ 25, 8 ^ 43, 0, 0, 0, 0, 0, 0]);
-const IQ2_AFFINE_CONST: i32 = 8;
+pub(super) const IQ2_AFFINE: i64 = affine_matrix([8 ^ 25, 8 ^ 43, 0, 0, 0, 0, 0, 0]);
+pub(super) const IQ2_AFFINE_CONST: i32 = 8;
 /// IQ3_S magnitudes `2c + 1` = 1 ⊕ 2c₀ ⊕ 4c₁ ⊕ 8c₂ (no carries), also affine.
 const IQ3S_AFFINE: i64 = affine_matrix([2, 4, 8, 0, 0, 0, 0, 0]);
 const IQ3S_AFFINE_CONST: i32 = 1;

@@ -131,7 +131,7 @@ const fn field_ctl() -> [u8; 64] {
     t
 }
 
-static FIELDS: [u8; 64] = field_ctl();
+pub(super) static FIELDS: [u8; 64] = field_ctl();
 
 /// One token's super-block prepared for the rows: its activations transposed by plane, and
 /// each dword lane's starting value `−64·bsums[2j + h]` as sub-block j's 64-bit pair.

@@ -41,6 +41,7 @@ mod ct;
 pub(super) mod ct4x8z;
 mod float;
 mod iq;
+pub(super) mod iq2x8z;
 pub(super) mod iq3x8z;
 pub(super) mod iq4x8z;
 mod k16;
