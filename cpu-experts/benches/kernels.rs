@@ -1039,6 +1039,9 @@ fn prefill_64tok(c: &mut Criterion) {
         GgmlType::Q6K,
         GgmlType::IQ4XS,
         GgmlType::Q5K,
+        GgmlType::IQ2XXS,
+        GgmlType::IQ2S,
+        GgmlType::IQ3XXS,
         GgmlType::BF16,
         GgmlType::F32,
     ] {

@@ -719,6 +719,10 @@ fn multi_token_matches_one_token_with(fast: &Kernels) {
         Wt::G(GgmlType::Q4_0),
         Wt::G(GgmlType::IQ4XS),
         Wt::G(GgmlType::IQ2XXS),
+        Wt::G(GgmlType::IQ2XS),
+        Wt::G(GgmlType::IQ2S),
+        Wt::G(GgmlType::IQ3XXS),
+        Wt::G(GgmlType::IQ3S),
         // The float GEMMs (router, and F16 / BF16 attention of W4A16 checkpoints), with
         // ragged tails past their 32-element steps.
         Wt::G(GgmlType::F32),

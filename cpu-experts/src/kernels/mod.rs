@@ -278,6 +278,12 @@ pub(crate) struct Table {
     pub q8_0_multi: Option<MultiDot>,
     pub q6k_multi: Option<MultiDot>,
     pub iq4xs_multi: Option<MultiDot>,
+    /// The grid types (each block's grid lookups and signs decoded once for the tokens).
+    pub iq2xxs_multi: Option<MultiDot>,
+    pub iq2xs_multi: Option<MultiDot>,
+    pub iq2s_multi: Option<MultiDot>,
+    pub iq3xxs_multi: Option<MultiDot>,
+    pub iq3s_multi: Option<MultiDot>,
     /// Rows × tokens at once (prefill); `None`: [`MultiDot`] or [`RowDot`] per row.
     pub q4k_gemm: Option<Gemm>,
     pub q6k_gemm: Option<Gemm>,
@@ -335,6 +341,11 @@ pub(crate) fn scalar_table() -> Table {
         q8_0_multi: None,
         q6k_multi: None,
         iq4xs_multi: None,
+        iq2xxs_multi: None,
+        iq2xs_multi: None,
+        iq2s_multi: None,
+        iq3xxs_multi: None,
+        iq3s_multi: None,
         q4k_gemm: None,
         q6k_gemm: None,
         q8_0_gemm: None,
@@ -838,6 +849,11 @@ impl Kernels {
                     GgmlType::Q8_0 => t.q8_0_multi,
                     GgmlType::Q6K => t.q6k_multi,
                     GgmlType::IQ4XS => t.iq4xs_multi,
+                    GgmlType::IQ2XXS => t.iq2xxs_multi,
+                    GgmlType::IQ2XS => t.iq2xs_multi,
+                    GgmlType::IQ2S => t.iq2s_multi,
+                    GgmlType::IQ3XXS => t.iq3xxs_multi,
+                    GgmlType::IQ3S => t.iq3s_multi,
                     _ => None,
                 };
                 let gemm = match ty {

@@ -106,6 +106,11 @@ fn iq4_xs_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
 // * `maddubs` (pair sums ≤ 2·62·127) and `vpdpwssd` with the sub-block scales, as for
 //   IQ4_XS. The block's i32 sum is reduced exactly and combined in the scalar oracle's f32
 //   order, so results equal scalar bit for bit (a unit test below checks that).
+// * Several tokens (prefill): [`grid_loop!`] decodes each block once for up to four tokens
+//   (the table's `*_multi` entries), as ik_llama.cpp reuses its unpacked blocks; only the
+//   masked subtract, `maddubs`, `vpdpwssd` and the reduction are per token. Zen 4 VM, one
+//   thread, 64 tokens of 1024 × 3072 in cache (`prefill_*_64tok`): IQ2_XXS 68.6, IQ2_S 57.3,
+//   IQ3_XXS 66.3 GFLOP/s (BENCHMARKS.md, session 42).
 //
 // Tried and not kept (in-cache microbenchmark, ns per super-block, this VM): the lookup on
 // 64-point byte tables (`vpermt2b` on index `i & 63 | 64·odd`): 3-6 % slower; on 16-bit
@@ -260,27 +265,49 @@ pub(super) fn with_grid_kernels(_proof: super::Avx512Vnni, t: Table) -> Table {
         iq2s: vec_dot_iq2_s_q8k,
         iq3xxs: vec_dot_iq3_xxs_q8k,
         iq3s: vec_dot_iq3_s_q8k,
+        iq2xxs_multi: Some(vec_dot_iq2_xxs_q8k_multi),
+        iq2xs_multi: Some(vec_dot_iq2_xs_q8k_multi),
+        iq2s_multi: Some(vec_dot_iq2_s_q8k_multi),
+        iq3xxs_multi: Some(vec_dot_iq3_xxs_q8k_multi),
+        iq3s_multi: Some(vec_dot_iq3_s_q8k_multi),
         ..t
     }
 }
 
 macro_rules! wrap_grid {
-    ($name:ident => $kernel:ident) => {
+    ($name:ident, $multi:ident => $kernel:ident) => {
         fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
             // SAFETY: `$kernel` needs the features `Avx512Vnni::detect` checks plus BMI2,
             // VBMI, BITALG and GFNI. This wrapper is reachable only through
             // `with_grid_kernels`, which takes an `Avx512Vnni` token and checks the other four
             // before placing it in the table.
-            unsafe { $kernel(w, a, n) }
+            unsafe { $kernel::<1>(w, [a], n)[0] }
+        }
+
+        fn $multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+            // SAFETY: as for the one-token wrapper (placed in the table by
+            // `with_grid_kernels` only).
+            unsafe {
+                match *acts {
+                    [a0, a1, a2, a3] => out.copy_from_slice(&$kernel(w, [a0, a1, a2, a3], n)),
+                    [a0, a1, a2] => out.copy_from_slice(&$kernel(w, [a0, a1, a2], n)),
+                    [a0, a1] => out.copy_from_slice(&$kernel(w, [a0, a1], n)),
+                    _ => {
+                        for (o, a) in out.iter_mut().zip(acts) {
+                            *o = $kernel::<1>(w, [*a], n)[0];
+                        }
+                    }
+                }
+            }
         }
     };
 }
 
-wrap_grid!(vec_dot_iq2_xxs_q8k => iq2_xxs_q8k);
-wrap_grid!(vec_dot_iq2_xs_q8k => iq2_xs_q8k);
-wrap_grid!(vec_dot_iq2_s_q8k => iq2_s_q8k);
-wrap_grid!(vec_dot_iq3_xxs_q8k => iq3_xxs_q8k);
-wrap_grid!(vec_dot_iq3_s_q8k => iq3_s_q8k);
+wrap_grid!(vec_dot_iq2_xxs_q8k, vec_dot_iq2_xxs_q8k_multi => iq2_xxs_q8k);
+wrap_grid!(vec_dot_iq2_xs_q8k, vec_dot_iq2_xs_q8k_multi => iq2_xs_q8k);
+wrap_grid!(vec_dot_iq2_s_q8k, vec_dot_iq2_s_q8k_multi => iq2_s_q8k);
+wrap_grid!(vec_dot_iq3_xxs_q8k, vec_dot_iq3_xxs_q8k_multi => iq3_xxs_q8k);
+wrap_grid!(vec_dot_iq3_s_q8k, vec_dot_iq3_s_q8k_multi => iq3_s_q8k);
 
 grid_kernel! {
     /// The 16-bit codes of 32 grid indices. `d` holds index i's low byte in both bytes of
@@ -437,19 +464,35 @@ grid_kernel! {
     }
 }
 
-/// Shared super-block loop: `$body(blk, qa)` gives the block's exact i32 sum; the f32 steps
-/// are the scalar oracle's (`acc += (d_w·d_a)·sumi`, then `factor · acc`).
+/// Shared super-block loop of a kernel `$name::<N>` for N tokens: `$body(blk)` decodes the
+/// block once (magnitudes, negation masks and scale words for [`dot4`]), then each token's
+/// exact i32 sum and the scalar oracle's f32 steps (`acc += (d_w·d_a)·sumi`, then
+/// `factor · acc`), so every token gets the one-token bits. A token whose activation row is
+/// malformed gets NaN (the others their values, one at a time).
 macro_rules! grid_loop {
-    ($w:expr, $a:expr, $n:expr, $B:literal, $factor:expr, |$blk:ident, $qa:ident| $body:expr) => {{
-        let (Some(a), Some(wb)) = (Q8KAct::new($a, $n), blocks::<$B>($w, $n / 256)) else {
-            return f32::NAN;
+    ($name:ident, $w:expr, $acts:expr, $n:expr, $B:literal, $factor:expr, |$blk:ident| $body:expr) => {{
+        let (Some(a), Some(wb)) = (
+            rows_ok($acts, |a| Q8KAct::new(a, $n)),
+            blocks::<$B>($w, $n / 256),
+        ) else {
+            return core::array::from_fn(|t| {
+                if N == 1 {
+                    f32::NAN
+                } else {
+                    $name::<1>($w, [$acts[t]], $n)[0]
+                }
+            });
         };
-        let mut acc = 0.0f32;
-        for (b, ($blk, $qa)) in wb.iter().zip(a.qs.as_chunks::<256>().0).enumerate() {
-            let sumi: i32 = $body;
-            acc += (f16_at::<0, $B>($blk) * a.d(b)) * sumi as f32;
+        let mut acc = [0.0f32; N];
+        for (b, $blk) in wb.iter().enumerate() {
+            let (g, neg, sc) = $body;
+            let dw = f16_at::<0, $B>($blk);
+            for t in 0..N {
+                let sumi = dot4(g, neg, sc, &a[t].qs.as_chunks::<256>().0[b]);
+                acc[t] += (dw * a[t].d(b)) * sumi as f32;
+            }
         }
-        $factor * acc
+        acc.map(|v| $factor * v)
     }};
 }
 
@@ -461,7 +504,7 @@ grid_kernel! {
     /// Point e = 4ib + l sits at byte 8ib + l of `q` (the 64 bytes after `d`); its index goes
     /// to word lane 4j + m for e = 8m + j (the high byte is left as is: the lookup ignores
     /// it), so [`iq2_expand`] yields elements in order.
-    fn iq2_xxs_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    fn iq2_xxs_q8k<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
         let pick = bytes_of(|i| {
             let e = 8 * ((i / 2) % 4) + i / 8;
             8 * (e / 4) + e % 4
@@ -475,7 +518,7 @@ grid_kernel! {
             8 * (2 * m + j / 4) + j % 4
         });
         let one = _mm512_set1_epi64(1);
-        grid_loop!(w, a, n, 66, 0.125, |blk, qa| {
+        grid_loop!(iq2_xxs_q8k, w, acts, n, 66, 0.125, |blk| {
             let q = ld512(at::<u8, 2, 64, 66>(blk));
             let idx = _mm512_permutexvar_epi8(pick, q);
             let g = iq2_expand(lookup_codes(&IQ2XXS_TAB, idx, |b| low_bit(idx, b)));
@@ -485,7 +528,7 @@ grid_kernel! {
             // 2(a >> 28) + 1 in both words of dword 2ib.
             let sc = _mm512_or_si512(_mm512_srli_epi64::<59>(q), one);
             let sc = _mm512_or_si512(sc, _mm512_slli_epi64::<16>(sc));
-            dot4(g, neg, scales4(sc, |m, l| 2 * (2 * m + l / 2)), qa)
+            (g, neg, scales4(sc, |m, l| 2 * (2 * m + l / 2)))
         })
     }
 }
@@ -498,12 +541,12 @@ grid_kernel! {
     /// The u16 of run 8m + j goes to word lane 4j + m (as for IQ2_XXS); the lookup tests
     /// bits 6-8 only, and `>> 9` leaves the sign field in the low byte of each lane, so the
     /// sign byte of run 8m + j lands at byte 2m of qword j.
-    fn iq2_xs_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    fn iq2_xs_q8k<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
         let run = |i: usize| 8 * ((i / 2) % 4) + i / 8;
         let (pick_lo, pick_hi) = (bytes_of(|i| 2 * run(i)), bytes_of(|i| 2 * run(i) + 1));
         // ksigns of the high byte's bits 1-7.
         let ksigns = _mm512_set1_epi64(KSIGNS_HI_AFFINE);
-        grid_loop!(w, a, n, 74, 0.125, |blk, qa| {
+        grid_loop!(iq2_xs_q8k, w, acts, n, 74, 0.125, |blk| {
             let q = ld512(at::<u8, 2, 64, 74>(blk));
             let (d, h) = (_mm512_permutexvar_epi8(pick_lo, q), _mm512_permutexvar_epi8(pick_hi, q));
             let codes = lookup_codes(&IQ2XS_TAB, d, |b| {
@@ -511,7 +554,7 @@ grid_kernel! {
             });
             let s = _mm512_gf2p8affine_epi64_epi8::<0>(h, ksigns);
             let sc = nibble_scales(at::<u8, 66, 8, 74>(blk));
-            dot4(iq2_expand(codes), sign_masks::<2>(s), scales4(sc, |m, l| 4 * m + l), qa)
+            (iq2_expand(codes), sign_masks::<2>(s), scales4(sc, |m, l| 4 * m + l))
         })
     }
 }
@@ -525,14 +568,14 @@ grid_kernel! {
     /// Word lane 4j + m (run r = 8m + j) gets `qs[r]` in its low byte and `qh[r/4]` in its
     /// high byte (`vpermi2b` over the bytes 2..66 and 18..82), then the high byte shifted
     /// right by 2(r % 4) = 2(j % 4): index bits 8-9 (the lookup ignores bits 10-15).
-    fn iq2_s_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    fn iq2_s_q8k<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
         let run = |i: usize| 8 * ((i / 2) % 4) + i / 8;
         let pick_qs = bytes_of(run);
         let pick_qh = bytes_of(|i| 48 + run(i) / 4);
         let shift: [u16; 32] = core::array::from_fn(|lane| 2 * ((lane / 4) % 4) as u16);
         // SAFETY: `shift` is 64 readable bytes; `loadu` accepts any alignment.
         let shift = unsafe { _mm512_loadu_si512(shift.as_ptr().cast()) };
-        grid_loop!(w, a, n, 82, 0.125, |blk, qa| {
+        grid_loop!(iq2_s_q8k, w, acts, n, 82, 0.125, |blk| {
             let d = _mm512_permutexvar_epi8(pick_qs, ld512(at::<u8, 2, 64, 82>(blk)));
             let h = _mm512_permutexvar_epi8(pick_qh, ld512(at::<u8, 18, 64, 82>(blk)));
             let h = _mm512_srlv_epi16(h, shift);
@@ -542,7 +585,7 @@ grid_kernel! {
             let sg = at::<u8, 34, 32, 82>(blk).as_chunks::<8>().0;
             let neg = core::array::from_fn(|m| u64::from_le_bytes(sg[m]));
             let sc = nibble_scales(at::<u8, 74, 8, 82>(blk));
-            dot4(iq2_expand(codes), neg, scales4(sc, |m, l| 4 * m + l), qa)
+            (iq2_expand(codes), neg, scales4(sc, |m, l| 4 * m + l))
         })
     }
 }
@@ -578,7 +621,7 @@ grid_kernel! {
     /// point e (elements 4e..4e+4) is `IQ3XXS_GRID[qs[e]]`; sub-block ib: `a = u32[ib]`, run
     /// l signs `ksigns[(a >> 7l) & 127]`, scale `2(a >> 28) + 1`. Codes to magnitudes with
     /// `vpermb` (4, 12, .., 52, 62 is not affine over GF(2)).
-    fn iq3_xxs_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    fn iq3_xxs_q8k<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
         let pick = [iq3_pick(0), iq3_pick(1)];
         let lut = ld512(&IQ3XXS_LUT);
         // Sign fields: qword q of the 32 `a` bytes holds sub-blocks 2q, 2q+1; byte t of the
@@ -588,7 +631,7 @@ grid_kernel! {
         let ksigns = _mm256_set1_epi64x(KSIGNS_AFFINE);
         let arrange = bytes_of(|i| 8 * ((i % 8) % 4) + i / 8);
         let one = _mm256_set1_epi32(1);
-        grid_loop!(w, a, n, 98, 0.25, |blk, qa| {
+        grid_loop!(iq3_xxs_q8k, w, acts, n, 98, 0.25, |blk| {
             let q = ld512(at::<u8, 2, 64, 98>(blk));
             let aux = ld256(at::<u8, 66, 32, 98>(blk));
             let mut g = [_mm512_setzero_si512(); 4];
@@ -606,7 +649,7 @@ grid_kernel! {
             let neg = sign_masks::<1>(_mm512_permutexvar_epi8(arrange, _mm512_castsi256_si512(s)));
             let sc = _mm256_or_si256(_mm256_srli_epi32::<27>(aux), one);
             let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
-            dot4(g, neg, scales4(_mm512_castsi256_si512(sc), |m, l| 2 * m + l / 2), qa)
+            (g, neg, scales4(_mm512_castsi256_si512(sc), |m, l| 2 * m + l / 2))
         })
     }
 }
@@ -617,10 +660,10 @@ grid_kernel! {
     /// bit k) << 8]`, i.e. index bit 8 is bit e of `qh` read as a u64; `signs` is the
     /// 256-bit negation mask; scale `2·nibble + 1`. Codes to magnitudes `2c + 1` with
     /// `gf2p8affineqb`.
-    fn iq3_s_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    fn iq3_s_q8k<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
         let pick = [iq3_pick(0), iq3_pick(1)];
         let vals = _mm512_set1_epi64(IQ3S_AFFINE);
-        grid_loop!(w, a, n, 110, 1.0, |blk, qa| {
+        grid_loop!(iq3_s_q8k, w, acts, n, 110, 1.0, |blk| {
             let q = ld512(at::<u8, 2, 64, 110>(blk));
             let qh = u64::from_le_bytes(*at::<u8, 66, 8, 110>(blk));
             let mut g = [_mm512_setzero_si512(); 4];
@@ -646,7 +689,7 @@ grid_kernel! {
             let neg = core::array::from_fn(|m| u64::from_le_bytes(sg[m]));
             let s4 = u32::from_le_bytes(*at::<u8, 106, 4, 110>(blk));
             let sc = nibble_scales(&u64::from(s4).to_le_bytes());
-            dot4(g, neg, scales4(sc, |m, l| 2 * m + l / 2), qa)
+            (g, neg, scales4(sc, |m, l| 2 * m + l / 2))
         })
     }
 }
