@@ -716,6 +716,8 @@ fn multi_token_matches_one_token_with(fast: &Kernels) {
         Wt::G(GgmlType::Q8_0),
         Wt::G(GgmlType::Q6K),
         Wt::G(GgmlType::Q5K),
+        Wt::G(GgmlType::Q3K),
+        Wt::G(GgmlType::Q2K),
         Wt::G(GgmlType::Q4_0),
         Wt::G(GgmlType::IQ4XS),
         Wt::G(GgmlType::IQ2XXS),

@@ -25,7 +25,7 @@ pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q8_0 | Q4K | Q5K | Q6K | IQ2XXS | IQ2S | IQ3XXS | IQ4XS
+        F32 | F16 | BF16 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ2XXS | IQ2S | IQ3XXS | IQ4XS
     )
 }
 
@@ -50,6 +50,8 @@ pub fn fill_blocks(ty: GgmlType, std: f32, rng: &mut WyRand, out: &mut [u8]) {
         F16 => fill_floats(ty, 0.0, std, rng, out),
         BF16 => fill_floats(ty, 0.0, std, rng, out),
         Q8_0 => q8_0(std, rng, out),
+        Q2K => q2k(std, rng, out),
+        Q3K => q3k(std, rng, out),
         Q4K => q4k(std, rng, out),
         Q5K => q5k(std, rng, out),
         Q6K => q6k(std, rng, out),
@@ -128,6 +130,30 @@ const K_SC_HI: i32 = 63;
 fn k4_scales(rng: &mut WyRand, s: &mut [u8]) {
     let sc: [u8; 8] = core::array::from_fn(|_| rng.range(K_SC_LO, K_SC_HI) as u8);
     pack_scale_min_k4(&sc, &sc, s);
+}
+
+/// Q2_K (84 B): `scales[16] | qs[64] | d | dmin`, `y = d·sc·q − dmin·m` (sc, m the low and
+/// high nibbles of a scale byte, q in 0..3), every byte random and `dmin = 1.5·d`: mean 0
+/// (sc, q and m independent), `E[y²] = d²·(E[sc²]E[q²] − 3E[sc]E[q]E[m] + 2.25E[m²])`.
+fn q2k(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let (s2, q2) = (rms_range(0, 15, 0.0).powi(2), rms_range(0, 3, 0.0).powi(2));
+    let d = std / (s2 * q2 - 3.0 * 7.5 * 1.5 * 7.5 + 2.25 * s2).sqrt();
+    for b in out.chunks_exact_mut(84) {
+        rng.fill(&mut b[0..80]);
+        put_f16(&mut b[80..82], d);
+        put_f16(&mut b[82..84], 1.5 * d);
+    }
+}
+
+/// Q3_K (110 B): `hmask[32] | qs[64] | scales[12] | d`, `y = d·(sc − 32)·q` with q in −4..3
+/// and the 6-bit sc in 0..63, every byte random: mean `d·(−0.5)²`, negligible beside the
+/// standard deviation `d·RMS(sc − 32)·RMS(q)` (~0.6%).
+fn q3k(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let d = std / (rms_range(-32, 31, 0.0) * rms_range(-4, 3, 0.0));
+    for b in out.chunks_exact_mut(110) {
+        rng.fill(&mut b[0..108]);
+        put_f16(&mut b[108..110], d);
+    }
 }
 
 /// Q4_K (144 B): `d | dmin | scales[12] | qs[128]`, `y = d·sc·q − dmin·m`, q in 0..15.

@@ -61,6 +61,13 @@ pub enum TypeMix {
     /// llama.cpp Q5_K_M: Q4_K_M's recipe one step up, Q5_K with Q6_K for `output` and for
     /// `attn_v` and the FFN down projections on the `use_more_bits` layers.
     Q5KM,
+    /// llama.cpp Q3_K_M: Q3_K, with Q6_K for `output`, Q4_K for `attn_output`, `attn_v` Q5_K
+    /// on the first two layers and Q4_K elsewhere, the FFN down projections Q5_K on the first
+    /// sixteenth of the layers and Q4_K elsewhere (`llama_tensor_get_type`).
+    Q3KM,
+    /// llama.cpp Q2_K: Q2_K, with Q6_K for `output` and Q3_K for `attn_v`, `attn_output`
+    /// and the FFN down projections.
+    Q2K,
     /// Q8_0 for every matrix.
     Q8_0,
     /// unsloth UD-Q3_K_M-like: routed experts IQ3_XXS (down Q4_K on `use_more_bits`
@@ -84,9 +91,11 @@ pub enum TypeMix {
 }
 
 impl TypeMix {
-    pub const ALL: [TypeMix; 9] = [
+    pub const ALL: [TypeMix; 11] = [
         TypeMix::Q4KM,
         TypeMix::Q5KM,
+        TypeMix::Q3KM,
+        TypeMix::Q2K,
         TypeMix::Q8_0,
         TypeMix::UdQ3KM,
         TypeMix::Iq2M,
@@ -101,6 +110,8 @@ impl TypeMix {
         match self {
             TypeMix::Q4KM => "q4_k_m",
             TypeMix::Q5KM => "q5_k_m",
+            TypeMix::Q3KM => "q3_k_m",
+            TypeMix::Q2K => "q2_k",
             TypeMix::Q8_0 => "q8_0",
             TypeMix::UdQ3KM => "ud-q3_k_m",
             TypeMix::Iq2M => "iq2_m",
@@ -122,6 +133,8 @@ impl TypeMix {
         match self {
             TypeMix::Q4KM => Some(15),
             TypeMix::Q5KM => Some(17),
+            TypeMix::Q3KM => Some(12),
+            TypeMix::Q2K => Some(10),
             TypeMix::Q8_0 => Some(7),
             TypeMix::UdQ3KM => Some(12),
             TypeMix::Iq2M => Some(29),
@@ -152,6 +165,19 @@ impl TypeMix {
                 Output => Q6K,
                 V | DenseDown | ExpDown | ShDown if more => Q6K,
                 _ => Q5K,
+            },
+            TypeMix::Q3KM => match role {
+                Output => Q6K,
+                V if layer < 2 => Q5K,
+                V | O => Q4K,
+                DenseDown | ExpDown | ShDown if layer < n_layers / 16 => Q5K,
+                DenseDown | ExpDown | ShDown => Q4K,
+                _ => Q3K,
+            },
+            TypeMix::Q2K => match role {
+                Output => Q6K,
+                V | O | DenseDown | ExpDown | ShDown => Q3K,
+                _ => Q2K,
             },
             TypeMix::UdQ3KM => match role {
                 TokenEmbd => Q4K,

@@ -117,30 +117,61 @@ fn q3k_scales_biased(s: &[u8; 12]) -> [u8; 16] {
     out
 }
 
-/// Q3_K × Q8_K. Block (110 B): `[0..32) hmask | [32..96) qs | [96..108) scales | [108..110)
-/// d`. Plane k of half n: low 2 bits `(qs[32n + l] >> 2k) & 3`, bit 2 = hmask[l] bit
-/// `4n + k` (set = no −4), so u = q + 4 in 0..7.
+/// Q3_K × Q8_K (one token): [`q3k_q8k_n`] for N = 1.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q3k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let (Some(a), Some(wb)) = (Q8KAct::new(a, n), blocks::<110>(w, n / 256)) else {
-        return f32::NAN;
+    q3k_q8k_n(w, [a], n)[0]
+}
+
+/// Q2_K × Q8_K (one token): [`q2k_q8k_n`] for N = 1.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q2k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    q2k_q8k_n(w, [a], n)[0]
+}
+
+/// The activations of N tokens, or (`Err`) each token's result alone: NaN for N = 1 (a
+/// malformed row), the one-token kernel `one`'s otherwise (so a bad row spoils only itself).
+#[inline(always)]
+fn acts_n<'a, const N: usize>(
+    acts: [&'a [u8]; N],
+    n: usize,
+    one: impl Fn(&[u8]) -> f32,
+) -> Result<[Q8KAct<'a>; N], [f32; N]> {
+    let q = acts.map(|a| Q8KAct::new(a, n));
+    if q.iter().all(Option::is_some) {
+        Ok(q.map(|a| a.unwrap_or_else(|| unreachable!())))
+    } else if N == 1 {
+        Err([f32::NAN; N])
+    } else {
+        Err(acts.map(one))
+    }
+}
+
+/// Q3_K × Q8_K against N activation rows. Block (110 B): `[0..32) hmask | [32..96) qs |
+/// [96..108) scales | [108..110) d`. Plane k of half n: low 2 bits `(qs[32n + l] >> 2k) & 3`,
+/// bit 2 = hmask[l] bit `4n + k` (set = no −4), so u = q + 4 in 0..7. Each super-block's
+/// planes and scales are unpacked once for every token; per token the f32 operations and
+/// their order are those of N = 1 (super-block b into accumulator b & 1), so every token's
+/// result is the one-token kernel's bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q3k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    let Some(wb) = blocks::<110>(w, n / 256) else {
+        return [f32::NAN; N];
+    };
+    let a = match acts_n(acts, n, |a| q3k_q8k(w, a, n)) {
+        Ok(a) => a,
+        Err(v) => return v,
     };
     let m3 = _mm256_set1_epi8(3);
     let m1 = _mm256_set1_epi8(1);
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let bsums = a.bsums.as_chunks::<16>().0;
-    for (b, ((blk, qa), bs)) in wb
-        .iter()
-        .zip(a.qs.as_chunks::<256>().0)
-        .zip(bsums)
-        .enumerate()
-    {
+    let rep = 0x0101_0101_0101_0101u64;
+    let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    for (b, blk) in wb.iter().enumerate() {
         let scb = q3k_scales_biased(at::<u8, 96, 12, 110>(blk));
         let sc8 = _mm_sub_epi8(ld128(&scb), _mm_set1_epi8(32));
-        let qa = qa.as_chunks::<32>().0;
         let qs = at::<u8, 32, 64, 110>(blk).as_chunks::<32>().0;
         let hm = ld256(at::<u8, 0, 32, 110>(blk));
-        let mut sumi = [_mm256_setzero_si256(); 2];
+        let mut sumi = [_mm256_setzero_si256(); N];
         for h in 0..2 {
             let q = ld256(&qs[h]);
             for k in 0..4 {
@@ -151,41 +182,51 @@ fn q3k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
                     m1,
                 );
                 let u = _mm256_or_si256(low, _mm256_slli_epi16::<2>(hi));
-                let p = plane(u, &qa[4 * h + k], sc8, 8 * h + 2 * k);
-                sumi[k & 1] = _mm256_add_epi32(sumi[k & 1], p);
+                let j = (8 * h + 2 * k) as u64;
+                let mask = _mm_set_epi64x((rep * (j + 1)) as i64, (rep * j) as i64);
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, mask));
+                for t in 0..N {
+                    let qa = &a[t].qs.as_chunks::<32>().0[8 * b + 4 * h + k];
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(qa)), sc);
+                    sumi[t] = _mm256_add_epi32(sumi[t], p);
+                }
             }
         }
-        let corr = _mm256_slli_epi32::<2>(scaled_bsums(sc8, bs)); // 4·Σ sc·bsums
-        let s = _mm256_sub_epi32(_mm256_add_epi32(sumi[0], sumi[1]), corr);
-        let d = _mm256_set1_ps(a.d(b) * f16_at::<108, 110>(blk));
-        acc[b & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[b & 1]);
+        let dw = f16_at::<108, 110>(blk);
+        for t in 0..N {
+            let bs = &a[t].bsums.as_chunks::<16>().0[b];
+            let corr = _mm256_slli_epi32::<2>(scaled_bsums(sc8, bs)); // 4·Σ sc·bsums
+            let s = _mm256_sub_epi32(sumi[t], corr);
+            let d = _mm256_set1_ps(a[t].d(b) * dw);
+            acc[t][b & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t][b & 1]);
+        }
     }
-    hsum_ps(_mm256_add_ps(acc[0], acc[1]))
+    acc.map(|a| hsum_ps(_mm256_add_ps(a[0], a[1])))
 }
 
-/// Q2_K × Q8_K. Block (84 B): `[0..16) scales (low nibble scale, high nibble min) |
-/// [16..80) qs | [80..82) d | [82..84) dmin`. Plane k of half n: `(qs[32n + l] >> 2k) & 3`.
+/// Q2_K × Q8_K against N activation rows. Block (84 B): `[0..16) scales (low nibble scale,
+/// high nibble min) | [16..80) qs | [80..82) d | [82..84) dmin`. Plane k of half n:
+/// `(qs[32n + l] >> 2k) & 3`. Unpacked once per super-block for every token; each token's
+/// f32 operations are those of N = 1.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q2k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let (Some(a), Some(wb)) = (Q8KAct::new(a, n), blocks::<84>(w, n / 256)) else {
-        return f32::NAN;
+fn q2k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    let Some(wb) = blocks::<84>(w, n / 256) else {
+        return [f32::NAN; N];
+    };
+    let a = match acts_n(acts, n, |a| q2k_q8k(w, a, n)) {
+        Ok(a) => a,
+        Err(v) => return v,
     };
     let m3 = _mm256_set1_epi8(3);
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
-    let bsums = a.bsums.as_chunks::<16>().0;
-    for (b, ((blk, qa), bs)) in wb
-        .iter()
-        .zip(a.qs.as_chunks::<256>().0)
-        .zip(bsums)
-        .enumerate()
-    {
+    let rep = 0x0101_0101_0101_0101u64;
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut accm = [_mm256_setzero_ps(); N];
+    for (b, blk) in wb.iter().enumerate() {
         let raw = ld128(at::<u8, 0, 16, 84>(blk));
         let sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
         let mins8 = _mm_and_si128(_mm_srli_epi16::<4>(raw), _mm_set1_epi8(0x0F));
-        let qa = qa.as_chunks::<32>().0;
         let qs = at::<u8, 16, 64, 84>(blk).as_chunks::<32>().0;
-        let mut sumi = [_mm256_setzero_si256(); 2];
+        let mut sumi = [_mm256_setzero_si256(); N];
         for h in 0..2 {
             let q = ld256(&qs[h]);
             let u = [
@@ -194,24 +235,56 @@ fn q2k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
                 _mm256_and_si256(_mm256_srli_epi16::<4>(q), m3),
                 _mm256_and_si256(_mm256_srli_epi16::<6>(q), m3),
             ];
-            for k in 0..4 {
-                let p = plane(u[k], &qa[4 * h + k], sc8, 8 * h + 2 * k);
-                sumi[k & 1] = _mm256_add_epi32(sumi[k & 1], p);
+            for (k, &u) in u.iter().enumerate() {
+                let j = (8 * h + 2 * k) as u64;
+                let mask = _mm_set_epi64x((rep * (j + 1)) as i64, (rep * j) as i64);
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, mask));
+                for t in 0..N {
+                    let qa = &a[t].qs.as_chunks::<32>().0[8 * b + 4 * h + k];
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(qa)), sc);
+                    sumi[t] = _mm256_add_epi32(sumi[t], p);
+                }
             }
         }
-        let da = a.d(b);
-        let d = _mm256_set1_ps(da * f16_at::<80, 84>(blk));
-        let dmin = _mm256_set1_ps(da * f16_at::<82, 84>(blk));
-        let summ = scaled_bsums(mins8, bs); // mins are 0..15, so the signed widening is exact
-        acc = _mm256_fmadd_ps(
-            d,
-            _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[0], sumi[1])),
-            acc,
-        );
-        accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(summ), accm);
+        let (dw, dmw) = (f16_at::<80, 84>(blk), f16_at::<82, 84>(blk));
+        for t in 0..N {
+            let da = a[t].d(b);
+            let d = _mm256_set1_ps(da * dw);
+            let dmin = _mm256_set1_ps(da * dmw);
+            // Mins are 0..15, so the signed widening is exact.
+            let summ = scaled_bsums(mins8, &a[t].bsums.as_chunks::<16>().0[b]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            accm[t] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(summ), accm[t]);
+        }
     }
-    hsum_ps(acc) - hsum_ps(accm)
+    core::array::from_fn(|t| hsum_ps(acc[t]) - hsum_ps(accm[t]))
 }
+
+/// Q3_K and Q2_K × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`).
+macro_rules! k16_multi {
+    ($name:ident => $kernel:ident) => {
+        pub(super) fn $name(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+            // SAFETY: `$kernel` only needs AVX2, FMA and F16C. This wrapper is reachable only
+            // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
+            // `Avx2Fma::detect` builds one only after detecting all three features.
+            unsafe {
+                match *acts {
+                    [a0, a1, a2, a3] => out.copy_from_slice(&$kernel(w, [a0, a1, a2, a3], n)),
+                    [a0, a1, a2] => out.copy_from_slice(&$kernel(w, [a0, a1, a2], n)),
+                    [a0, a1] => out.copy_from_slice(&$kernel(w, [a0, a1], n)),
+                    _ => {
+                        for (o, a) in out.iter_mut().zip(acts) {
+                            *o = $kernel(w, [*a], n)[0];
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+k16_multi!(vec_dot_q3k_q8k_multi => q3k_q8k_n);
+k16_multi!(vec_dot_q2k_q8k_multi => q2k_q8k_n);
 
 /// Q6_K × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`, `out.len() ==
 /// acts.len()`); see [`q6k_q8k_n`].
