@@ -460,6 +460,8 @@ fn gguf_py_reads_every_mix_and_decodes_iq_blocks_to_the_planned_scale() {
     let mut paths = Vec::new();
     for mix in [
         TypeMix::Q4KM,
+        TypeMix::Q3KM,
+        TypeMix::Q2K,
         TypeMix::Q8_0,
         TypeMix::UdQ3KM,
         TypeMix::Iq2M,
