@@ -26,6 +26,7 @@ pub mod x8_ct4;
 pub mod x8_iq2xxs;
 pub mod x8_iq3xxs;
 pub mod x8_iq4xs;
+pub mod x8_k23;
 pub mod x8_q5k;
 pub mod x8_q6k;
 pub mod x8_q8_0;

@@ -54,6 +54,10 @@ use super::x8_ct4::{
 use super::x8_iq2xxs::{IQ2XXS_BLOCK, IQ2XXS_X8_BLOCK, dot_iq2xxs_x8_multi, repack_iq2xxs_x8};
 use super::x8_iq3xxs::{IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK, dot_iq3xxs_x8_multi, repack_iq3xxs_x8};
 use super::x8_iq4xs::{IQ4XS_BLOCK, IQ4XS_X8_BLOCK, dot_iq4xs_x8_multi, repack_iq4xs_x8};
+use super::x8_k23::{
+    Q2K_BLOCK, Q2K_X8_BLOCK, Q3K_BLOCK, Q3K_X8_BLOCK, dot_q2k_x8_multi, dot_q3k_x8_multi,
+    repack_q2k_x8, repack_q3k_x8,
+};
 use super::x8_q5k::{Q5K_BLOCK, Q5K_X8_BLOCK, dot_q5k_x8_multi, repack_q5k_x8};
 use super::x8_q6k::{Q6K_BLOCK, Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
 use super::x8_q8_0::{DotQ80X8, PrepQ80, Q8_0_BLOCK, Q80Geom, repack_q8_0_x8};
@@ -112,15 +116,17 @@ pub(crate) fn pack_q4k_row(o: &mut [u8], r: usize, head: &[u8], qs: &[u8]) {
     }
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q5_K and Q8_0 (those four
-/// where their vector kernels run) and symmetric int4 compressed-tensors matrices (this module's
-/// layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
-/// [`super::x8_iq2xxs`]'s, [`super::x8_q5k`]'s, [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s),
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q5_K and Q8_0
+/// (those six where their vector kernels run) and symmetric int4 compressed-tensors matrices
+/// (this module's layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
+/// [`super::x8_iq2xxs`]'s, [`super::x8_k23`]'s, [`super::x8_q5k`]'s, [`super::x8_q8_0`]'s and
+/// [`super::x8_ct4`]'s),
 /// found by the address of their stored bytes (int4: of their codes, served only with the scales
 /// they were made from), and the kernels that read them: what [`super::Kernels::with_x8`] hands
 /// the products of those matrices to. `Session::new` makes one where it fits in memory
 /// (`LAGOON_CPU_X8`): a second copy of those weights (148 bytes per 144, 138 per 136, 210 per
-/// 210, 98 per 98, 66 per 66, 180 per 176, 34 per 34, int4 g32 144 per 144),
+/// 210, 98 per 98, 66 per 66, 84 per 84, 114 per 110, 180 per 176, 34 per 34, int4 g32 144 per
+/// 144),
 /// whose results are the scalar reference's (int4: `kernels::ct`'s scalar row kernel's), not the
 /// table's one-row kernels'.
 pub struct X8Store {
@@ -133,6 +139,8 @@ pub struct X8Store {
     dot_q5k: DotX8Multi,
     dot_iq3xxs: DotX8Multi,
     dot_iq2xxs: DotX8Multi,
+    dot_q2k: DotX8Multi,
+    dot_q3k: DotX8Multi,
     dot_ct4: DotCt4X8,
     sums_ct4: BlockSums,
     dot_q8_0: DotQ80X8,
@@ -197,6 +205,8 @@ fn block_sizes(ty: GgmlType) -> Option<(usize, usize)> {
         // Only where the vector kernel runs: the one-row table kernels beat the scalar one.
         GgmlType::IQ3XXS if super::x8_iq3xxs::simd() => Some((IQ3XXS_BLOCK, IQ3XXS_X8_BLOCK)),
         GgmlType::IQ2XXS if super::x8_iq2xxs::simd() => Some((IQ2XXS_BLOCK, IQ2XXS_X8_BLOCK)),
+        GgmlType::Q2K if super::x8_k23::simd() => Some((Q2K_BLOCK, Q2K_X8_BLOCK)),
+        GgmlType::Q3K if super::x8_k23::simd() => Some((Q3K_BLOCK, Q3K_X8_BLOCK)),
         // Likewise (no AVX2 form).
         GgmlType::Q5K if super::x8_q5k::simd() => Some((Q5K_BLOCK, Q5K_X8_BLOCK)),
         _ => None,
@@ -344,6 +354,8 @@ impl X8Store {
                                     GgmlType::Q6K => repack_q6k_x8(data, rows, cols),
                                     GgmlType::IQ3XXS => repack_iq3xxs_x8(data, rows, cols),
                                     GgmlType::IQ2XXS => repack_iq2xxs_x8(data, rows, cols),
+                                    GgmlType::Q2K => repack_q2k_x8(data, rows, cols),
+                                    GgmlType::Q3K => repack_q3k_x8(data, rows, cols),
                                     GgmlType::Q5K => repack_q5k_x8(data, rows, cols),
                                     _ => repack_q4k_x8(data, rows, cols),
                                 }
@@ -375,6 +387,8 @@ impl X8Store {
             dot_q5k: dot_q5k_x8_multi(),
             dot_iq3xxs: dot_iq3xxs_x8_multi(),
             dot_iq2xxs: dot_iq2xxs_x8_multi(),
+            dot_q2k: dot_q2k_x8_multi(),
+            dot_q3k: dot_q3k_x8_multi(),
             dot_ct4: dot_ct4_x8(),
             sums_ct4: block_sums_fn(),
             dot_q8_0: super::x8_q8_0::dot_q8_0_x8(),
@@ -440,6 +454,8 @@ impl X8Store {
             (GgmlType::Q5K, GgmlType::Q5K) => (nb * Q5K_X8_BLOCK, self.dot_q5k),
             (GgmlType::IQ3XXS, GgmlType::IQ3XXS) => (nb * IQ3XXS_X8_BLOCK, self.dot_iq3xxs),
             (GgmlType::IQ2XXS, GgmlType::IQ2XXS) => (nb * IQ2XXS_X8_BLOCK, self.dot_iq2xxs),
+            (GgmlType::Q2K, GgmlType::Q2K) => (nb * Q2K_X8_BLOCK, self.dot_q2k),
+            (GgmlType::Q3K, GgmlType::Q3K) => (nb * Q3K_X8_BLOCK, self.dot_q3k),
             _ => return false,
         };
         let ab = super::act::q8k_row_bytes(cols);
@@ -1014,6 +1030,7 @@ mod tests {
         let q6 = vec![0x22u8; n * cols / QK_K * Q6K_BLOCK];
         let iq3 = vec![0x33u8; n * cols / QK_K * IQ3XXS_BLOCK];
         let iq2 = vec![0x55u8; n * cols / QK_K * IQ2XXS_BLOCK];
+        let q3 = vec![0x66u8; n * cols / QK_K * Q3K_BLOCK];
         let q8 = vec![0x44u8; n * cols / 32 * Q8_0_BLOCK];
         let ragged = rows(&mut seed, 12, cols);
         let f32s = vec![0u8; 4 * n * cols];
@@ -1032,6 +1049,7 @@ mod tests {
             m(GgmlType::Q4K, 12, &ragged[..]),
             m(GgmlType::Q8_0, n, &q8[..]),
             m(GgmlType::F32, n, &f32s[..]),
+            m(GgmlType::Q3K, n, &q3[..]),
         ];
         // IQ3_XXS only where its vector kernel runs.
         let iq3_held = super::super::x8_iq3xxs::simd();
@@ -1046,16 +1064,27 @@ mod tests {
         // IQ2_XXS likewise.
         let iq2_held = super::super::x8_iq2xxs::simd();
         let iq2_bytes = if iq2_held { IQ2XXS_X8_BLOCK } else { 0 };
+        // Q3_K likewise.
+        let q3_held = super::super::x8_k23::simd();
+        let q3_bytes = if q3_held { Q3K_X8_BLOCK } else { 0 };
         let want = n / 8
             * (cols / QK_K
-                * (Q4K_X8_BLOCK + IQ4XS_X8_BLOCK + Q6K_X8_BLOCK + iq3_bytes + iq2_bytes)
+                * (Q4K_X8_BLOCK
+                    + IQ4XS_X8_BLOCK
+                    + Q6K_X8_BLOCK
+                    + iq3_bytes
+                    + iq2_bytes
+                    + q3_bytes)
                 + q8_bytes);
         assert_eq!(X8Store::planned_bytes(&mats), want);
         let store = X8Store::build(&mats);
         assert_eq!(
             (store.len(), store.bytes()),
             (
-                3 + usize::from(iq3_held) + usize::from(iq2_held) + usize::from(q8_held),
+                3 + usize::from(iq3_held)
+                    + usize::from(iq2_held)
+                    + usize::from(q3_held)
+                    + usize::from(q8_held),
                 want
             )
         );
@@ -1096,6 +1125,20 @@ mod tests {
             ),
             iq3_held
         );
+        // The Q3_K matrix likewise.
+        let a = act(&mut seed, cols, 1.0);
+        let mut out = vec![0.0f32; 8];
+        assert_eq!(
+            store.dot_rows_multi(&mats[9], 0, 8, &a, a.len(), 1, &mut out, 8),
+            q3_held
+        );
+        if q3_held {
+            let rb = cols / QK_K * Q3K_BLOCK;
+            for (r, o) in out.iter().enumerate() {
+                let want = scalar::vec_dot_q3k_q8k(&q3[r * rb..][..rb], &a, cols);
+                assert_eq!(o.to_bits(), want.to_bits(), "Q3_K row {r}");
+            }
+        }
         // The IQ2_XXS matrix: served where held, with the reference's bits.
         let a = act(&mut seed, cols, 1.0);
         let mut out = vec![0.0f32; 8];

@@ -262,6 +262,35 @@ pub(crate) fn q5k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi>
         .map(avx512::k5x8z::q5k_x8z_multi_fn)
 }
 
+/// The repacked 8-row Q2_K several-token kernel (`kernels::x8_k23`): AVX512-VNNI's on 512
+/// bits (`avx512::k23x8z`); no AVX2 form (the store repacks Q2_K only where this is `Some`).
+pub(crate) fn q2k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::k23x8z::q2k_x8z_multi_fn)
+}
+
+/// The repacked 8-row Q2_K one-token kernel, as [`q2k_x8_multi`] chooses.
+pub(crate) fn q2k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::k23x8z::q2k_x8z_fn)
+}
+
+/// The repacked 8-row Q3_K several-token kernel, as [`q2k_x8_multi`] chooses.
+pub(crate) fn q3k_x8_multi(vnni: bool) -> Option<crate::kernels::x8::DotX8Multi> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::k23x8z::q3k_x8z_multi_fn)
+}
+
+/// The repacked 8-row Q3_K one-token kernel, as [`q2k_x8_multi`] chooses.
+pub(crate) fn q3k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
+    avx512::Avx512Vnni::detect()
+        .filter(|_| vnni)
+        .map(avx512::k23x8z::q3k_x8z_fn)
+}
+
 /// The repacked 8-row Q5_K one-token kernel, as [`q5k_x8_multi`] chooses.
 pub(crate) fn q5k_x8(vnni: bool) -> Option<crate::kernels::x8::DotX8> {
     avx512::Avx512Vnni::detect()

@@ -45,6 +45,7 @@ pub(super) mod iq2x8z;
 pub(super) mod iq3x8z;
 pub(super) mod iq4x8z;
 mod k16;
+pub(super) mod k23x8z;
 pub(super) mod k4;
 pub(super) mod k4x8amx;
 pub(super) mod k4x8z;
