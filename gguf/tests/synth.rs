@@ -465,6 +465,8 @@ fn gguf_py_reads_every_mix_and_decodes_iq_blocks_to_the_planned_scale() {
         TypeMix::Q8_0,
         TypeMix::UdQ3KM,
         TypeMix::Iq2M,
+        TypeMix::Iq1M,
+        TypeMix::Iq1S,
         TypeMix::Bf16,
     ] {
         let p = d.join(format!("{}.gguf", mix.name()));

@@ -25,7 +25,20 @@ pub fn supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ2XXS | IQ2S | IQ3XXS | IQ4XS
+        F32 | F16
+            | BF16
+            | Q8_0
+            | Q2K
+            | Q3K
+            | Q4K
+            | Q5K
+            | Q6K
+            | IQ1S
+            | IQ1M
+            | IQ2XXS
+            | IQ2S
+            | IQ3XXS
+            | IQ4XS
     )
 }
 
@@ -55,6 +68,8 @@ pub fn fill_blocks(ty: GgmlType, std: f32, rng: &mut WyRand, out: &mut [u8]) {
         Q4K => q4k(std, rng, out),
         Q5K => q5k(std, rng, out),
         Q6K => q6k(std, rng, out),
+        IQ1S => iq1s(std, rng, out),
+        IQ1M => iq1m(std, rng, out),
         IQ2XXS => iq2xxs(std, rng, out),
         IQ2S => iq2s(std, rng, out),
         IQ3XXS => iq3xxs(std, rng, out),
@@ -153,6 +168,49 @@ fn q3k(std: f32, rng: &mut WyRand, out: &mut [u8]) {
     for b in out.chunks_exact_mut(110) {
         rng.fill(&mut b[0..108]);
         put_f16(&mut b[108..110], d);
+    }
+}
+
+/// RMS of `g ± 1/8` over the IQ1 grid's values g (all 2048 points, each sign of the shift
+/// equally likely), and the scale factor RMS of `2k + 1` for the 3-bit k.
+fn iq1_rms() -> (f32, f32) {
+    let g2: f64 = lagoon_core::quant::tables::IQ1S_GRID
+        .iter()
+        .flat_map(|p| p.to_le_bytes())
+        .map(|b| f64::from(b as i8).powi(2))
+        .sum::<f64>()
+        / (2048.0 * 8.0);
+    let delta = f64::from(lagoon_core::quant::iq1::IQ1S_DELTA);
+    (
+        (g2 + delta * delta).sqrt() as f32,
+        rms_range(0, 7, 0.5) * 2.0,
+    )
+}
+
+/// IQ1_S (50 B): `d | qs[32] | qh:u16[8]`, `y = d·(2k + 1)·(g ± 1/8)` (k, the shift's sign and
+/// the grid index from `qh` and `qs`), every byte but `d` random.
+fn iq1s(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let (g, s) = iq1_rms();
+    let d = std / (g * s);
+    for b in out.chunks_exact_mut(50) {
+        put_f16(&mut b[0..2], d);
+        rng.fill(&mut b[2..50]);
+    }
+}
+
+/// IQ1_M (56 B): `qs[32] | qh[16] | scales:u16[4]`, the f16 `d` in the top nibbles of the
+/// four scale words (word k holds bits 4k..4k + 4), `y = d·(2k + 1)·(g ± 1/8)`; every other
+/// bit random.
+fn iq1m(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let (g, s) = iq1_rms();
+    let d = f16::from_f32(std / (g * s)).to_bits();
+    for b in out.chunks_exact_mut(56) {
+        rng.fill(&mut b[..56]);
+        for k in 0..4 {
+            let w = u16::from_le_bytes([b[48 + 2 * k], b[49 + 2 * k]]);
+            let w = (w & 0x0FFF) | ((d >> (4 * k)) & 0xF) << 12;
+            b[48 + 2 * k..50 + 2 * k].copy_from_slice(&w.to_le_bytes());
+        }
     }
 }
 

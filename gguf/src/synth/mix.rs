@@ -76,6 +76,10 @@ pub enum TypeMix {
     /// UD-IQ2_M-like: expert gate/up IQ2_XXS, down IQ2_S (one step up), attention,
     /// dense and shared expert Q4_K, embeddings Q4_K, output Q5_K.
     Iq2M,
+    /// UD-IQ1_M-like: expert gate/up IQ1_M, down IQ2_XXS, the rest as [`TypeMix::Iq2M`].
+    Iq1M,
+    /// UD-IQ1_S-like: expert gate/up IQ1_S, down IQ2_XXS, the rest as [`TypeMix::Iq2M`].
+    Iq1S,
     /// llama.cpp IQ4_XS: IQ4_XS, with Q6_K for `output` and Q5_K for `attn_v` (llama.cpp's
     /// `llama_tensor_get_type` gives the value projection Q5_K under IQ4_XS when the GQA
     /// group is 4 or more, as Laguna's 6 and 9 are).
@@ -91,7 +95,7 @@ pub enum TypeMix {
 }
 
 impl TypeMix {
-    pub const ALL: [TypeMix; 11] = [
+    pub const ALL: [TypeMix; 13] = [
         TypeMix::Q4KM,
         TypeMix::Q5KM,
         TypeMix::Q3KM,
@@ -99,6 +103,8 @@ impl TypeMix {
         TypeMix::Q8_0,
         TypeMix::UdQ3KM,
         TypeMix::Iq2M,
+        TypeMix::Iq1M,
+        TypeMix::Iq1S,
         TypeMix::Iq4Xs,
         TypeMix::Bf16,
         TypeMix::Int4G32,
@@ -115,6 +121,8 @@ impl TypeMix {
             TypeMix::Q8_0 => "q8_0",
             TypeMix::UdQ3KM => "ud-q3_k_m",
             TypeMix::Iq2M => "iq2_m",
+            TypeMix::Iq1M => "iq1_m",
+            TypeMix::Iq1S => "iq1_s",
             TypeMix::Iq4Xs => "iq4_xs",
             TypeMix::Bf16 => "bf16",
             TypeMix::Int4G32 => "int4-g32",
@@ -138,6 +146,8 @@ impl TypeMix {
             TypeMix::Q8_0 => Some(7),
             TypeMix::UdQ3KM => Some(12),
             TypeMix::Iq2M => Some(29),
+            TypeMix::Iq1M => Some(31),
+            TypeMix::Iq1S => Some(24),
             TypeMix::Iq4Xs => Some(30),
             TypeMix::Bf16 => Some(32),
             TypeMix::Int4G32 | TypeMix::Int8 => None,
@@ -191,6 +201,13 @@ impl TypeMix {
                 Output => Q5K,
                 ExpGate | ExpUp => IQ2XXS,
                 ExpDown => IQ2S,
+                _ => Q4K,
+            },
+            TypeMix::Iq1M | TypeMix::Iq1S => match role {
+                Output => Q5K,
+                ExpGate | ExpUp if self == TypeMix::Iq1M => IQ1M,
+                ExpGate | ExpUp => IQ1S,
+                ExpDown => IQ2XXS,
                 _ => Q4K,
             },
             TypeMix::Iq4Xs => match role {
