@@ -725,6 +725,8 @@ fn multi_token_matches_one_token_with(fast: &Kernels) {
         Wt::G(GgmlType::IQ2S),
         Wt::G(GgmlType::IQ3XXS),
         Wt::G(GgmlType::IQ3S),
+        Wt::G(GgmlType::IQ1S),
+        Wt::G(GgmlType::IQ1M),
         // The float GEMMs (router, and F16 / BF16 attention of W4A16 checkpoints), with
         // ragged tails past their 32-element steps.
         Wt::G(GgmlType::F32),

@@ -287,6 +287,8 @@ pub(crate) struct Table {
     pub iq2s_multi: Option<MultiDot>,
     pub iq3xxs_multi: Option<MultiDot>,
     pub iq3s_multi: Option<MultiDot>,
+    pub iq1s_multi: Option<MultiDot>,
+    pub iq1m_multi: Option<MultiDot>,
     /// Rows × tokens at once (prefill); `None`: [`MultiDot`] or [`RowDot`] per row.
     pub q4k_gemm: Option<Gemm>,
     pub q6k_gemm: Option<Gemm>,
@@ -351,6 +353,8 @@ pub(crate) fn scalar_table() -> Table {
         iq2s_multi: None,
         iq3xxs_multi: None,
         iq3s_multi: None,
+        iq1s_multi: None,
+        iq1m_multi: None,
         q4k_gemm: None,
         q6k_gemm: None,
         q8_0_gemm: None,
@@ -861,6 +865,8 @@ impl Kernels {
                     GgmlType::IQ2S => t.iq2s_multi,
                     GgmlType::IQ3XXS => t.iq3xxs_multi,
                     GgmlType::IQ3S => t.iq3s_multi,
+                    GgmlType::IQ1S => t.iq1s_multi,
+                    GgmlType::IQ1M => t.iq1m_multi,
                     _ => None,
                 };
                 let gemm = match ty {

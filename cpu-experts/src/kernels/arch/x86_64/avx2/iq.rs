@@ -386,28 +386,57 @@ fn hsum_epi32(v: __m256i) -> i32 {
 wrap!(vec_dot_iq1_s_q8k => iq1_s_q8k(w: &[u8], a: &[u8], n: usize) -> f32);
 wrap!(vec_dot_iq1_m_q8k => iq1_m_q8k(w: &[u8], a: &[u8], n: usize) -> f32);
 
-/// IQ1_S × Q8_K. Block (50 B): `[0..2) d | [2..34) qs | [34..50) qh:u16[8]`; run l of
-/// sub-block ib is `IQ1S_GRID[qs[4ib + l] | ((qh[ib] >> 3l) & 7) << 8]` (signed bytes −1, 0,
-/// 1: sign trick), scale `2((h >> 12) & 7) + 1`. The i32 sums are reduced exactly, then
-/// the scalar's f32 step: `sumf += (d_w·d_a)·(sumi + 1/8·sumi1)`, so results equal scalar.
+/// IQ1_S × Q8_K (one token): [`iq1_s_q8k_n`] for N = 1.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq1_s_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let (Some(a), Some(wb)) = (Q8KAct::new(a, n), blocks::<50>(w, n / 256)) else {
-        return f32::NAN;
+    iq1_s_q8k_n(w, [a], n)[0]
+}
+
+/// IQ1_M × Q8_K (one token): [`iq1_m_q8k_n`] for N = 1.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq1_m_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    iq1_m_q8k_n(w, [a], n)[0]
+}
+
+/// The Q8_K rows of N tokens, or (`Err`) each token's result alone: NaN for N = 1 (a malformed
+/// row), the one-token kernel `one`'s otherwise (a bad row spoils only itself).
+#[inline(always)]
+fn q8k_rows<'a, const N: usize>(
+    acts: [&'a [u8]; N],
+    n: usize,
+    one: impl Fn(&[u8]) -> f32,
+) -> Result<[Q8KAct<'a>; N], [f32; N]> {
+    let q = acts.map(|a| Q8KAct::new(a, n));
+    if q.iter().all(Option::is_some) {
+        Ok(q.map(|a| a.unwrap_or_else(|| unreachable!())))
+    } else if N == 1 {
+        Err([f32::NAN; N])
+    } else {
+        Err(acts.map(one))
+    }
+}
+
+/// IQ1_S × Q8_K against N activation rows. Block (50 B): `[0..2) d | [2..34) qs |
+/// [34..50) qh:u16[8]`; run l of sub-block ib is `IQ1S_GRID[qs[4ib + l] | ((qh[ib] >> 3l) &
+/// 7) << 8]` (signed bytes −1, 0, 1: sign trick), scale `2((h >> 12) & 7) + 1`. Each
+/// sub-block's grid points are fetched once for every token. The i32 sums are reduced
+/// exactly, then the scalar's f32 step: `sumf += (d_w·d_a)·(sumi + 1/8·sumi1)`, so results
+/// equal scalar.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq1_s_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    let Some(wb) = blocks::<50>(w, n / 256) else {
+        return [f32::NAN; N];
     };
-    let mut acc = 0.0f32;
-    let bsums = a.bsums.as_chunks::<16>().0;
-    for (b, ((blk, qa), bs)) in wb
-        .iter()
-        .zip(a.qs.as_chunks::<256>().0)
-        .zip(bsums)
-        .enumerate()
-    {
-        let qa = qa.as_chunks::<32>().0;
+    let a = match q8k_rows(acts, n, |a| iq1_s_q8k(w, a, n)) {
+        Ok(a) => a,
+        Err(v) => return v,
+    };
+    let mut acc = [0.0f32; N];
+    for (b, blk) in wb.iter().enumerate() {
         let qs = at::<u8, 2, 32, 50>(blk).as_chunks::<4>().0;
         let qh = at::<u8, 34, 16, 50>(blk).as_chunks::<2>().0;
-        let mut sumi = _mm256_setzero_si256();
-        let mut sumi1 = 0i32;
+        let mut sumi = [_mm256_setzero_si256(); N];
+        let mut sumi1 = [0i32; N];
         for ib in 0..8 {
             let h = u16::from_le_bytes(qh[ib]);
             let g = |l: usize| {
@@ -415,43 +444,56 @@ fn iq1_s_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
                 IQ1S_GRID[idx] as i64
             };
             let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let mag = _mm256_sign_epi8(grid, grid);
             let ls = (2 * ((h >> 12) & 7) + 1) as i16;
-            let y = ld256(&qa[ib]);
-            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(grid, grid), _mm256_sign_epi8(y, grid));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(ls)));
-            let q = i32::from(i16::from_le_bytes(bs[2 * ib]))
-                + i32::from(i16::from_le_bytes(bs[2 * ib + 1]));
+            let lsv = _mm256_set1_epi16(ls);
             let delta = if h & 0x8000 != 0 { -1 } else { 1 };
-            sumi1 += i32::from(ls) * delta * q;
+            for t in 0..N {
+                let y = ld256(&a[t].qs.as_chunks::<32>().0[8 * b + ib]);
+                let p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(y, grid));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, lsv));
+                let bs = &a[t].bsums.as_chunks::<16>().0[b];
+                let q = i32::from(i16::from_le_bytes(bs[2 * ib]))
+                    + i32::from(i16::from_le_bytes(bs[2 * ib + 1]));
+                sumi1[t] += i32::from(ls) * delta * q;
+            }
         }
-        let s = hsum_epi32(sumi) as f32 + IQ1_DELTA * sumi1 as f32;
-        acc += (f16_at::<0, 50>(blk) * a.d(b)) * s;
+        let dw = f16_at::<0, 50>(blk);
+        for t in 0..N {
+            let s = hsum_epi32(sumi[t]) as f32 + IQ1_DELTA * sumi1[t] as f32;
+            acc[t] += (dw * a[t].d(b)) * s;
+        }
     }
     acc
 }
 
-/// IQ1_M × Q8_K. Block (56 B): `[0..32) qs | [32..48) qh | [48..56) scales:u16[4]` (fp16
-/// `d` in the scale words' top nibbles). Run l of sub-block ib: nibble `qh[2ib + l/2] >>
-/// 4(l%2)`: grid index high bits 0-2, delta sign bit 3; runs 0-1 scale `2·k₀ + 1`, runs 2-3
-/// `2·k₁ + 1` (bits `6(ib%2)` and `+3` of word ib/2). The delta term `Σ ls·δ·Σ q_a` comes from
-/// `maddubs(1, ±q_a)`. Exact i32 sums, then the scalar's f32 step (results equal scalar).
+/// IQ1_M × Q8_K against N activation rows. Block (56 B): `[0..32) qs | [32..48) qh |
+/// [48..56) scales:u16[4]` (fp16 `d` in the scale words' top nibbles). Run l of sub-block
+/// ib: nibble `qh[2ib + l/2] >> 4(l%2)`: grid index high bits 0-2, delta sign bit 3; runs 0-1
+/// scale `2·k₀ + 1`, runs 2-3 `2·k₁ + 1` (bits `6(ib%2)` and `+3` of word ib/2). The delta
+/// term `Σ ls·δ·Σ q_a` comes from `maddubs(1, ±q_a)`. Each sub-block's grid points, deltas
+/// and scales are unpacked once for every token; exact i32 sums, then the scalar's f32 step
+/// (results equal scalar).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq1_m_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let (Some(a), Some(wb)) = (Q8KAct::new(a, n), blocks::<56>(w, n / 256)) else {
-        return f32::NAN;
+fn iq1_m_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    let Some(wb) = blocks::<56>(w, n / 256) else {
+        return [f32::NAN; N];
+    };
+    let a = match q8k_rows(acts, n, |a| iq1_m_q8k(w, a, n)) {
+        Ok(a) => a,
+        Err(v) => return v,
     };
     let ones = _mm256_set1_epi8(1);
-    let mut acc = 0.0f32;
-    for (b, (blk, qa)) in wb.iter().zip(a.qs.as_chunks::<256>().0).enumerate() {
-        let qa = qa.as_chunks::<32>().0;
+    let mut acc = [0.0f32; N];
+    for (b, blk) in wb.iter().enumerate() {
         let qs = at::<u8, 0, 32, 56>(blk).as_chunks::<4>().0;
         let qh = at::<u8, 32, 16, 56>(blk).as_chunks::<2>().0;
         let sw = at::<u8, 48, 8, 56>(blk).as_chunks::<2>().0;
         let sc: [u16; 4] = core::array::from_fn(|k| u16::from_le_bytes(sw[k]));
         let d =
             (sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000);
-        let mut sumi1 = _mm256_setzero_si256();
-        let mut sumi2 = _mm256_setzero_si256();
+        let mut sumi1 = [_mm256_setzero_si256(); N];
+        let mut sumi2 = [_mm256_setzero_si256(); N];
         for ib in 0..8 {
             let nib = |l: usize| qh[ib][l / 2] >> (4 * (l % 2));
             let g =
@@ -464,23 +506,55 @@ fn iq1_m_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
                 }
             };
             let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let mag = _mm256_sign_epi8(grid, grid);
             let delta = _mm256_set_epi64x(dl(3), dl(2), dl(1), dl(0));
             let w6 = sc[ib / 2] >> (6 * (ib % 2));
             let ls = _mm256_set_m128i(
                 _mm_set1_epi16((2 * ((w6 >> 3) & 7) + 1) as i16),
                 _mm_set1_epi16((2 * (w6 & 7) + 1) as i16),
             );
-            let y = ld256(&qa[ib]);
-            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(grid, grid), _mm256_sign_epi8(y, grid));
-            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(p, ls));
-            let q = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(y, delta));
-            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(q, ls));
+            for t in 0..N {
+                let y = ld256(&a[t].qs.as_chunks::<32>().0[8 * b + ib]);
+                let p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(y, grid));
+                sumi1[t] = _mm256_add_epi32(sumi1[t], _mm256_madd_epi16(p, ls));
+                let q = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(y, delta));
+                sumi2[t] = _mm256_add_epi32(sumi2[t], _mm256_madd_epi16(q, ls));
+            }
         }
-        let s = hsum_epi32(sumi1) as f32 + IQ1_DELTA * hsum_epi32(sumi2) as f32;
-        acc += (f16_to_f32(d) * a.d(b)) * s;
+        let dw = f16_to_f32(d);
+        for t in 0..N {
+            let s = hsum_epi32(sumi1[t]) as f32 + IQ1_DELTA * hsum_epi32(sumi2[t]) as f32;
+            acc[t] += (dw * a[t].d(b)) * s;
+        }
     }
     acc
 }
+
+/// IQ1_S and IQ1_M × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`).
+macro_rules! iq1_multi {
+    ($name:ident => $kernel:ident) => {
+        pub(super) fn $name(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+            // SAFETY: `$kernel` only needs AVX2, FMA and F16C. This wrapper is reachable only
+            // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
+            // `Avx2Fma::detect` builds one only after detecting all three features.
+            unsafe {
+                match *acts {
+                    [a0, a1, a2, a3] => out.copy_from_slice(&$kernel(w, [a0, a1, a2, a3], n)),
+                    [a0, a1, a2] => out.copy_from_slice(&$kernel(w, [a0, a1, a2], n)),
+                    [a0, a1] => out.copy_from_slice(&$kernel(w, [a0, a1], n)),
+                    _ => {
+                        for (o, a) in out.iter_mut().zip(acts) {
+                            *o = $kernel(w, [*a], n)[0];
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+iq1_multi!(vec_dot_iq1_s_q8k_multi => iq1_s_q8k_n);
+iq1_multi!(vec_dot_iq1_m_q8k_multi => iq1_m_q8k_n);
 
 #[cfg(test)]
 mod tests {

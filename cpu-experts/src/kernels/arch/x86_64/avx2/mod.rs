@@ -88,6 +88,8 @@ pub(crate) fn table(_proof: Avx2Fma) -> Table {
         q6k_multi: Some(k16::vec_dot_q6k_q8k_multi),
         q2k_multi: Some(k16::vec_dot_q2k_q8k_multi),
         q3k_multi: Some(k16::vec_dot_q3k_q8k_multi),
+        iq1s_multi: Some(iq::vec_dot_iq1_s_q8k_multi),
+        iq1m_multi: Some(iq::vec_dot_iq1_m_q8k_multi),
         q5k: k4::vec_dot_q5k_q8k,
         q6k: k16::vec_dot_q6k_q8k,
         iq4xs: iq::vec_dot_iq4_xs_q8k,
