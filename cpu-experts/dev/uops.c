@@ -44,6 +44,25 @@ TP(dpbusd,I_DPBUSD) TP(vpermb,I_VPERMB) TP(vpermt2b,I_VPERMT2B) TP(vpermi2b,I_VP
 TP(pshufb,I_PSHUFB) TP(and_,I_AND) TP(mulld,I_MULLD) TP(gf2p8,I_GF2P8) TP(mshift,I_MSHIFT) TP(blend,I_BLEND) TP(msub,I_MSUB)
 TP(vpermd,I_VPERMD) TP(bcastq,I_BCASTQ) TP(fmaz,I_FMA) TP(fmay,I_FMAY) TP(dpbusdy,I_DPBUSDY) TP(vpermt2by,I_VPERMT2BY) TP(vpermby,I_VPERMBY)
 TP(cvtph,I_CVTPH) TP(pmovzx,I_PMOVZX) TP(dpwssd,I_DPWSSD) TP(maddubs,I_MADDUBS) TP(dpbf16,I_DPBF16) TP(testmb,I_TESTMB) TP(movb2m,I_MOVB2M)
+// gathers of eight qwords (vpgatherdq) from a 16 KiB table in L1/L2, indices in ymm23
+static uint64_t table[2048] __attribute__((aligned(64)));
+static void gatherq(long n){ for(long i=0;i<n;i++){ __asm__ volatile(
+ "kxnorb %%k0,%%k0,%%k1\n\tvpgatherdq (%0,%%ymm23,8),%%zmm0%{%%k1%}\n\t"
+ "kxnorb %%k0,%%k0,%%k2\n\tvpgatherdq (%0,%%ymm23,8),%%zmm1%{%%k2%}\n\t"
+ "kxnorb %%k0,%%k0,%%k3\n\tvpgatherdq (%0,%%ymm23,8),%%zmm2%{%%k3%}\n\t"
+ "kxnorb %%k0,%%k0,%%k4\n\tvpgatherdq (%0,%%ymm23,8),%%zmm3%{%%k4%}\n\t"
+ "kxnorb %%k0,%%k0,%%k5\n\tvpgatherdq (%0,%%ymm23,8),%%zmm4%{%%k5%}\n\t"
+ "kxnorb %%k0,%%k0,%%k6\n\tvpgatherdq (%0,%%ymm23,8),%%zmm5%{%%k6%}\n\t"
+ "kxnorb %%k0,%%k0,%%k7\n\tvpgatherdq (%0,%%ymm23,8),%%zmm6%{%%k7%}\n\t"
+ "kxnorb %%k0,%%k0,%%k1\n\tvpgatherdq (%0,%%ymm23,8),%%zmm7%{%%k1%}\n\t"
+ ::"r"(table): "xmm0","xmm1","xmm2","xmm3","xmm4","xmm5","xmm6","xmm7","k1","k2","k3","k4","k5","k6","k7"); } }
+// eight scalar loads and inserts into one zmm (what ggml's IQ1 kernels do per eight points)
+static void loadins(long n){ const uint64_t *t = table; for(long i=0;i<n;i++){ __asm__ volatile(
+ "vmovq 8(%0),%%xmm0\n\tvpinsrq $1,72(%0),%%xmm0,%%xmm0\n\tvmovq 136(%0),%%xmm1\n\tvpinsrq $1,200(%0),%%xmm1,%%xmm1\n\t"
+ "vinserti128 $1,%%xmm1,%%ymm0,%%ymm0\n\t"
+ "vmovq 264(%0),%%xmm2\n\tvpinsrq $1,328(%0),%%xmm2,%%xmm2\n\tvmovq 392(%0),%%xmm3\n\tvpinsrq $1,456(%0),%%xmm3,%%xmm3\n\t"
+ "vinserti128 $1,%%xmm3,%%ymm2,%%ymm2\n\tvinserti64x4 $1,%%ymm2,%%zmm0,%%zmm0\n\t"
+ ::"r"(t): "xmm0","xmm1","xmm2","xmm3"); } }
 // mixes
 static void mix_dp_and(long n){ for(long i=0;i<n;i++){ __asm__ volatile( I_DPBUSD(0) I_AND(1) I_DPBUSD(2) I_AND(3) I_DPBUSD(4) I_AND(5) I_DPBUSD(6) I_AND(7) :::"xmm0","xmm1","xmm2","xmm3","xmm4","xmm5","xmm6","xmm7"); } }
 static void mix_dp_perm(long n){ for(long i=0;i<n;i++){ __asm__ volatile( I_DPBUSD(0) I_VPERMB(1) I_DPBUSD(2) I_VPERMB(3) I_DPBUSD(4) I_VPERMB(5) I_DPBUSD(6) I_VPERMB(7) :::"xmm0","xmm1","xmm2","xmm3","xmm4","xmm5","xmm6","xmm7"); } }
@@ -58,5 +77,8 @@ int main(){
    {"vpshufbitqmb zmm",shufbit},{"vpshufb zmm",pshufb},{"vpandd zmm",and_},{"vpmulld zmm",mulld},{"vgf2p8affineqb zmm",gf2p8},{"vpmultishiftqb zmm",mshift},
    {"vpblendmb zmm",blend},{"vpsubb{k} zmm",msub},{"vpermd zmm",vpermd},{"vpbroadcastq m64 zmm",bcastq},{"vcvtph2ps zmm",cvtph},{"vpmovzxwd zmm",pmovzx},
    {"vptestmb",testmb},{"vpmovb2m",movb2m},
+   {"vpgatherdq zmm (8 qwords)",gatherq},
    {"mix dpbusd+and",mix_dp_and},{"mix dpbusd+vpermb",mix_dp_perm},{"mix dpbusd+pshufb",mix_dp_pshufb},{"mix dpbusd+bcastq",mix_dp_bcast},{"mix fma+pmovzx",mix_fma_pmovzx}};
+  __asm__ volatile("vpxord %%zmm23,%%zmm23,%%zmm23" ::: "xmm23");
+  { double x=t(loadins)/c; printf("%-24s %.3f cycles per 8 qwords (8 loads, inserts)\n","vmovq/vpinsrq/vinserti",x); }
   for (unsigned i=0;i<sizeof T/sizeof T[0];i++){ double x=t(T[i].f)/c/8; printf("%-24s %.3f cycles/instr (recip tput)\n",T[i].n,x);} }
