@@ -41,6 +41,7 @@ mod ct;
 pub(super) mod ct4x8z;
 mod float;
 mod iq;
+mod iq1;
 pub(super) mod iq2x8z;
 pub(super) mod iq3x8z;
 pub(super) mod iq4x8z;
@@ -104,6 +105,11 @@ pub(crate) fn table(proof: Avx512Vnni) -> Table {
         attend_tokens: Some(float::attend_tokens),
         iq4xs: vnni256::vec_dot_iq4_xs_q8k,
         iq4xs_multi: Some(iq::vec_dot_iq4_xs_q8k_multi),
+        // IQ1_S at one token stays on the AVX2 kernel (same bits; XS.2 IQ1_S-like tg128 52.3
+        // against 50.6 t/s with this one, session 42).
+        iq1m: iq1::vec_dot_iq1_m_q8k,
+        iq1s_multi: Some(iq1::vec_dot_iq1_s_q8k_multi),
+        iq1m_multi: Some(iq1::vec_dot_iq1_m_q8k_multi),
         ct_nib4: ct::vec_dot_ct_nib4_q8_0,
         // (The AVX2 activation-order kernel is not measured against this one.)
         ct_nib4_perm: None,
