@@ -21,6 +21,10 @@
 //!
 //! The block's i32 sum is reduced exactly and the scalar reference's f32 step applied
 //! (`acc += (d·d_a)·s`), so every token's result is its bits.
+//!
+//! Measured (Zen 4 VM, XS.2 8 layers, 2 threads): IQ1_M-like tg128 44.0 → 54.8 t/s, pp512
+//! 152 → 194; IQ1_S-like pp512 166 → 185, its one-token kernel left on AVX2 (52.3 against
+//! 50.6 t/s here: IQ1_S's scalar side was already light).
 
 use core::arch::x86_64::*;
 
