@@ -29,7 +29,7 @@ use lagoon_core::quant::tables::{
 };
 
 use super::legacy::bits_to_bytes;
-use super::{at, dot_i8, f16_at, hsum_ps, ld128, ld256, wrap};
+use super::{at, dot_i8, f16_at, hsum_ps, ld128, ld256, multi_n, q8k_rows, wrap};
 use crate::kernels::act::{Q8_0Act, Q8KAct};
 use crate::kernels::scalar::{blocks, f16_to_f32};
 
@@ -398,24 +398,6 @@ fn iq1_m_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
     iq1_m_q8k_n(w, [a], n)[0]
 }
 
-/// The Q8_K rows of N tokens, or (`Err`) each token's result alone: NaN for N = 1 (a malformed
-/// row), the one-token kernel `one`'s otherwise (a bad row spoils only itself).
-#[inline(always)]
-fn q8k_rows<'a, const N: usize>(
-    acts: [&'a [u8]; N],
-    n: usize,
-    one: impl Fn(&[u8]) -> f32,
-) -> Result<[Q8KAct<'a>; N], [f32; N]> {
-    let q = acts.map(|a| Q8KAct::new(a, n));
-    if q.iter().all(Option::is_some) {
-        Ok(q.map(|a| a.unwrap_or_else(|| unreachable!())))
-    } else if N == 1 {
-        Err([f32::NAN; N])
-    } else {
-        Err(acts.map(one))
-    }
-}
-
 /// IQ1_S × Q8_K against N activation rows. Block (50 B): `[0..2) d | [2..34) qs |
 /// [34..50) qh:u16[8]`; run l of sub-block ib is `IQ1S_GRID[qs[4ib + l] | ((qh[ib] >> 3l) &
 /// 7) << 8]` (signed bytes −1, 0, 1: sign trick), scale `2((h >> 12) & 7) + 1`. Each
@@ -530,31 +512,9 @@ fn iq1_m_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N]
     acc
 }
 
-/// IQ1_S and IQ1_M × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`).
-macro_rules! iq1_multi {
-    ($name:ident => $kernel:ident) => {
-        pub(super) fn $name(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
-            // SAFETY: `$kernel` only needs AVX2, FMA and F16C. This wrapper is reachable only
-            // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
-            // `Avx2Fma::detect` builds one only after detecting all three features.
-            unsafe {
-                match *acts {
-                    [a0, a1, a2, a3] => out.copy_from_slice(&$kernel(w, [a0, a1, a2, a3], n)),
-                    [a0, a1, a2] => out.copy_from_slice(&$kernel(w, [a0, a1, a2], n)),
-                    [a0, a1] => out.copy_from_slice(&$kernel(w, [a0, a1], n)),
-                    _ => {
-                        for (o, a) in out.iter_mut().zip(acts) {
-                            *o = $kernel(w, [*a], n)[0];
-                        }
-                    }
-                }
-            }
-        }
-    };
-}
-
-iq1_multi!(vec_dot_iq1_s_q8k_multi => iq1_s_q8k_n);
-iq1_multi!(vec_dot_iq1_m_q8k_multi => iq1_m_q8k_n);
+// IQ1_S and IQ1_M × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`).
+multi_n!(vec_dot_iq1_s_q8k_multi => iq1_s_q8k_n);
+multi_n!(vec_dot_iq1_m_q8k_multi => iq1_m_q8k_n);
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{at, f16_at, hsum_ps, ld128, ld256, wrap};
+use super::{at, f16_at, hsum_ps, ld128, ld256, multi_n, q8k_rows, wrap};
 use crate::kernels::act::Q8KAct;
 use crate::kernels::scalar::blocks;
 
@@ -129,24 +129,6 @@ fn q2k_q8k(w: &[u8], a: &[u8], n: usize) -> f32 {
     q2k_q8k_n(w, [a], n)[0]
 }
 
-/// The activations of N tokens, or (`Err`) each token's result alone: NaN for N = 1 (a
-/// malformed row), the one-token kernel `one`'s otherwise (so a bad row spoils only itself).
-#[inline(always)]
-fn acts_n<'a, const N: usize>(
-    acts: [&'a [u8]; N],
-    n: usize,
-    one: impl Fn(&[u8]) -> f32,
-) -> Result<[Q8KAct<'a>; N], [f32; N]> {
-    let q = acts.map(|a| Q8KAct::new(a, n));
-    if q.iter().all(Option::is_some) {
-        Ok(q.map(|a| a.unwrap_or_else(|| unreachable!())))
-    } else if N == 1 {
-        Err([f32::NAN; N])
-    } else {
-        Err(acts.map(one))
-    }
-}
-
 /// Q3_K × Q8_K against N activation rows. Block (110 B): `[0..32) hmask | [32..96) qs |
 /// [96..108) scales | [108..110) d`. Plane k of half n: low 2 bits `(qs[32n + l] >> 2k) & 3`,
 /// bit 2 = hmask[l] bit `4n + k` (set = no −4), so u = q + 4 in 0..7. Each super-block's
@@ -158,7 +140,7 @@ fn q3k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
     let Some(wb) = blocks::<110>(w, n / 256) else {
         return [f32::NAN; N];
     };
-    let a = match acts_n(acts, n, |a| q3k_q8k(w, a, n)) {
+    let a = match q8k_rows(acts, n, |a| q3k_q8k(w, a, n)) {
         Ok(a) => a,
         Err(v) => return v,
     };
@@ -213,7 +195,7 @@ fn q2k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
     let Some(wb) = blocks::<84>(w, n / 256) else {
         return [f32::NAN; N];
     };
-    let a = match acts_n(acts, n, |a| q2k_q8k(w, a, n)) {
+    let a = match q8k_rows(acts, n, |a| q2k_q8k(w, a, n)) {
         Ok(a) => a,
         Err(v) => return v,
     };
@@ -260,54 +242,12 @@ fn q2k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
     core::array::from_fn(|t| hsum_ps(acc[t]) - hsum_ps(accm[t]))
 }
 
-/// Q3_K and Q2_K × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`).
-macro_rules! k16_multi {
-    ($name:ident => $kernel:ident) => {
-        pub(super) fn $name(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
-            // SAFETY: `$kernel` only needs AVX2, FMA and F16C. This wrapper is reachable only
-            // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
-            // `Avx2Fma::detect` builds one only after detecting all three features.
-            unsafe {
-                match *acts {
-                    [a0, a1, a2, a3] => out.copy_from_slice(&$kernel(w, [a0, a1, a2, a3], n)),
-                    [a0, a1, a2] => out.copy_from_slice(&$kernel(w, [a0, a1, a2], n)),
-                    [a0, a1] => out.copy_from_slice(&$kernel(w, [a0, a1], n)),
-                    _ => {
-                        for (o, a) in out.iter_mut().zip(acts) {
-                            *o = $kernel(w, [*a], n)[0];
-                        }
-                    }
-                }
-            }
-        }
-    };
-}
+// Q3_K and Q2_K × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`).
+multi_n!(vec_dot_q3k_q8k_multi => q3k_q8k_n);
+multi_n!(vec_dot_q2k_q8k_multi => q2k_q8k_n);
 
-k16_multi!(vec_dot_q3k_q8k_multi => q3k_q8k_n);
-k16_multi!(vec_dot_q2k_q8k_multi => q2k_q8k_n);
-
-/// Q6_K × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`, `out.len() ==
-/// acts.len()`); see [`q6k_q8k_n`].
-pub(super) fn vec_dot_q6k_q8k_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
-    // SAFETY: `q6k_multi` only needs AVX2, FMA and F16C. This wrapper is reachable only
-    // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
-    // `Avx2Fma::detect` builds one only after detecting all three features.
-    unsafe { q6k_multi(w, acts, n, out) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q6k_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
-    match *acts {
-        [a0, a1, a2, a3] => out.copy_from_slice(&q6k_q8k_n(w, [a0, a1, a2, a3], n)),
-        [a0, a1, a2] => out.copy_from_slice(&q6k_q8k_n(w, [a0, a1, a2], n)),
-        [a0, a1] => out.copy_from_slice(&q6k_q8k_n(w, [a0, a1], n)),
-        _ => {
-            for (o, a) in out.iter_mut().zip(acts) {
-                *o = q6k_q8k(w, a, n);
-            }
-        }
-    }
-}
+// Q6_K × Q8_K for up to 4 tokens at once (`out[t] = w · acts[t]`); see [`q6k_q8k_n`].
+multi_n!(vec_dot_q6k_q8k_multi => q6k_q8k_n);
 
 /// Q6_K × Q8_K against N activation rows: each super-block's planes and scales are unpacked
 /// once and dotted with every token. Per token, the f32 operations and their order are

@@ -134,6 +134,57 @@ macro_rules! wrap {
 }
 pub(crate) use wrap;
 
+/// `out[t] = w · acts[t]` through the N-token kernel `$kernel` (`fn<const N>(w, [&[u8]; N], n)
+/// -> [f32; N]`): two to four tokens in one call, others one at a time. Every wrapper of a
+/// several-token kernel (`multi_n!`, `avx512::wrap_n!`, the grid kernels') expands it.
+macro_rules! by_n_tokens {
+    ($kernel:ident, $w:expr, $acts:expr, $n:expr, $out:expr) => {
+        match *$acts {
+            [a0, a1, a2, a3] => $out.copy_from_slice(&$kernel($w, [a0, a1, a2, a3], $n)),
+            [a0, a1, a2] => $out.copy_from_slice(&$kernel($w, [a0, a1, a2], $n)),
+            [a0, a1] => $out.copy_from_slice(&$kernel($w, [a0, a1], $n)),
+            _ => {
+                for (o, a) in $out.iter_mut().zip($acts) {
+                    *o = $kernel($w, [*a], $n)[0];
+                }
+            }
+        }
+    };
+}
+pub(crate) use by_n_tokens;
+
+/// Declares the safe several-token wrapper `$name` (a `MultiDot`) of the AVX2 N-token kernel
+/// `$kernel`. Placed only in the table built by [`table`].
+macro_rules! multi_n {
+    ($name:ident => $kernel:ident) => {
+        pub(super) fn $name(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
+            // SAFETY: `$kernel` only needs AVX2, FMA and F16C. This wrapper is reachable only
+            // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
+            // `Avx2Fma::detect` builds one only after detecting all three features.
+            unsafe { $crate::kernels::arch::x86_64::avx2::by_n_tokens!($kernel, w, acts, n, out) }
+        }
+    };
+}
+pub(crate) use multi_n;
+
+/// The Q8_K rows of N tokens, or (`Err`) each token's result alone: NaN for N = 1 (a malformed
+/// row), the one-token kernel `one`'s otherwise (a bad row spoils only itself).
+#[inline(always)]
+pub(crate) fn q8k_rows<'a, const N: usize>(
+    acts: [&'a [u8]; N],
+    n: usize,
+    one: impl Fn(&[u8]) -> f32,
+) -> Result<[crate::kernels::act::Q8KAct<'a>; N], [f32; N]> {
+    let q = acts.map(|a| crate::kernels::act::Q8KAct::new(a, n));
+    if q.iter().all(Option::is_some) {
+        Ok(q.map(|a| a.unwrap_or_else(|| unreachable!())))
+    } else if N == 1 {
+        Err([f32::NAN; N])
+    } else {
+        Err(acts.map(one))
+    }
+}
+
 /// `&b[O..O + L]` as an array reference (bounds checked at compile time).
 #[inline(always)]
 pub(crate) fn at<T, const O: usize, const L: usize, const B: usize>(b: &[T; B]) -> &[T; L] {

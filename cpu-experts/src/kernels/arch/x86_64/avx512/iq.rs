@@ -287,18 +287,7 @@ macro_rules! wrap_grid {
         fn $multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
             // SAFETY: as for the one-token wrapper (placed in the table by
             // `with_grid_kernels` only).
-            unsafe {
-                match *acts {
-                    [a0, a1, a2, a3] => out.copy_from_slice(&$kernel(w, [a0, a1, a2, a3], n)),
-                    [a0, a1, a2] => out.copy_from_slice(&$kernel(w, [a0, a1, a2], n)),
-                    [a0, a1] => out.copy_from_slice(&$kernel(w, [a0, a1], n)),
-                    _ => {
-                        for (o, a) in out.iter_mut().zip(acts) {
-                            *o = $kernel::<1>(w, [*a], n)[0];
-                        }
-                    }
-                }
-            }
+            unsafe { $crate::kernels::arch::x86_64::avx2::by_n_tokens!($kernel, w, acts, n, out) }
         }
     };
 }

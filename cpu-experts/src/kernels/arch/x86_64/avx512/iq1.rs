@@ -30,9 +30,9 @@ use core::arch::x86_64::*;
 
 use lagoon_core::quant::tables::IQ1S_GRID;
 
-use super::{fold256, ld512, rows_ok, wrap_n};
+use super::{fold256, ld512, wrap_n};
 use crate::kernels::act::Q8KAct;
-use crate::kernels::arch::x86_64::avx2::{at, f16_at, ld128, ld256};
+use crate::kernels::arch::x86_64::avx2::{at, f16_at, ld128, ld256, q8k_rows};
 use crate::kernels::scalar::{blocks, f16_to_f32};
 
 /// The IQ1 grid as `8g + 16` per byte (8, 16, 24 for −1, 0, 1).
@@ -167,17 +167,12 @@ macro_rules! pipelined {
 /// `2·((w_m >> 3q) & 7) + 1`; fp16 `d` in the words' top nibbles.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn iq1_m_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    let (Some(wb), Some(a)) = (
-        blocks::<56>(w, n / 256),
-        rows_ok(acts, |a| Q8KAct::new(a, n)),
-    ) else {
-        return core::array::from_fn(|t| {
-            if N == 1 {
-                f32::NAN
-            } else {
-                iq1_m_n(w, [acts[t]], n)[0]
-            }
-        });
+    let Some(wb) = blocks::<56>(w, n / 256) else {
+        return [f32::NAN; N];
+    };
+    let a = match q8k_rows(acts, n, |a| iq1_m_n(w, [a], n)[0]) {
+        Ok(a) => a,
+        Err(v) => return v,
     };
     pipelined!(wb, prep_m, &a)
 }
@@ -222,17 +217,12 @@ fn prep_m(blk: &[u8; 56], idx: &mut [u16; 32]) -> (u32, __m256i, f32) {
 /// h's bit 15 is set.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn iq1_s_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    let (Some(wb), Some(a)) = (
-        blocks::<50>(w, n / 256),
-        rows_ok(acts, |a| Q8KAct::new(a, n)),
-    ) else {
-        return core::array::from_fn(|t| {
-            if N == 1 {
-                f32::NAN
-            } else {
-                iq1_s_n(w, [acts[t]], n)[0]
-            }
-        });
+    let Some(wb) = blocks::<50>(w, n / 256) else {
+        return [f32::NAN; N];
+    };
+    let a = match q8k_rows(acts, n, |a| iq1_s_n(w, [a], n)[0]) {
+        Ok(a) => a,
+        Err(v) => return v,
     };
     pipelined!(wb, prep_s, &a)
 }

@@ -138,16 +138,7 @@ macro_rules! wrap_n {
             // wrapper is reachable only through the table built by `avx512::table`, which
             // requires an `Avx512Vnni` token.
             unsafe {
-                match *acts {
-                    [a0, a1, a2, a3] => out.copy_from_slice(&$kernel(w, [a0, a1, a2, a3], n)),
-                    [a0, a1, a2] => out.copy_from_slice(&$kernel(w, [a0, a1, a2], n)),
-                    [a0, a1] => out.copy_from_slice(&$kernel(w, [a0, a1], n)),
-                    _ => {
-                        for (o, a) in out.iter_mut().zip(acts) {
-                            *o = $kernel(w, [*a], n)[0];
-                        }
-                    }
-                }
+                $crate::kernels::arch::x86_64::avx2::by_n_tokens!($kernel, w, acts, n, out)
             }
         }
     };
