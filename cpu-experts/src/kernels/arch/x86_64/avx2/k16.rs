@@ -21,9 +21,22 @@ use crate::kernels::scalar::blocks;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn plane(u: __m256i, qa: &[i8; 32], sc8: __m128i, k: usize) -> __m256i {
+    plane_dot(u, qa, plane_scales(sc8, k))
+}
+
+/// The i16 weights of [`plane`]: sub-block k's scale in words 0-7, k + 1's in 8-15.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn plane_scales(sc8: __m128i, k: usize) -> __m256i {
     let rep = 0x0101_0101_0101_0101u64;
     let mask = _mm_set_epi64x((rep * (k as u64 + 1)) as i64, (rep * k as u64) as i64);
-    let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, mask));
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, mask))
+}
+
+/// [`plane`] with its scales `sc` from [`plane_scales`] (shared by a block's tokens).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn plane_dot(u: __m256i, qa: &[i8; 32], sc: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(qa)), sc)
 }
 
@@ -146,7 +159,6 @@ fn q3k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
     };
     let m3 = _mm256_set1_epi8(3);
     let m1 = _mm256_set1_epi8(1);
-    let rep = 0x0101_0101_0101_0101u64;
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     for (b, blk) in wb.iter().enumerate() {
         let scb = q3k_scales_biased(at::<u8, 96, 12, 110>(blk));
@@ -164,13 +176,10 @@ fn q3k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
                     m1,
                 );
                 let u = _mm256_or_si256(low, _mm256_slli_epi16::<2>(hi));
-                let j = (8 * h + 2 * k) as u64;
-                let mask = _mm_set_epi64x((rep * (j + 1)) as i64, (rep * j) as i64);
-                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, mask));
+                let sc = plane_scales(sc8, 8 * h + 2 * k);
                 for t in 0..N {
                     let qa = &a[t].qs.as_chunks::<32>().0[8 * b + 4 * h + k];
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(qa)), sc);
-                    sumi[t] = _mm256_add_epi32(sumi[t], p);
+                    sumi[t] = _mm256_add_epi32(sumi[t], plane_dot(u, qa, sc));
                 }
             }
         }
@@ -200,7 +209,6 @@ fn q2k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
         Err(v) => return v,
     };
     let m3 = _mm256_set1_epi8(3);
-    let rep = 0x0101_0101_0101_0101u64;
     let mut acc = [_mm256_setzero_ps(); N];
     let mut accm = [_mm256_setzero_ps(); N];
     for (b, blk) in wb.iter().enumerate() {
@@ -218,13 +226,10 @@ fn q2k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
                 _mm256_and_si256(_mm256_srli_epi16::<6>(q), m3),
             ];
             for (k, &u) in u.iter().enumerate() {
-                let j = (8 * h + 2 * k) as u64;
-                let mask = _mm_set_epi64x((rep * (j + 1)) as i64, (rep * j) as i64);
-                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, mask));
+                let sc = plane_scales(sc8, 8 * h + 2 * k);
                 for t in 0..N {
                     let qa = &a[t].qs.as_chunks::<32>().0[8 * b + 4 * h + k];
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(qa)), sc);
-                    sumi[t] = _mm256_add_epi32(sumi[t], p);
+                    sumi[t] = _mm256_add_epi32(sumi[t], plane_dot(u, qa, sc));
                 }
             }
         }
@@ -267,7 +272,6 @@ fn q6k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
     let bsums = a.map(|a| a.bsums.as_chunks::<16>().0);
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x30);
-    let rep = 0x0101_0101_0101_0101u64;
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     // Super-block b into accumulator b & 1 of every token.
     let mut step = |b: usize, blk: &[u8; 210], h1: usize| {
@@ -296,13 +300,10 @@ fn q6k_q8k_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
                 ),
             ];
             for (g, &u) in u.iter().enumerate() {
-                let k = (8 * h + 2 * g) as u64;
-                let mask = _mm_set_epi64x((rep * (k + 1)) as i64, (rep * k) as i64);
-                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, mask));
+                let sc = plane_scales(sc8, 8 * h + 2 * g);
                 for t in 0..N {
                     let q = qa[t][b].as_chunks::<32>().0;
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256(&q[4 * h + g])), sc);
-                    sumi[t] = _mm256_add_epi32(sumi[t], p);
+                    sumi[t] = _mm256_add_epi32(sumi[t], plane_dot(u, &q[4 * h + g], sc));
                 }
             }
         }
