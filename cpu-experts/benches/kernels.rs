@@ -1050,6 +1050,8 @@ fn prefill_64tok(c: &mut Criterion) {
         GgmlType::Q3K,
         GgmlType::IQ1S,
         GgmlType::IQ1M,
+        GgmlType::Q4_0,
+        GgmlType::MXFP4,
         GgmlType::BF16,
         GgmlType::F32,
     ] {
