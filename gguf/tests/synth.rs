@@ -462,6 +462,7 @@ fn gguf_py_reads_every_mix_and_decodes_iq_blocks_to_the_planned_scale() {
         TypeMix::Q4KM,
         TypeMix::Q3KM,
         TypeMix::Q2K,
+        TypeMix::Q4_0,
         TypeMix::Q8_0,
         TypeMix::UdQ3KM,
         TypeMix::Iq2M,

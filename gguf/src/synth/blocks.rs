@@ -28,6 +28,7 @@ pub fn supported(ty: GgmlType) -> bool {
         F32 | F16
             | BF16
             | Q8_0
+            | Q4_0
             | Q2K
             | Q3K
             | Q4K
@@ -63,6 +64,7 @@ pub fn fill_blocks(ty: GgmlType, std: f32, rng: &mut WyRand, out: &mut [u8]) {
         F16 => fill_floats(ty, 0.0, std, rng, out),
         BF16 => fill_floats(ty, 0.0, std, rng, out),
         Q8_0 => q8_0(std, rng, out),
+        Q4_0 => q4_0(std, rng, out),
         Q2K => q2k(std, rng, out),
         Q3K => q3k(std, rng, out),
         Q4K => q4k(std, rng, out),
@@ -123,6 +125,18 @@ fn q8_0(std: f32, rng: &mut WyRand, out: &mut [u8]) {
     for b in out.chunks_exact_mut(34) {
         put_f16(b, d);
         rng.fill(&mut b[2..34]);
+    }
+}
+
+/// Q4_0 (18 B): `d:f16 | qs[16]`, `y = d·(q − 8)`, each nibble q uniform in 1..15 (values
+/// −7..7, mean 0; a quantiser normalising the largest magnitude to −8 uses 0 rarely).
+fn q4_0(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let d = std / rms_range(-7, 7, 0.0);
+    for b in out.chunks_exact_mut(18) {
+        put_f16(b, d);
+        for q in &mut b[2..18] {
+            *q = rng.range(1, 15) as u8 | (rng.range(1, 15) as u8) << 4;
+        }
     }
 }
 

@@ -68,6 +68,8 @@ pub enum TypeMix {
     /// llama.cpp Q2_K: Q2_K, with Q6_K for `output` and Q3_K for `attn_v`, `attn_output`
     /// and the FFN down projections.
     Q2K,
+    /// llama.cpp Q4_0: Q4_0 for every matrix but `output` (Q6_K).
+    Q4_0,
     /// Q8_0 for every matrix.
     Q8_0,
     /// unsloth UD-Q3_K_M-like: routed experts IQ3_XXS (down Q4_K on `use_more_bits`
@@ -95,11 +97,12 @@ pub enum TypeMix {
 }
 
 impl TypeMix {
-    pub const ALL: [TypeMix; 13] = [
+    pub const ALL: [TypeMix; 14] = [
         TypeMix::Q4KM,
         TypeMix::Q5KM,
         TypeMix::Q3KM,
         TypeMix::Q2K,
+        TypeMix::Q4_0,
         TypeMix::Q8_0,
         TypeMix::UdQ3KM,
         TypeMix::Iq2M,
@@ -118,6 +121,7 @@ impl TypeMix {
             TypeMix::Q5KM => "q5_k_m",
             TypeMix::Q3KM => "q3_k_m",
             TypeMix::Q2K => "q2_k",
+            TypeMix::Q4_0 => "q4_0",
             TypeMix::Q8_0 => "q8_0",
             TypeMix::UdQ3KM => "ud-q3_k_m",
             TypeMix::Iq2M => "iq2_m",
@@ -143,6 +147,7 @@ impl TypeMix {
             TypeMix::Q5KM => Some(17),
             TypeMix::Q3KM => Some(12),
             TypeMix::Q2K => Some(10),
+            TypeMix::Q4_0 => Some(2),
             TypeMix::Q8_0 => Some(7),
             TypeMix::UdQ3KM => Some(12),
             TypeMix::Iq2M => Some(29),
@@ -165,6 +170,10 @@ impl TypeMix {
         let more = use_more_bits(layer, n_layers);
         match self {
             TypeMix::Q8_0 => Q8_0,
+            TypeMix::Q4_0 => match role {
+                Output => Q6K,
+                _ => Q4_0,
+            },
             TypeMix::Bf16 | TypeMix::Int4G32 | TypeMix::Int8 => BF16,
             TypeMix::Q4KM => match role {
                 Output => Q6K,
