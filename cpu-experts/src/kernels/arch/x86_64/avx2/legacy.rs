@@ -49,6 +49,54 @@ macro_rules! legacy_loop {
     }};
 }
 
+/// [`legacy_loop!`] for N tokens (`N` in scope): `$blk` (with `$w: &[u8; $B]` in scope) gives
+/// the block's 32 weights as bytes, `d_w` and `m_w` once, and every token takes its lanes with
+/// `$dot(weights, q_a)` and [`legacy_loop!`]'s f32 steps in their order, so each token's result
+/// is the one-token kernel's bits (the one-token kernels are N = 1). `$one` is the kernel
+/// itself, for a token whose activation row is malformed (NaN for it alone).
+macro_rules! legacy_loop_n {
+    ($one:ident, $w_row:expr, $acts:expr, $n:expr, $B:literal, $min:literal, $dot:ident,
+     |$w:ident| $blk:expr) => {{
+        let Some(wb) = blocks::<$B>($w_row, $n / 32) else {
+            return [f32::NAN; N];
+        };
+        let q = $acts.map(|a| Q8_0Act::new(a, $n));
+        if !q.iter().all(Option::is_some) {
+            return core::array::from_fn(|t| {
+                if N == 1 {
+                    f32::NAN
+                } else {
+                    $one($w_row, [$acts[t]], $n)[0]
+                }
+            });
+        }
+        let a = q.map(|a| a.unwrap_or_else(|| unreachable!()));
+        let mut acc = [[_mm256_setzero_ps(); 2]; N];
+        let mut accm = [0.0f32; N];
+        let (wp, wt) = wb.as_chunks::<2>();
+        let blocks_n = wb.len();
+        let mut step = |b: usize, h: usize, $w: &[u8; $B]| {
+            let (x, dw, mw): (__m256i, f32, f32) = $blk;
+            for t in 0..N {
+                let lanes = $dot(x, ld256(&a[t].qs.as_chunks::<32>().0[b]));
+                let dd = _mm256_set1_ps(dw * a[t].d(b));
+                acc[t][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[t][h]);
+                if $min {
+                    accm[t] += mw * a[t].ds(b);
+                }
+            }
+        };
+        for (k, w2) in wp.iter().enumerate() {
+            step(2 * k, 0, &w2[0]);
+            step(2 * k + 1, 1, &w2[1]);
+        }
+        if let [blk] = wt {
+            step(blocks_n - 1, 0, blk);
+        }
+        core::array::from_fn(|t| hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1])) + accm[t])
+    }};
+}
+
 /// The 32 nibbles of a legacy `qs[16]` in element order: lane 0 = low nibbles (elements
 /// 0..16), lane 1 = high nibbles (elements 16..32). Unsigned 0..15.
 #[inline]
@@ -100,9 +148,15 @@ fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// Scalar: `sumf += (Σ_j (nib_j − 8)·q_a[j]) · (d·d_a)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    legacy_loop!(w, a, n, 18, false, |w, q| {
+    q4_0_q8_0_n(w, [a], n)[0]
+}
+
+/// [`q4_0_q8_0`] for N tokens, each block's nibbles unpacked once.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_0_q8_0_n<const N: usize>(wr: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    legacy_loop_n!(q4_0_q8_0_n, wr, acts, n, 18, false, dot_i8, |w| {
         let x = _mm256_sub_epi8(nibbles(at::<u8, 2, 16, 18>(w)), _mm256_set1_epi8(8));
-        (dot_i8(x, ld256(q)), f16_at::<0, 18>(w), 0.0)
+        (x, f16_at::<0, 18>(w), 0.0)
     })
 }
 
@@ -110,13 +164,15 @@ fn q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// unsigned. Scalar: `sumf += (Σ nib·q_a)·(d·d_a) + m·ds_a`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    legacy_loop!(w, a, n, 20, true, |w, q| {
+    q4_1_q8_0_n(w, [a], n)[0]
+}
+
+/// [`q4_1_q8_0`] for N tokens, each block's nibbles unpacked once.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_1_q8_0_n<const N: usize>(wr: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    legacy_loop_n!(q4_1_q8_0_n, wr, acts, n, 20, true, dot_u8i8, |w| {
         let x = nibbles(at::<u8, 4, 16, 20>(w));
-        (
-            dot_u8i8(x, ld256(q)),
-            f16_at::<0, 20>(w),
-            f16_at::<2, 20>(w),
-        )
+        (x, f16_at::<0, 20>(w), f16_at::<2, 20>(w))
     })
 }
 
@@ -125,13 +181,19 @@ fn q4_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// a signed byte. Scalar: `sumf += (Σ q·q_a)·(d·d_a)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    legacy_loop!(w, a, n, 22, false, |w, q| {
+    q5_0_q8_0_n(w, [a], n)[0]
+}
+
+/// [`q5_0_q8_0`] for N tokens, each block's quants unpacked once.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_0_q8_0_n<const N: usize>(wr: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    legacy_loop_n!(q5_0_q8_0_n, wr, acts, n, 22, false, dot_i8, |w| {
         let hb = bits_to_bytes(at::<u8, 2, 4, 22>(w));
         let x = _mm256_or_si256(
             nibbles(at::<u8, 6, 16, 22>(w)),
             _mm256_andnot_si256(hb, _mm256_set1_epi8(0xF0u8 as i8)),
         );
-        (dot_i8(x, ld256(q)), f16_at::<0, 22>(w), 0.0)
+        (x, f16_at::<0, 22>(w), 0.0)
     })
 }
 
@@ -139,19 +201,27 @@ fn q5_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// 5-bit unsigned. Scalar: `sumf += (Σ q·q_a)·(d·d_a) + m·ds_a`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    legacy_loop!(w, a, n, 24, true, |w, q| {
+    q5_1_q8_0_n(w, [a], n)[0]
+}
+
+/// [`q5_1_q8_0`] for N tokens, each block's quants unpacked once.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_1_q8_0_n<const N: usize>(wr: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    legacy_loop_n!(q5_1_q8_0_n, wr, acts, n, 24, true, dot_u8i8, |w| {
         let hb = bits_to_bytes(at::<u8, 4, 4, 24>(w));
         let x = _mm256_or_si256(
             nibbles(at::<u8, 8, 16, 24>(w)),
             _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
         );
-        (
-            dot_u8i8(x, ld256(q)),
-            f16_at::<0, 24>(w),
-            f16_at::<2, 24>(w),
-        )
+        (x, f16_at::<0, 24>(w), f16_at::<2, 24>(w))
     })
 }
+
+// Q4_0, Q4_1, Q5_0 and Q5_1 × Q8_0 for up to 4 tokens at once (`out[t] = w · acts[t]`).
+super::multi_n!(vec_dot_q4_0_q8_0_multi => q4_0_q8_0_n);
+super::multi_n!(vec_dot_q4_1_q8_0_multi => q4_1_q8_0_n);
+super::multi_n!(vec_dot_q5_0_q8_0_multi => q5_0_q8_0_n);
+super::multi_n!(vec_dot_q5_1_q8_0_multi => q5_1_q8_0_n);
 
 /// Q8_0 × Q8_0 for up to 4 tokens at once (`out[t] = w · acts[t]`, `out.len() ==
 /// acts.len()`); see [`q8_0_q8_0_n`].
