@@ -11,49 +11,13 @@ use super::{at, dot_i8, dot_u8i8, f16_at, hsum_ps, ld128, ld256, wrap};
 use crate::kernels::act::Q8_0Act;
 use crate::kernels::scalar::blocks;
 
-/// Runs the two-accumulator loop over `nb` blocks of `$B` bytes. `$blk` is a block
-/// expression evaluated with `$w: &[u8; $B]`, `$q: &[i8; 32]` in scope, giving
-/// `(lanes: __m256i, d_w: f32, m_w: f32)`; when `$min`, `m_w` multiplies the block's `ds_a`.
-macro_rules! legacy_loop {
-    ($w_row:expr, $a:expr, $n:expr, $B:literal, $min:literal, |$w:ident, $q:ident| $blk:expr) => {{
-        let (Some(a), Some(wb)) = (Q8_0Act::new($a, $n), blocks::<$B>($w_row, $n / 32)) else {
-            return f32::NAN;
-        };
-        let qa = a.qs.as_chunks::<32>().0;
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let mut accm = 0.0f32;
-        let (wp, wt) = wb.as_chunks::<2>();
-        let (qp, qt) = qa.as_chunks::<2>();
-        for (k, (w2, q2)) in wp.iter().zip(qp).enumerate() {
-            for h in 0..2 {
-                let ($w, $q) = (&w2[h], &q2[h]);
-                let (lanes, dw, mw): (__m256i, f32, f32) = $blk;
-                let b = 2 * k + h;
-                let dd = _mm256_set1_ps(dw * a.d(b));
-                acc[h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[h]);
-                if $min {
-                    accm += mw * a.ds(b);
-                }
-            }
-        }
-        for ($w, $q) in wt.iter().zip(qt) {
-            let (lanes, dw, mw): (__m256i, f32, f32) = $blk;
-            let b = wb.len() - 1;
-            let dd = _mm256_set1_ps(dw * a.d(b));
-            acc[0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[0]);
-            if $min {
-                accm += mw * a.ds(b);
-            }
-        }
-        hsum_ps(_mm256_add_ps(acc[0], acc[1])) + accm
-    }};
-}
-
-/// [`legacy_loop!`] for N tokens (`N` in scope): `$blk` (with `$w: &[u8; $B]` in scope) gives
-/// the block's 32 weights as bytes, `d_w` and `m_w` once, and every token takes its lanes with
-/// `$dot(weights, q_a)` and [`legacy_loop!`]'s f32 steps in their order, so each token's result
-/// is the one-token kernel's bits (the one-token kernels are N = 1). `$one` is the kernel
-/// itself, for a token whose activation row is malformed (NaN for it alone).
+/// The two-accumulator block loop for N tokens (`N` in scope): `$blk` (with `$w: &[u8; $B]` in
+/// scope) gives the block's 32 weights as bytes, `d_w` and `m_w` once; every token takes its
+/// lanes with `$dot(weights, q_a)`, then `acc += (d_w·d_a)·lanes` (even blocks into one
+/// accumulator, odd into the other, an odd last block into the even one) and, when `$min`,
+/// `m_w·ds_a` into a scalar; each token's result is the one-token kernel's bits (the one-token
+/// kernels are N = 1). `$one` is the kernel itself, for a token whose activation row is
+/// malformed (NaN for it alone).
 macro_rules! legacy_loop_n {
     ($one:ident, $w_row:expr, $acts:expr, $n:expr, $B:literal, $min:literal, $dot:ident,
      |$w:ident| $blk:expr) => {{
@@ -136,11 +100,7 @@ wrap!(vec_dot_q5_1_q8_0 => q5_1_q8_0(w: &[u8], a: &[u8], n: usize) -> f32);
 /// Scalar: `sumf += (Σ_j qs[j]·q_a[j]) · (d·d_a)`. Sign trick for the i8×i8 products.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    legacy_loop!(w, a, n, 34, false, |w, q| (
-        dot_i8(ld256(at::<u8, 2, 32, 34>(w)), ld256(q)),
-        f16_at::<0, 34>(w),
-        0.0
-    ))
+    q8_0_q8_0_n(w, [a], n)[0]
 }
 
 /// Q4_0 × Q8_0. Block (18 B): `[0..2) d | [2..18) qs[16]`; element j < 16 is the low nibble
@@ -223,63 +183,18 @@ super::multi_n!(vec_dot_q4_1_q8_0_multi => q4_1_q8_0_n);
 super::multi_n!(vec_dot_q5_0_q8_0_multi => q5_0_q8_0_n);
 super::multi_n!(vec_dot_q5_1_q8_0_multi => q5_1_q8_0_n);
 
-/// Q8_0 × Q8_0 for up to 4 tokens at once (`out[t] = w · acts[t]`, `out.len() ==
-/// acts.len()`); see [`q8_0_q8_0_n`].
-pub(super) fn vec_dot_q8_0_q8_0_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
-    // SAFETY: `q8_0_multi` only needs AVX2, FMA and F16C. This wrapper is reachable only
-    // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
-    // `Avx2Fma::detect` builds one only after detecting all three features.
-    unsafe { q8_0_multi(w, acts, n, out) }
-}
+// Q8_0 × Q8_0 for up to 4 tokens at once (`out[t] = w · acts[t]`).
+super::multi_n!(vec_dot_q8_0_q8_0_multi => q8_0_q8_0_n);
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q8_0_multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
-    match *acts {
-        [a0, a1, a2, a3] => out.copy_from_slice(&q8_0_q8_0_n(w, [a0, a1, a2, a3], n)),
-        [a0, a1, a2] => out.copy_from_slice(&q8_0_q8_0_n(w, [a0, a1, a2], n)),
-        [a0, a1] => out.copy_from_slice(&q8_0_q8_0_n(w, [a0, a1], n)),
-        _ => {
-            for (o, a) in out.iter_mut().zip(acts) {
-                *o = q8_0_q8_0(w, a, n);
-            }
-        }
-    }
-}
-
-/// Q8_0 × Q8_0 against N activation rows: each weight block is loaded (and its sign taken)
+/// Q8_0 × Q8_0 against N activation rows: each weight block is loaded
 /// once and dotted with every token. Per token, the f32 operations and their order are
 /// those of [`q8_0_q8_0`] (even blocks into one accumulator, odd into the other, an odd
 /// last block into the even one), so each result is bit-identical to the one-row kernel.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q8_0_q8_0_n<const N: usize>(w: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
-    let acts_q = acts.map(|a| Q8_0Act::new(a, n));
-    let (Some(wb), true) = (blocks::<34>(w, n / 32), acts_q.iter().all(Option::is_some)) else {
-        return acts.map(|a| q8_0_q8_0(w, a, n));
-    };
-    let a = acts_q.map(|a| a.unwrap_or_else(|| unreachable!()));
-    let qa = a.map(|a| a.qs.as_chunks::<32>().0);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); 2]; N];
-    // Block b into accumulator h of every token.
-    let mut step = |b: usize, blk: &[u8; 34], h: usize| {
-        let x = ld256(at::<u8, 2, 32, 34>(blk));
-        let ax = _mm256_sign_epi8(x, x);
-        let dw = f16_at::<0, 34>(blk);
-        for t in 0..N {
-            let sy = _mm256_sign_epi8(ld256(&qa[t][b]), x);
-            let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-            let dd = _mm256_set1_ps(dw * a[t].d(b));
-            acc[t][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), acc[t][h]);
-        }
-    };
-    // Pairs go to accumulators 0/1; an odd last block (no partner) to 0.
-    let (wp, wt) = wb.as_chunks::<2>();
-    for (k, w2) in wp.iter().enumerate() {
-        step(2 * k, &w2[0], 0);
-        step(2 * k + 1, &w2[1], 1);
-    }
-    if let [blk] = wt {
-        step(wb.len() - 1, blk, 0);
-    }
-    core::array::from_fn(|t| hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1])))
+fn q8_0_q8_0_n<const N: usize>(wr: &[u8], acts: [&[u8]; N], n: usize) -> [f32; N] {
+    legacy_loop_n!(q8_0_q8_0_n, wr, acts, n, 34, false, dot_i8, |w| (
+        ld256(at::<u8, 2, 32, 34>(w)),
+        f16_at::<0, 34>(w),
+        0.0
+    ))
 }
