@@ -735,6 +735,27 @@ pub(crate) mod testing {
         a
     }
 
+    /// A Q8_K row of `cols` values at full scale: −128 every fifth byte, else 127 and −127
+    /// alternating, with its block sums (the vector kernels read them) recomputed.
+    pub(crate) fn full_scale(seed: &mut u64, cols: usize) -> Vec<u8> {
+        let mut a = act(seed, cols, 1.0);
+        for (i, q) in a[..cols].iter_mut().enumerate() {
+            *q = if i % 5 == 0 {
+                0x80
+            } else if i % 2 == 0 {
+                127
+            } else {
+                0x81
+            };
+        }
+        let nb = cols / QK_K;
+        for m in 0..16 * nb {
+            let s: i16 = a[16 * m..][..16].iter().map(|&q| i16::from(q as i8)).sum();
+            a[cols + 4 * nb + 2 * m..][..2].copy_from_slice(&s.to_le_bytes());
+        }
+        a
+    }
+
     /// A family's several-token kernels to test: the scalar one, and where this CPU runs
     /// them AVX2's (`arch(false)`) and AVX512-VNNI's (`arch(true)`).
     pub(crate) fn kernels(

@@ -134,7 +134,7 @@ pub fn simd() -> bool {
 mod tests {
     use super::*;
     use crate::kernels::scalar;
-    use crate::kernels::x8::testing::{Layout, act, check_reference_bits, kernels, rng};
+    use crate::kernels::x8::testing::{Layout, check_reference_bits, full_scale, kernels, rng};
 
     /// Random IQ3_XXS rows: random indices, signs and scales, small positive f16 `d`.
     fn rows(seed: &mut u64, rows: usize, cols: usize) -> Vec<u8> {
@@ -196,22 +196,7 @@ mod tests {
             }
         }
         let p = repack_iq3xxs_x8(&w, 8, cols).unwrap();
-        let mut a = act(&mut seed, cols, 1.0);
-        for (i, q) in a[..cols].iter_mut().enumerate() {
-            *q = if i % 5 == 0 {
-                0x80
-            } else if i % 2 == 0 {
-                127
-            } else {
-                0x81
-            };
-        }
-        // The block sums of the new values (the vector kernel reads them).
-        let nb = cols / QK_K;
-        for m in 0..16 * nb {
-            let s: i16 = a[16 * m..][..16].iter().map(|&q| i16::from(q as i8)).sum();
-            a[cols + 4 * nb + 2 * m..][..2].copy_from_slice(&s.to_le_bytes());
-        }
+        let a = full_scale(&mut seed, cols);
         let rb = cols / QK_K * IQ3XXS_BLOCK;
         for (name, f) in kernels(
             dot_iq3xxs_x8_multi_scalar,

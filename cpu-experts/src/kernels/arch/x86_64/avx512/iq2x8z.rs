@@ -26,8 +26,9 @@
 //!
 //! Lane pairs are folded to the eight rows once per super-block (exact i32: a lane holds at
 //! most 4·31·32·43·128 < 2³¹ in magnitude), then the scalar reference's f32 steps per row, so
-//! every output is its bits. About 33 one-per-cycle operations (permutes, `gf2p8affineqb`,
-//! mask tests, `vpdpbusd`, `vpmulld`) a pair at one token, 24 of them shared by a pass's tokens.
+//! every output is its bits. Counted in the source (not measured): about 33 one-per-cycle
+//! operations (permutes, `gf2p8affineqb`, mask tests, `vpdpbusd`, `vpmulld`) a pair at one
+//! token, 24 of them shared by a pass's tokens.
 
 use core::arch::x86_64::*;
 
