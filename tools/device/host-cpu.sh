@@ -18,7 +18,9 @@
 # (e.g. "test-lagoon_cpu x8"); BENCH_ARGS: lagoon bench's test arguments (default "-p 512
 # -n 128 -r 3"; add "--profile 32" for the node table of 32 decode steps); PAIRS=N: the
 # paired-floor GEMV of KINDS first (KROUNDS=0 then skips the criterion runs).
-# Logs in $OUT (or /tmp). About 7 minutes.
+# MIXES="q4_0 q2_k ...": instead of one MODEL, one synth checkpoint per mix (PRESET, default
+# xs.2, at LAYERS layers, default 8; made in /dev/shm, compared ROUNDS times, then removed).
+# Logs in $OUT (or /tmp). About 7 minutes (MIXES: ~40 s a mix at 8 layers on 16 threads).
 set -u
 out=${OUT:-/tmp}
 threads=${THREADS:-16}
@@ -46,7 +48,7 @@ build_llama() {
 }
 [ -z "$lb" ] && [ -f .device/llama.cpp.tar.xz ] && { build_llama & }
 # shellcheck disable=SC2086
-[ -f "$model" ] || .device/bin/synth $synth_args --threads "$threads" --out "$model" > "$out/synth.log" 2>&1
+[ -n "${MIXES:-}" ] || [ -f "$model" ] || .device/bin/synth $synth_args --threads "$threads" --out "$model" > "$out/synth.log" 2>&1
 lap "synth done ($model)"
 wait
 # KVARIANTS: environment settings the kernel benches run under, one run each per KROUNDS round
@@ -74,6 +76,8 @@ if [ -x .device/bin/kernels-bench ]; then
   lap "kernels bench"
 fi
 lb=$(find /tmp/llama.cpp/build -name llama-bench -type f -perm -u+x 2>/dev/null | head -1)
+# Both engines on one file, alternating, ROUNDS times.
+compare() {
 for round in $(seq "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-PLAIN=1}; do
     echo "== $v"
@@ -91,3 +95,16 @@ for round in $(seq "${ROUNDS:-2}"); do
     lap "llama.cpp round $round"
   fi
 done
+}
+if [ -z "${MIXES:-}" ]; then
+  compare
+else
+  for mix in $MIXES; do
+    model=/dev/shm/mix-$mix.gguf
+    .device/bin/synth --preset "${PRESET:-xs.2}" --layers "${LAYERS:-8}" --types "$mix" --no-sync \
+      --threads "$threads" --out "$model" > "$out/synth-$mix.log" 2>&1 || { echo "== $mix: synth failed"; tail -3 "$out/synth-$mix.log"; continue; }
+    echo "=== mix $mix ($(du -h "$model" | cut -f1))"
+    compare
+    rm -f "$model"
+  done
+fi
