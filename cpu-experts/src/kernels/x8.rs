@@ -1,7 +1,7 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
 //! row. Sessions use them by default where the copy fits in memory ([`X8Store`], which also
-//! holds IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0 and int4 compressed-tensors rows in
+//! holds IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0, Q4_0 and int4 compressed-tensors rows in
 //! [`super::x8_iq4xs`]'s, [`super::x8_q5k`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
 //! [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s layouts;
 //! `SessionOptions::repack` or `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
@@ -60,7 +60,7 @@ use super::x8_k23::{
 };
 use super::x8_q5k::{Q5K_BLOCK, Q5K_X8_BLOCK, dot_q5k_x8_multi, repack_q5k_x8};
 use super::x8_q6k::{Q6K_BLOCK, Q6K_X8_BLOCK, dot_q6k_x8_multi, repack_q6k_x8};
-use super::x8_q8_0::{DotQ80X8, PrepQ80, Q8_0_BLOCK, Q80Geom, repack_q8_0_x8};
+use super::x8_q8_0::{DotQ80X8, PrepQ80, Q80Geom, repack_q4_0_x8, repack_q8_0_x8};
 
 /// Bytes of one group of 8 rows per super-block.
 pub const Q4K_X8_BLOCK: usize = 8 * 148;
@@ -116,7 +116,7 @@ pub(crate) fn pack_q4k_row(o: &mut [u8], r: usize, head: &[u8], qs: &[u8]) {
     }
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q5_K and Q8_0
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q5_K, Q8_0 and Q4_0
 /// (those six where their vector kernels run) and symmetric int4 compressed-tensors matrices
 /// (this module's layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
 /// [`super::x8_iq2xxs`]'s, [`super::x8_k23`]'s, [`super::x8_q5k`]'s, [`super::x8_q8_0`]'s and
@@ -125,7 +125,7 @@ pub(crate) fn pack_q4k_row(o: &mut [u8], r: usize, head: &[u8], qs: &[u8]) {
 /// they were made from), and the kernels that read them: what [`super::Kernels::with_x8`] hands
 /// the products of those matrices to. `Session::new` makes one where it fits in memory
 /// (`LAGOON_CPU_X8`): a second copy of those weights (148 bytes per 144, 138 per 136, 210 per
-/// 210, 98 per 98, 66 per 66, 84 per 84, 114 per 110, 180 per 176, 34 per 34, int4 g32 144 per
+/// 210, 98 per 98, 66 per 66, 84 per 84, 114 per 110, 180 per 176, 34 per 34, 18 per 18, int4 g32 144 per
 /// 144),
 /// whose results are the scalar reference's (int4: `kernels::ct`'s scalar row kernel's), not the
 /// table's one-row kernels'.
@@ -184,7 +184,7 @@ enum Packed {
     Ggml(GgmlType, Vec<u8>),
     /// With the address of the scales it was made from (a matrix is served only with them).
     Ct4(Ct4Geom, usize, Vec<u8>),
-    /// Q8_0 rows ([`super::x8_q8_0`]).
+    /// Q8_0 or Q4_0 rows ([`super::x8_q8_0`]; the geometry says which).
     Q80(Q80Geom, Vec<u8>),
 }
 
@@ -225,7 +225,7 @@ enum TodoKind<'a> {
     Ggml(GgmlType, &'a [u8], usize),
     /// Codes, scales, shape.
     Ct4(&'a [u8], &'a [u8], Ct4Geom),
-    /// Q8_0 bytes, shape.
+    /// Q8_0 or Q4_0 bytes, shape.
     Q80(&'a [u8], Q80Geom),
 }
 
@@ -258,7 +258,7 @@ fn ct4_geom(m: &CtMatrix<'_>, rows: usize) -> Option<Ct4Geom> {
         .flatten()
 }
 
-/// The distinct repackable Q4_K, IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0 and int4 matrices of `mats`
+/// The distinct repackable Q4_K, IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0, Q4_0 and int4 matrices of `mats`
 /// (by address).
 fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
     let mut todo = Vec::new();
@@ -266,14 +266,19 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
     for m in mats {
         match m.enc {
             Encoding::Ggml {
-                ty: GgmlType::Q8_0,
+                ty: ty @ (GgmlType::Q8_0 | GgmlType::Q4_0),
                 data,
             } => {
                 // Only where the vector kernel runs (there is no AVX2 form).
-                if let Some(g) = Q80Geom::new(m.cols)
+                let g = if ty == GgmlType::Q8_0 {
+                    Q80Geom::new(m.cols)
+                } else {
+                    Q80Geom::new_q4_0(m.cols)
+                };
+                if let Some(g) = g
                     && super::x8_q8_0::simd()
                     && m.rows.is_multiple_of(8)
-                    && data.len() == m.rows * g.blocks * Q8_0_BLOCK
+                    && data.len() == m.rows * g.blocks * g.block_bytes()
                     && seen.insert(data.as_ptr() as usize)
                 {
                     todo.push(Todo {
@@ -318,7 +323,7 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable Q4_K
     /// matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, 180 per 176 of
-    /// Q5_K, 34 per 34 of Q8_0 (an odd last block padded to a pair and an odd last pair's line of
+    /// Q5_K, 34 per 34 of Q8_0 and 18 per 18 of Q4_0 (an odd last block padded to a pair and an odd last pair's line of
     /// scales half empty), the codes and scales' size of int4 (each line of scales padded): for
     /// deciding whether the copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
@@ -326,7 +331,7 @@ impl X8Store {
     }
 
     /// Repacks every Q4_K, IQ4_XS, Q6_K and (where their vector kernels run) IQ3_XXS and Q5_K
-    /// matrix of `mats` whose rows are a multiple of 8 and columns of 256, every Q8_0 one (where
+    /// matrix of `mats` whose rows are a multiple of 8 and columns of 256, every Q8_0 and Q4_0 one (where
     /// its vector kernel runs) whose rows are a multiple of 8, and every int4 one `ct4_geom` takes
     /// (others are left to the table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
@@ -362,8 +367,12 @@ impl X8Store {
                                 .map(|p| Packed::Ggml(ty, p)),
                                 TodoKind::Ct4(w, sc, g) => repack_ct4_x8(w, sc, rows, &g)
                                     .map(|p| Packed::Ct4(g, sc.as_ptr() as usize, p)),
-                                TodoKind::Q80(w, g) => repack_q8_0_x8(w, rows, 32 * g.blocks)
-                                    .map(|p| Packed::Q80(g, p)),
+                                TodoKind::Q80(w, g) => if g.nibbles() {
+                                    repack_q4_0_x8(w, rows, 32 * g.blocks)
+                                } else {
+                                    repack_q8_0_x8(w, rows, 32 * g.blocks)
+                                }
+                                .map(|p| Packed::Q80(g, p)),
                             };
                             if let Some(p) = p {
                                 done.push((t.key, p));
@@ -440,7 +449,14 @@ impl X8Store {
         };
         let (pty, p) = match self.map.get(&(data.as_ptr() as usize)) {
             Some(Packed::Ggml(pty, p)) => (pty, p),
-            Some(Packed::Q80(g, p)) if ty == GgmlType::Q8_0 => {
+            Some(Packed::Q80(g, p))
+                if ty
+                    == if g.nibbles() {
+                        GgmlType::Q4_0
+                    } else {
+                        GgmlType::Q8_0
+                    } =>
+            {
                 return self.dot_q8_0_rows(w, g, p, &mut call);
             }
             _ => return false,
@@ -508,8 +524,9 @@ impl X8Store {
         })
     }
 
-    /// [`X8Store::dot_rows_multi`] for a Q8_0 matrix: each token's activation prepared once
-    /// per call ([`super::x8_q8_0::prepare`]), then the 8-row kernel over the groups.
+    /// [`X8Store::dot_rows_multi`] for a Q8_0 or Q4_0 matrix: each token's activation
+    /// prepared once per call ([`super::x8_q8_0::prepare`]), then the 8-row kernel over the
+    /// groups.
     fn dot_q8_0_rows(&self, w: &MatRef<'_>, g: &Q80Geom, p: &[u8], call: &mut Call<'_>) -> bool {
         let (cols, ab, gb, pb) = (
             32 * g.blocks,
@@ -907,6 +924,7 @@ mod tests {
     use super::testing::{Layout, act, check_reference_bits, extreme, kernels, rng};
     use super::*;
     use crate::kernels::scalar;
+    use crate::kernels::x8_q8_0::{Q4_0_BLOCK, Q8_0_BLOCK};
 
     /// Random Q4_K rows with finite f16 scales (`dmin` sometimes zero) and random bytes.
     fn rows(seed: &mut u64, rows: usize, cols: usize) -> Vec<u8> {
@@ -1053,6 +1071,15 @@ mod tests {
         let iq2 = vec![0x55u8; n * cols / QK_K * IQ2XXS_BLOCK];
         let q3 = vec![0x66u8; n * cols / QK_K * Q3K_BLOCK];
         let q8 = vec![0x44u8; n * cols / 32 * Q8_0_BLOCK];
+        let q40: Vec<u8> = (0..n * cols / 32 * Q4_0_BLOCK)
+            .map(|i| {
+                if i % Q4_0_BLOCK == 1 {
+                    0x2c
+                } else {
+                    (i * 37) as u8
+                }
+            })
+            .collect();
         let ragged = rows(&mut seed, 12, cols);
         let f32s = vec![0u8; 4 * n * cols];
         let m = |ty, rows, data| MatRef {
@@ -1071,6 +1098,7 @@ mod tests {
             m(GgmlType::Q8_0, n, &q8[..]),
             m(GgmlType::F32, n, &f32s[..]),
             m(GgmlType::Q3K, n, &q3[..]),
+            m(GgmlType::Q4_0, n, &q40[..]),
         ];
         // IQ3_XXS only where its vector kernel runs.
         let iq3_held = super::super::x8_iq3xxs::simd();
@@ -1078,7 +1106,7 @@ mod tests {
         // Q8_0 likewise; 34 bytes per 34 (an even number of blocks).
         let q8_held = super::super::x8_q8_0::simd();
         let q8_bytes = if q8_held {
-            8 * cols / 32 * Q8_0_BLOCK
+            8 * cols / 32 * (Q8_0_BLOCK + Q4_0_BLOCK)
         } else {
             0
         };
@@ -1105,7 +1133,7 @@ mod tests {
                 3 + usize::from(iq3_held)
                     + usize::from(iq2_held)
                     + usize::from(q3_held)
-                    + usize::from(q8_held),
+                    + 2 * usize::from(q8_held),
                 want
             )
         );
@@ -1131,6 +1159,18 @@ mod tests {
             for (r, o) in out8.iter().enumerate() {
                 let want = scalar::vec_dot_q8_0_q8_0(&q8[(8 + r) * rb..][..rb], &a8, cols);
                 assert_eq!(o.to_bits(), want.to_bits(), "Q8_0 row {}", 8 + r);
+            }
+        }
+        // The Q4_0 matrix likewise (the same Q8_0 activations).
+        assert_eq!(
+            store.dot_rows_multi(&mats[10], 8, 8, &a8, a8.len(), 1, &mut out8, 8),
+            q8_held
+        );
+        if q8_held {
+            let rb = cols / 32 * Q4_0_BLOCK;
+            for (r, o) in out8.iter().enumerate() {
+                let want = scalar::vec_dot_q4_0_q8_0(&q40[(8 + r) * rb..][..rb], &a8, cols);
+                assert_eq!(o.to_bits(), want.to_bits(), "Q4_0 row {}", 8 + r);
             }
         }
         assert_eq!(

@@ -33,31 +33,75 @@
 //! `acc += sumi·(d·d_a)`, no FMA), block 2p's term before 2p + 1's, so every output is the
 //! scalar reference's bits (the one-row kernels add eight f32 lanes per row instead; a session
 //! with the store sends decode and prefill of a held matrix here alike).
+//!
+//! **Q4_0 rows** take the same frame with half the code bytes ([`Q80Geom::new_q4_0`]): a
+//! pair's codes are 256 bytes, load L (0..4) holding row r's bytes `4L .. 4L + 4` of block 2p
+//! at `8r` and of block 2p + 1 at `8r + 4`, as stored (no offset flip): their low nibbles are
+//! step L of the blocks (elements `4L ..`), their high nibbles step L + 4 (elements
+//! `16 + 4L ..`), so one load and two masks meet two of the prepared activation's steps. The
+//! activation is the Q8_0 rows' own preparation; the kernel starts each lane at
+//! `(−128·Σq) >> 4 = −8·Σq`, the unsigned nibbles' offset (Q4_0's weights are `nibble − 8`).
+//! The f32 steps are the Q8_0 ones, which are also the scalar Q4_0 reference's
+//! (`scalar::vec_dot_q4_0_q8_0`: `acc += sumi·(d·d_a)`), so again every output is its bits.
+//! Why: llama.cpp's x86 build repacks Q4_0 eight rows at a time (`ggml-cpu/repack.cpp`,
+//! `block_q4_0x8`, `ggml_gemm_q4_0_8x8_q8_0`) and its Q4_0 prefill was 1.6x ours (one-row
+//! kernels, four tokens a call; BENCHMARKS.md, session 42); this is our own layout, this
+//! module's Q8_0 frame with the codes as nibbles.
 
 use lagoon_core::quant::QK;
 
 use super::act::Q8_0Act;
 
-/// Shape of a repacked Q8_0 matrix's rows: its 32-column blocks.
+/// Shape of a repacked Q8_0 or Q4_0 matrix's rows: its 32-column blocks, and the bytes of a
+/// block pair's codes in a group (512 for Q8_0, 256 for Q4_0's nibbles).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Q80Geom {
     pub blocks: usize,
+    pub code: usize,
 }
 
 /// Bytes of one pair's prepared activation: 64 interleaved quants, two `−128·Σq` (i32), two
 /// scales (f32).
 pub const PAIR_ACT: usize = 80;
 
-/// Bytes of a unit of two pairs in a group: their 32 scales, then their codes.
-const UNIT: usize = 64 + 2 * 512;
-
 /// Bytes of a Q8_0 block (`d: f16 | qs: i8[32]`).
 pub(crate) const Q8_0_BLOCK: usize = 34;
 
+/// Bytes of a Q4_0 block (`d: f16 | qs: u8[16]`, element j the low nibble of byte j, j + 16
+/// the high one, each `nibble − 8`).
+pub(crate) const Q4_0_BLOCK: usize = 18;
+
 impl Q80Geom {
-    /// `None` unless `cols` is a non-zero multiple of 32.
+    /// Q8_0 rows of `cols` columns; `None` unless `cols` is a non-zero multiple of 32.
     pub fn new(cols: usize) -> Option<Self> {
-        (cols > 0 && cols.is_multiple_of(QK)).then_some(Q80Geom { blocks: cols / QK })
+        (cols > 0 && cols.is_multiple_of(QK)).then_some(Q80Geom {
+            blocks: cols / QK,
+            code: 512,
+        })
+    }
+
+    /// Q4_0 rows of `cols` columns; `None` unless `cols` is a non-zero multiple of 32.
+    pub fn new_q4_0(cols: usize) -> Option<Self> {
+        Self::new(cols).map(|g| Q80Geom { code: 256, ..g })
+    }
+
+    /// Whether the codes are Q4_0's nibbles.
+    pub fn nibbles(&self) -> bool {
+        self.code == 256
+    }
+
+    /// The stored type's bytes per block (34 or 18).
+    pub fn block_bytes(&self) -> usize {
+        if self.nibbles() {
+            Q4_0_BLOCK
+        } else {
+            Q8_0_BLOCK
+        }
+    }
+
+    /// Bytes of a unit of two pairs in a group: their 32 scales, then their codes.
+    fn unit(&self) -> usize {
+        64 + 2 * self.code
     }
 
     /// Block pairs (the last one half empty when `blocks` is odd).
@@ -67,18 +111,18 @@ impl Q80Geom {
 
     /// Offset of pair `p`'s 16 scales (f16) in a group.
     pub fn scale_at(&self, p: usize) -> usize {
-        UNIT * (p / 2) + 32 * (p % 2)
+        self.unit() * (p / 2) + 32 * (p % 2)
     }
 
-    /// Offset of pair `p`'s 512 bytes of codes in a group.
+    /// Offset of pair `p`'s codes (`code` bytes) in a group.
     pub fn code_at(&self, p: usize) -> usize {
-        UNIT * (p / 2) + 64 + 512 * (p % 2)
+        self.unit() * (p / 2) + 64 + self.code * (p % 2)
     }
 
     /// Bytes of one group of 8 rows.
     pub fn group_bytes(&self) -> usize {
         let n = self.pairs();
-        UNIT * (n / 2) + (64 + 512) * (n % 2)
+        self.unit() * (n / 2) + (64 + self.code) * (n % 2)
     }
 
     /// Bytes of one token's prepared activation.
@@ -87,7 +131,8 @@ impl Q80Geom {
     }
 }
 
-/// Where byte i (0..32) of block b's quants, row r, lies in its pair's 512 bytes.
+/// Where byte i of block b's quants (0..32 for Q8_0, 0..16 for Q4_0), row r, lies in its
+/// pair's codes.
 const fn code_byte(b: usize, r: usize, i: usize) -> usize {
     64 * (i / 4) + 8 * r + 4 * (b % 2) + i % 4
 }
@@ -96,21 +141,32 @@ const fn code_byte(b: usize, r: usize, i: usize) -> usize {
 /// into groups of 8 rows. `None` unless `rows` is a non-zero multiple of 8, `cols` of 32 and
 /// `w` exactly that size.
 pub fn repack_q8_0_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
-    let g = Q80Geom::new(cols)?;
-    let rb = g.blocks * Q8_0_BLOCK;
+    repack(w, rows, &Q80Geom::new(cols)?)
+}
+
+/// Repacks `rows` Q4_0 rows of `cols` columns (18-byte blocks, row after row) into groups of
+/// 8 rows ([`Q80Geom::new_q4_0`]'s layout); `None` as for [`repack_q8_0_x8`].
+pub fn repack_q4_0_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
+    repack(w, rows, &Q80Geom::new_q4_0(cols)?)
+}
+
+fn repack(w: &[u8], rows: usize, g: &Q80Geom) -> Option<Vec<u8>> {
+    let (bb, rb) = (g.block_bytes(), g.blocks * g.block_bytes());
     if rows == 0 || !rows.is_multiple_of(8) || w.len() != rows * rb {
         return None;
     }
+    // Q8_0's codes flipped to unsigned; Q4_0's nibbles are unsigned as stored.
+    let flip = if g.nibbles() { 0 } else { 0x80 };
     let mut out = vec![0u8; rows / 8 * g.group_bytes()];
     for (gr, dst) in out.chunks_exact_mut(g.group_bytes()).enumerate() {
         for r in 0..8 {
             let row = &w[(8 * gr + r) * rb..][..rb];
-            for (b, blk) in row.as_chunks::<Q8_0_BLOCK>().0.iter().enumerate() {
+            for (b, blk) in row.chunks_exact(bb).enumerate() {
                 let sc = g.scale_at(b / 2) + 2 * (2 * r + b % 2);
                 dst[sc..sc + 2].copy_from_slice(&blk[..2]);
-                let pair = &mut dst[g.code_at(b / 2)..][..512];
+                let pair = &mut dst[g.code_at(b / 2)..][..g.code];
                 for (i, &q) in blk[2..].iter().enumerate() {
-                    pair[code_byte(b, r, i)] = q ^ 0x80;
+                    pair[code_byte(b, r, i)] = q ^ flip;
                 }
             }
         }
@@ -162,7 +218,7 @@ pub(crate) fn fits(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &[[f32; 8]]) -> b
 }
 
 /// The scalar kernel: each row and token in the scalar reference's order, from the repacked
-/// codes and the prepared activations.
+/// codes (Q8_0 or Q4_0, as `g` says) and the prepared activations.
 pub fn dot_q8_0_x8_scalar(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]) {
     if !fits(p, g, acts, out) {
         out.iter_mut().for_each(|o| *o = [f32::NAN; 8]);
@@ -173,12 +229,17 @@ pub fn dot_q8_0_x8_scalar(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32
             let mut acc = 0.0f32;
             for b in 0..g.blocks {
                 let (pr, s) = (b / 2, b % 2);
-                let codes = &p[g.code_at(pr)..][..512];
+                let codes = &p[g.code_at(pr)..][..g.code];
                 let pa = &a[PAIR_ACT * pr..][..PAIR_ACT];
                 let mut sumi = 0i32;
                 for i in 0..QK {
-                    let w = (codes[code_byte(b, r, i)] ^ 0x80) as i8;
-                    sumi += i32::from(w) * i32::from(pa[8 * (i / 4) + 4 * s + i % 4] as i8);
+                    let w = if g.nibbles() {
+                        let byte = codes[code_byte(b, r, i % 16)];
+                        i32::from((byte >> (4 * (i / 16))) & 15) - 8
+                    } else {
+                        i32::from((codes[code_byte(b, r, i)] ^ 0x80) as i8)
+                    };
+                    sumi += w * i32::from(pa[8 * (i / 4) + 4 * s + i % 4] as i8);
                 }
                 let d = super::scalar::f16_at(p, g.scale_at(pr) + 2 * (2 * r + s));
                 let da = f32::from_le_bytes(pa[72 + 4 * s..][..4].try_into().unwrap());
@@ -190,8 +251,9 @@ pub fn dot_q8_0_x8_scalar(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32
 }
 
 /// The fastest [`DotQ80X8`] this CPU runs (`x8::x8_pick!`): the 512-bit VNNI kernel
-/// (`avx512::q8x8z`) where there is one, else the scalar kernel (there is no AVX2 form, so
-/// the store repacks Q8_0 only where [`simd`] says there is a vector kernel).
+/// (`avx512::q8x8z`, Q8_0 and Q4_0) where there is one, else the scalar kernel (there is no
+/// AVX2 form, so the store repacks Q8_0 and Q4_0 only where [`simd`] says there is a vector
+/// kernel).
 pub fn dot_q8_0_x8() -> DotQ80X8 {
     super::x8::x8_pick!(q8_0_x8, dot_q8_0_x8_scalar)
 }
@@ -213,7 +275,10 @@ pub fn simd() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::scalar::vec_dot_q8_0_q8_0;
+    use crate::kernels::scalar::{vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0};
+
+    /// A row's scalar reference dot (`w`, the Q8_0 activation, columns).
+    type Oracle = fn(&[u8], &[u8], usize) -> f32;
     use crate::kernels::x8::testing::{act_q8_0 as act, rng};
 
     /// An activation row of every quant at `q` with scale 1 (`ds` = 32q): the largest sums.
@@ -225,12 +290,20 @@ mod tests {
         a
     }
 
-    /// Random Q8_0 rows: random quants (every byte, -128 included), f16 scales of both signs.
-    fn rows(seed: &mut u64, n: usize, cols: usize, full: bool) -> Vec<u8> {
-        let mut w = vec![0u8; n * cols / QK * Q8_0_BLOCK];
-        for blk in w.chunks_exact_mut(Q8_0_BLOCK) {
+    /// Random Q8_0 (`bb` 34) or Q4_0 (18) rows: random quants (every byte: -128 and both
+    /// nibble ends included; `full`: all -128, or all nibbles 0, i.e. -8), f16 scales of both
+    /// signs.
+    fn rows(seed: &mut u64, n: usize, cols: usize, full: bool, bb: usize) -> Vec<u8> {
+        let mut w = vec![0u8; n * cols / QK * bb];
+        for blk in w.chunks_exact_mut(bb) {
             for b in blk[2..].iter_mut() {
-                *b = if full { 0x80 } else { rng(seed) as u8 };
+                *b = if !full {
+                    rng(seed) as u8
+                } else if bb == Q8_0_BLOCK {
+                    0x80
+                } else {
+                    0
+                };
             }
             let d = half::f16::from_f32(((rng(seed) % 2000) as f32 - 1000.0) * 1e-5);
             blk[..2].copy_from_slice(&d.to_le_bytes());
@@ -260,29 +333,42 @@ mod tests {
     }
 
     /// Every kernel, 1..=6 tokens at once, even and odd block counts (an empty last block),
-    /// random and extreme (-128 codes against ±127 activations) data, gives each row and token
-    /// `vec_dot_q8_0_q8_0`'s bits; the vector preparation writes the scalar one's bytes.
+    /// random and extreme (-128 codes, or Q4_0's -8, against ±127 activations) data, gives
+    /// each row and token `vec_dot_q8_0_q8_0`'s (Q4_0: `vec_dot_q4_0_q8_0`'s) bits; the
+    /// vector preparation writes the scalar one's bytes.
     #[test]
-    fn q8_0_x8_kernels_give_the_scalar_reference_bits() {
+    fn q8_0_and_q4_0_x8_kernels_give_the_scalar_reference_bits() {
         let mut seed = 0x5d1c_37a9_e402_b86fu64;
-        for (n_rows, cols, full) in [
-            (8usize, 32usize, false),
-            (8, 64, false),
-            (16, 96, false),
-            (8, 1024, false),
-            (24, 3072, false),
-            (8, 160, true),
-        ] {
-            let g = Q80Geom::new(cols).unwrap();
-            let w = rows(&mut seed, n_rows, cols, full);
-            let p = repack_q8_0_x8(&w, n_rows, cols).unwrap();
+        for (q4, (n_rows, cols, full)) in [false, true].into_iter().flat_map(|q4| {
+            [
+                (8usize, 32usize, false),
+                (8, 64, false),
+                (16, 96, false),
+                (8, 1024, false),
+                (24, 3072, false),
+                (8, 160, true),
+            ]
+            .map(|c| (q4, c))
+        }) {
+            let (g, oracle): (_, Oracle) = if q4 {
+                (Q80Geom::new_q4_0(cols).unwrap(), vec_dot_q4_0_q8_0)
+            } else {
+                (Q80Geom::new(cols).unwrap(), vec_dot_q8_0_q8_0)
+            };
+            let w = rows(&mut seed, n_rows, cols, full, g.block_bytes());
+            let p = if q4 {
+                repack_q4_0_x8(&w, n_rows, cols)
+            } else {
+                repack_q8_0_x8(&w, n_rows, cols)
+            }
+            .unwrap();
             assert_eq!(p.len(), n_rows / 8 * g.group_bytes());
             let acts: Vec<Vec<u8>> = [1e-3f32, 1.0, 1e4, 0.5]
                 .iter()
                 .map(|&x| act(&mut seed, cols, x))
                 .chain([extreme(cols, 127), extreme(cols, -127)])
                 .collect();
-            let rb = cols / QK * Q8_0_BLOCK;
+            let rb = cols / QK * g.block_bytes();
             for (name, f, pf) in kernels() {
                 let prepped: Vec<Vec<u8>> = acts
                     .iter()
@@ -303,11 +389,11 @@ mod tests {
                         for (t, o) in out.iter().enumerate() {
                             for (r, &y) in o.iter().enumerate() {
                                 let row = 8 * gr + r;
-                                let want = vec_dot_q8_0_q8_0(&w[row * rb..][..rb], &acts[t], cols);
+                                let want = oracle(&w[row * rb..][..rb], &acts[t], cols);
                                 assert_eq!(
                                     y.to_bits(),
                                     want.to_bits(),
-                                    "{name} {n_rows}x{cols} n={n} t={t} row {row}: {y} vs {want}"
+                                    "{name} q4_0={q4} {n_rows}x{cols} n={n} t={t} row {row}: {y} vs {want}"
                                 );
                             }
                         }
@@ -323,6 +409,9 @@ mod tests {
         assert!(repack_q8_0_x8(&[0; 34 * 8], 8, 31).is_none());
         assert!(repack_q8_0_x8(&[0; 34 * 8 - 1], 8, 32).is_none());
         assert!(repack_q8_0_x8(&[], 0, 32).is_none());
+        assert!(repack_q4_0_x8(&[0; 18 * 7], 7, 32).is_none());
+        assert!(repack_q4_0_x8(&[0; 34 * 8], 8, 32).is_none());
+        assert!(repack_q4_0_x8(&[0; 18 * 8], 8, 32).is_some());
         let g = Q80Geom::new(64).unwrap();
         let a = act(&mut 7, 64, 1.0);
         let a = Q8_0Act::new(&a, 64).unwrap();

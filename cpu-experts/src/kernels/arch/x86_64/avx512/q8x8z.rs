@@ -13,6 +13,12 @@
 //!
 //! Every lane's integer sum is exact (at most 32·255·128 before the offset) and its f32 steps
 //! are the scalar reference's (`acc += sumi·(d·d_a)`, no FMA), so every output is its bits.
+//!
+//! Q4_0 (`g.nibbles()`): four 64-byte loads a pair instead of eight, each split by two masks
+//! (a shift first for the high nibbles) into steps L and L + 4; the accumulation starts at
+//! the prepared `−128·Σq` shifted right by 4 (`−8·Σq`, exact: a multiple of 128). Per pair and
+//! token the same eight `vpdpbusd` and broadcasts; the unpacking (three operations a load) is
+//! shared by the tokens.
 
 use core::arch::x86_64::*;
 
@@ -31,11 +37,15 @@ fn q8_0_x8z(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]) {
     let mut t0 = 0;
     while t0 < acts.len() {
         let (a, o) = (&acts[t0..], &mut out[t0..]);
-        t0 += match a.len() {
-            1 => tokens::<1>(p, g, a, o),
-            2 => tokens::<2>(p, g, a, o),
-            3 => tokens::<3>(p, g, a, o),
-            _ => tokens::<4>(p, g, a, o),
+        t0 += match (a.len(), g.nibbles()) {
+            (1, false) => tokens::<1, false>(p, g, a, o),
+            (2, false) => tokens::<2, false>(p, g, a, o),
+            (3, false) => tokens::<3, false>(p, g, a, o),
+            (_, false) => tokens::<4, false>(p, g, a, o),
+            (1, true) => tokens::<1, true>(p, g, a, o),
+            (2, true) => tokens::<2, true>(p, g, a, o),
+            (3, true) => tokens::<3, true>(p, g, a, o),
+            (_, true) => tokens::<4, true>(p, g, a, o),
         };
     }
 }
@@ -47,25 +57,46 @@ fn bcast8(v: &[u8; PAIR_ACT], o: usize) -> __m512i {
     _mm512_set1_epi64(i64::from_le_bytes(*arr::<8>(v, o)))
 }
 
-/// One pass over the group for the first T tokens of `a`; returns T.
+/// One pass over the group for the first T tokens of `a` (NIB: Q4_0's codes); returns T.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn tokens<const T: usize>(p: &[u8], g: &Q80Geom, a: &[&[u8]], out: &mut [[f32; 8]]) -> usize {
+fn tokens<const T: usize, const NIB: bool>(
+    p: &[u8],
+    g: &Q80Geom,
+    a: &[&[u8]],
+    out: &mut [[f32; 8]],
+) -> usize {
     let pd = x8b::prefetch_ahead();
     let mut acc = [_mm512_setzero_ps(); T];
     let acts: [&[u8]; T] = core::array::from_fn(|t| a[t]);
+    let low4 = _mm512_set1_epi8(15);
     for pr in 0..g.pairs() {
         // The pair's scales and codes, one run (the scales only at an even pair).
         let (so, co) = (g.scale_at(pr), g.code_at(pr));
-        x8b::prefetch(&p[if pr % 2 == 0 { so } else { co }..co + 512], pd);
-        let c = arr::<512>(p, co);
+        x8b::prefetch(&p[if pr % 2 == 0 { so } else { co }..co + g.code], pd);
         let pa: [&[u8; PAIR_ACT]; T] =
             core::array::from_fn(|t| arr::<PAIR_ACT>(acts[t], PAIR_ACT * pr));
-        let mut s: [__m512i; T] = core::array::from_fn(|t| bcast8(pa[t], 64));
-        for k in 0..8 {
-            let w = ld512(arr::<64>(c, 64 * k));
-            for t in 0..T {
-                s[t] = _mm512_dpbusd_epi32(s[t], w, bcast8(pa[t], 8 * k));
+        let mut s: [__m512i; T];
+        if NIB {
+            let c = arr::<256>(p, co);
+            s = core::array::from_fn(|t| _mm512_srai_epi32::<4>(bcast8(pa[t], 64)));
+            for l in 0..4 {
+                let w = ld512(arr::<64>(c, 64 * l));
+                let lo = _mm512_and_si512(w, low4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), low4);
+                for t in 0..T {
+                    s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast8(pa[t], 8 * l));
+                    s[t] = _mm512_dpbusd_epi32(s[t], hi, bcast8(pa[t], 8 * (l + 4)));
+                }
+            }
+        } else {
+            let c = arr::<512>(p, co);
+            s = core::array::from_fn(|t| bcast8(pa[t], 64));
+            for k in 0..8 {
+                let w = ld512(arr::<64>(c, 64 * k));
+                for t in 0..T {
+                    s[t] = _mm512_dpbusd_epi32(s[t], w, bcast8(pa[t], 8 * k));
+                }
             }
         }
         let dw = _mm512_cvtph_ps(ld256(arr::<32>(p, so)));
