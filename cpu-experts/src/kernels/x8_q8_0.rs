@@ -43,21 +43,39 @@
 //! `(−128·Σq) >> 4 = −8·Σq`, the unsigned nibbles' offset (Q4_0's weights are `nibble − 8`).
 //! The f32 steps are the Q8_0 ones, which are also the scalar Q4_0 reference's
 //! (`scalar::vec_dot_q4_0_q8_0`: `acc += sumi·(d·d_a)`), so again every output is its bits.
-//! Why: llama.cpp's x86 build repacks Q4_0 eight rows at a time (`ggml-cpu/repack.cpp`,
+//!
+//! **IQ4_NL rows** are laid out as Q4_0's; their nibbles index the 16-value codebook
+//! (`KVALUES_IQ4NL`), which the kernel looks up per 16-byte lane (`vpshufb`) with every value
+//! stored `+ 128`, so the accumulation starts at the prepared `−128·Σq` as Q8_0's does; the f32
+//! steps are again the reference's (`vec_dot_iq4_nl_q8_0`, `acc += sumi·(d·d_a)`).
+//!
+//! Why: llama.cpp's x86 build repacks Q4_0 (and IQ4_NL) eight rows at a time (`ggml-cpu/repack.cpp`,
 //! `block_q4_0x8`, `ggml_gemm_q4_0_8x8_q8_0`) and its Q4_0 prefill was 1.6x ours (one-row
 //! kernels, four tokens a call; BENCHMARKS.md, session 42); this is our own layout, this
 //! module's Q8_0 frame with the codes as nibbles.
 
+use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant::QK;
+use lagoon_core::quant::tables::KVALUES_IQ4NL;
 
 use super::act::Q8_0Act;
 
-/// Shape of a repacked Q8_0 or Q4_0 matrix's rows: its 32-column blocks, and the bytes of a
-/// block pair's codes in a group (512 for Q8_0, 256 for Q4_0's nibbles).
+/// Which 32-element block type the repacked rows hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codes {
+    /// Q8_0: `d | i8[32]`, the codes stored `+ 128`.
+    Q8_0,
+    /// Q4_0: `d | nibbles[16]`, weights `nibble − 8`.
+    Q4_0,
+    /// IQ4_NL: `d | nibbles[16]`, weights `KVALUES_IQ4NL[nibble]`.
+    Iq4Nl,
+}
+
+/// Shape of a repacked Q8_0, Q4_0 or IQ4_NL matrix's rows: its 32-column blocks and codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Q80Geom {
     pub blocks: usize,
-    pub code: usize,
+    pub codes: Codes,
 }
 
 /// Bytes of one pair's prepared activation: 64 interleaved quants, two `−128·Σq` (i32), two
@@ -74,20 +92,44 @@ pub(crate) const Q4_0_BLOCK: usize = 18;
 impl Q80Geom {
     /// Q8_0 rows of `cols` columns; `None` unless `cols` is a non-zero multiple of 32.
     pub fn new(cols: usize) -> Option<Self> {
+        Self::of(Codes::Q8_0, cols)
+    }
+
+    /// Rows of `codes` and `cols` columns; `None` unless `cols` is a non-zero multiple of 32.
+    pub fn of(codes: Codes, cols: usize) -> Option<Self> {
         (cols > 0 && cols.is_multiple_of(QK)).then_some(Q80Geom {
             blocks: cols / QK,
-            code: 512,
+            codes,
         })
     }
 
-    /// Q4_0 rows of `cols` columns; `None` unless `cols` is a non-zero multiple of 32.
-    pub fn new_q4_0(cols: usize) -> Option<Self> {
-        Self::new(cols).map(|g| Q80Geom { code: 256, ..g })
+    /// The frame's codes for a ggml type, if it takes that type.
+    pub fn codes_of(ty: GgmlType) -> Option<Codes> {
+        match ty {
+            GgmlType::Q8_0 => Some(Codes::Q8_0),
+            GgmlType::Q4_0 => Some(Codes::Q4_0),
+            GgmlType::IQ4NL => Some(Codes::Iq4Nl),
+            _ => None,
+        }
     }
 
-    /// Whether the codes are Q4_0's nibbles.
+    /// The ggml type the rows came from.
+    pub fn ty(&self) -> GgmlType {
+        match self.codes {
+            Codes::Q8_0 => GgmlType::Q8_0,
+            Codes::Q4_0 => GgmlType::Q4_0,
+            Codes::Iq4Nl => GgmlType::IQ4NL,
+        }
+    }
+
+    /// Whether the codes are nibbles (Q4_0, IQ4_NL).
     pub fn nibbles(&self) -> bool {
-        self.code == 256
+        self.codes != Codes::Q8_0
+    }
+
+    /// Bytes of a pair's codes in a group (512 for Q8_0, 256 for nibbles).
+    pub fn code(&self) -> usize {
+        if self.nibbles() { 256 } else { 512 }
     }
 
     /// The stored type's bytes per block (34 or 18).
@@ -101,7 +143,7 @@ impl Q80Geom {
 
     /// Bytes of a unit of two pairs in a group: their 32 scales, then their codes.
     fn unit(&self) -> usize {
-        64 + 2 * self.code
+        64 + 2 * self.code()
     }
 
     /// Block pairs (the last one half empty when `blocks` is odd).
@@ -116,13 +158,13 @@ impl Q80Geom {
 
     /// Offset of pair `p`'s codes (`code` bytes) in a group.
     pub fn code_at(&self, p: usize) -> usize {
-        self.unit() * (p / 2) + 64 + self.code * (p % 2)
+        self.unit() * (p / 2) + 64 + self.code() * (p % 2)
     }
 
     /// Bytes of one group of 8 rows.
     pub fn group_bytes(&self) -> usize {
         let n = self.pairs();
-        self.unit() * (n / 2) + (64 + self.code) * (n % 2)
+        self.unit() * (n / 2) + (64 + self.code()) * (n % 2)
     }
 
     /// Bytes of one token's prepared activation.
@@ -141,21 +183,23 @@ const fn code_byte(b: usize, r: usize, i: usize) -> usize {
 /// into groups of 8 rows. `None` unless `rows` is a non-zero multiple of 8, `cols` of 32 and
 /// `w` exactly that size.
 pub fn repack_q8_0_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
-    repack(w, rows, &Q80Geom::new(cols)?)
+    repack_x8(w, rows, &Q80Geom::new(cols)?)
 }
 
 /// Repacks `rows` Q4_0 rows of `cols` columns (18-byte blocks, row after row) into groups of
-/// 8 rows ([`Q80Geom::new_q4_0`]'s layout); `None` as for [`repack_q8_0_x8`].
+/// 8 rows ([`Codes::Q4_0`]'s layout); `None` as for [`repack_q8_0_x8`].
 pub fn repack_q4_0_x8(w: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
-    repack(w, rows, &Q80Geom::new_q4_0(cols)?)
+    repack_x8(w, rows, &Q80Geom::of(Codes::Q4_0, cols)?)
 }
 
-fn repack(w: &[u8], rows: usize, g: &Q80Geom) -> Option<Vec<u8>> {
+/// Repacks `rows` rows of `g`'s type (its blocks, row after row) into groups of 8 rows;
+/// `None` unless `rows` is a non-zero multiple of 8 and `w` exactly that size.
+pub fn repack_x8(w: &[u8], rows: usize, g: &Q80Geom) -> Option<Vec<u8>> {
     let (bb, rb) = (g.block_bytes(), g.blocks * g.block_bytes());
     if rows == 0 || !rows.is_multiple_of(8) || w.len() != rows * rb {
         return None;
     }
-    // Q8_0's codes flipped to unsigned; Q4_0's nibbles are unsigned as stored.
+    // Q8_0's codes flipped to unsigned; nibbles are unsigned as stored.
     let flip = if g.nibbles() { 0 } else { 0x80 };
     let mut out = vec![0u8; rows / 8 * g.group_bytes()];
     for (gr, dst) in out.chunks_exact_mut(g.group_bytes()).enumerate() {
@@ -164,7 +208,7 @@ fn repack(w: &[u8], rows: usize, g: &Q80Geom) -> Option<Vec<u8>> {
             for (b, blk) in row.chunks_exact(bb).enumerate() {
                 let sc = g.scale_at(b / 2) + 2 * (2 * r + b % 2);
                 dst[sc..sc + 2].copy_from_slice(&blk[..2]);
-                let pair = &mut dst[g.code_at(b / 2)..][..g.code];
+                let pair = &mut dst[g.code_at(b / 2)..][..g.code()];
                 for (i, &q) in blk[2..].iter().enumerate() {
                     pair[code_byte(b, r, i)] = q ^ flip;
                 }
@@ -229,15 +273,15 @@ pub fn dot_q8_0_x8_scalar(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32
             let mut acc = 0.0f32;
             for b in 0..g.blocks {
                 let (pr, s) = (b / 2, b % 2);
-                let codes = &p[g.code_at(pr)..][..g.code];
+                let codes = &p[g.code_at(pr)..][..g.code()];
                 let pa = &a[PAIR_ACT * pr..][..PAIR_ACT];
                 let mut sumi = 0i32;
                 for i in 0..QK {
-                    let w = if g.nibbles() {
-                        let byte = codes[code_byte(b, r, i % 16)];
-                        i32::from((byte >> (4 * (i / 16))) & 15) - 8
-                    } else {
-                        i32::from((codes[code_byte(b, r, i)] ^ 0x80) as i8)
+                    let nib = || (codes[code_byte(b, r, i % 16)] >> (4 * (i / 16))) & 15;
+                    let w = match g.codes {
+                        Codes::Q8_0 => i32::from((codes[code_byte(b, r, i)] ^ 0x80) as i8),
+                        Codes::Q4_0 => i32::from(nib()) - 8,
+                        Codes::Iq4Nl => i32::from(KVALUES_IQ4NL[usize::from(nib())]),
                     };
                     sumi += w * i32::from(pa[8 * (i / 4) + 4 * s + i % 4] as i8);
                 }
@@ -275,7 +319,7 @@ pub fn simd() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::scalar::{vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0};
+    use crate::kernels::scalar::{vec_dot_iq4_nl_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0};
 
     /// A row's scalar reference dot (`w`, the Q8_0 activation, columns).
     type Oracle = fn(&[u8], &[u8], usize) -> f32;
@@ -290,9 +334,9 @@ mod tests {
         a
     }
 
-    /// Random Q8_0 (`bb` 34) or Q4_0 (18) rows: random quants (every byte: -128 and both
-    /// nibble ends included; `full`: all -128, or all nibbles 0, i.e. -8), f16 scales of both
-    /// signs.
+    /// Random Q8_0 (`bb` 34) or Q4_0 / IQ4_NL (18) rows: random quants (every byte: -128 and
+    /// both nibble ends included; `full`: all -128, or all nibbles 0, i.e. -8 / -127), f16
+    /// scales of both signs.
     fn rows(seed: &mut u64, n: usize, cols: usize, full: bool, bb: usize) -> Vec<u8> {
         let mut w = vec![0u8; n * cols / QK * bb];
         for blk in w.chunks_exact_mut(bb) {
@@ -333,13 +377,18 @@ mod tests {
     }
 
     /// Every kernel, 1..=6 tokens at once, even and odd block counts (an empty last block),
-    /// random and extreme (-128 codes, or Q4_0's -8, against ±127 activations) data, gives
-    /// each row and token `vec_dot_q8_0_q8_0`'s (Q4_0: `vec_dot_q4_0_q8_0`'s) bits; the
-    /// vector preparation writes the scalar one's bytes.
+    /// random and extreme (-128 codes, Q4_0's -8 or IQ4_NL's -127, against ±127 activations)
+    /// data, gives each row and token `vec_dot_q8_0_q8_0`'s (`vec_dot_q4_0_q8_0`'s,
+    /// `vec_dot_iq4_nl_q8_0`'s) bits; the vector preparation writes the scalar one's bytes.
     #[test]
-    fn q8_0_and_q4_0_x8_kernels_give_the_scalar_reference_bits() {
+    fn x8_legacy_kernels_give_the_scalar_reference_bits() {
         let mut seed = 0x5d1c_37a9_e402_b86fu64;
-        for (q4, (n_rows, cols, full)) in [false, true].into_iter().flat_map(|q4| {
+        let kinds: [(Codes, Oracle); 3] = [
+            (Codes::Q8_0, vec_dot_q8_0_q8_0),
+            (Codes::Q4_0, vec_dot_q4_0_q8_0),
+            (Codes::Iq4Nl, vec_dot_iq4_nl_q8_0),
+        ];
+        for ((codes, oracle), (n_rows, cols, full)) in kinds.into_iter().flat_map(|k| {
             [
                 (8usize, 32usize, false),
                 (8, 64, false),
@@ -348,18 +397,15 @@ mod tests {
                 (24, 3072, false),
                 (8, 160, true),
             ]
-            .map(|c| (q4, c))
+            .map(|c| (k, c))
         }) {
-            let (g, oracle): (_, Oracle) = if q4 {
-                (Q80Geom::new_q4_0(cols).unwrap(), vec_dot_q4_0_q8_0)
-            } else {
-                (Q80Geom::new(cols).unwrap(), vec_dot_q8_0_q8_0)
-            };
+            let q4 = codes;
+            let g = Q80Geom::of(codes, cols).unwrap();
             let w = rows(&mut seed, n_rows, cols, full, g.block_bytes());
-            let p = if q4 {
-                repack_q4_0_x8(&w, n_rows, cols)
-            } else {
-                repack_q8_0_x8(&w, n_rows, cols)
+            let p = match codes {
+                Codes::Q8_0 => repack_q8_0_x8(&w, n_rows, cols),
+                Codes::Q4_0 => repack_q4_0_x8(&w, n_rows, cols),
+                Codes::Iq4Nl => repack_x8(&w, n_rows, &g),
             }
             .unwrap();
             assert_eq!(p.len(), n_rows / 8 * g.group_bytes());
@@ -393,7 +439,7 @@ mod tests {
                                 assert_eq!(
                                     y.to_bits(),
                                     want.to_bits(),
-                                    "{name} q4_0={q4} {n_rows}x{cols} n={n} t={t} row {row}: {y} vs {want}"
+                                    "{name} {q4:?} {n_rows}x{cols} n={n} t={t} row {row}: {y} vs {want}"
                                 );
                             }
                         }

@@ -19,14 +19,18 @@
 //! the prepared `−128·Σq` shifted right by 4 (`−8·Σq`, exact: a multiple of 128). Per pair and
 //! token the same eight `vpdpbusd` and broadcasts; the unpacking (three operations a load) is
 //! shared by the tokens.
+//!
+//! IQ4_NL: Q4_0's loads and masks, then one `vpshufb` per nibble vector into the codebook
+//! stored `+ 128` (so the start is the prepared `−128·Σq`, as Q8_0's).
 
 use core::arch::x86_64::*;
 
 use super::{Avx512Vnni, ld512};
 use crate::kernels::act::Q8_0Act;
 use crate::kernels::arch::x86_64::avx2::k4x8::{self as x8b, arr};
-use crate::kernels::arch::x86_64::avx2::ld256;
-use crate::kernels::x8_q8_0::{DotQ80X8, PAIR_ACT, PrepQ80, Q80Geom, fits};
+use crate::kernels::arch::x86_64::avx2::{ld128, ld256};
+use crate::kernels::x8_q8_0::{Codes, DotQ80X8, PAIR_ACT, PrepQ80, Q80Geom, fits};
+use lagoon_core::quant::tables::KVALUES_IQ4NL;
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q8_0_x8z(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]) {
@@ -37,15 +41,19 @@ fn q8_0_x8z(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]) {
     let mut t0 = 0;
     while t0 < acts.len() {
         let (a, o) = (&acts[t0..], &mut out[t0..]);
-        t0 += match (a.len(), g.nibbles()) {
-            (1, false) => tokens::<1, false>(p, g, a, o),
-            (2, false) => tokens::<2, false>(p, g, a, o),
-            (3, false) => tokens::<3, false>(p, g, a, o),
-            (_, false) => tokens::<4, false>(p, g, a, o),
-            (1, true) => tokens::<1, true>(p, g, a, o),
-            (2, true) => tokens::<2, true>(p, g, a, o),
-            (3, true) => tokens::<3, true>(p, g, a, o),
-            (_, true) => tokens::<4, true>(p, g, a, o),
+        t0 += match (a.len(), g.codes) {
+            (1, Codes::Q8_0) => tokens::<1, Q8>(p, g, a, o),
+            (2, Codes::Q8_0) => tokens::<2, Q8>(p, g, a, o),
+            (3, Codes::Q8_0) => tokens::<3, Q8>(p, g, a, o),
+            (_, Codes::Q8_0) => tokens::<4, Q8>(p, g, a, o),
+            (1, Codes::Q4_0) => tokens::<1, Q4>(p, g, a, o),
+            (2, Codes::Q4_0) => tokens::<2, Q4>(p, g, a, o),
+            (3, Codes::Q4_0) => tokens::<3, Q4>(p, g, a, o),
+            (_, Codes::Q4_0) => tokens::<4, Q4>(p, g, a, o),
+            (1, Codes::Iq4Nl) => tokens::<1, NL>(p, g, a, o),
+            (2, Codes::Iq4Nl) => tokens::<2, NL>(p, g, a, o),
+            (3, Codes::Iq4Nl) => tokens::<3, NL>(p, g, a, o),
+            (_, Codes::Iq4Nl) => tokens::<4, NL>(p, g, a, o),
         };
     }
 }
@@ -57,10 +65,27 @@ fn bcast8(v: &[u8; PAIR_ACT], o: usize) -> __m512i {
     _mm512_set1_epi64(i64::from_le_bytes(*arr::<8>(v, o)))
 }
 
-/// One pass over the group for the first T tokens of `a` (NIB: Q4_0's codes); returns T.
+/// [`tokens`]' code kinds.
+const Q8: u8 = 0;
+const Q4: u8 = 1;
+const NL: u8 = 2;
+
+/// IQ4_NL's codebook `+ 128`, as unsigned bytes.
+const NL_U8: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_IQ4NL[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// One pass over the group for the first T tokens of `a` (K: [`Q8`], [`Q4`] or [`NL`]
+/// codes); returns T.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn tokens<const T: usize, const NIB: bool>(
+fn tokens<const T: usize, const K: u8>(
     p: &[u8],
     g: &Q80Geom,
     a: &[&[u8]],
@@ -70,20 +95,28 @@ fn tokens<const T: usize, const NIB: bool>(
     let mut acc = [_mm512_setzero_ps(); T];
     let acts: [&[u8]; T] = core::array::from_fn(|t| a[t]);
     let low4 = _mm512_set1_epi8(15);
+    let book = _mm512_broadcast_i32x4(ld128(&NL_U8));
     for pr in 0..g.pairs() {
         // The pair's scales and codes, one run (the scales only at an even pair).
         let (so, co) = (g.scale_at(pr), g.code_at(pr));
-        x8b::prefetch(&p[if pr % 2 == 0 { so } else { co }..co + g.code], pd);
+        x8b::prefetch(&p[if pr % 2 == 0 { so } else { co }..co + g.code()], pd);
         let pa: [&[u8; PAIR_ACT]; T] =
             core::array::from_fn(|t| arr::<PAIR_ACT>(acts[t], PAIR_ACT * pr));
         let mut s: [__m512i; T];
-        if NIB {
+        if K != Q8 {
             let c = arr::<256>(p, co);
-            s = core::array::from_fn(|t| _mm512_srai_epi32::<4>(bcast8(pa[t], 64)));
+            s = core::array::from_fn(|t| match K {
+                Q4 => _mm512_srai_epi32::<4>(bcast8(pa[t], 64)),
+                _ => bcast8(pa[t], 64),
+            });
             for l in 0..4 {
                 let w = ld512(arr::<64>(c, 64 * l));
-                let lo = _mm512_and_si512(w, low4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), low4);
+                let mut lo = _mm512_and_si512(w, low4);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), low4);
+                if K == NL {
+                    lo = _mm512_shuffle_epi8(book, lo);
+                    hi = _mm512_shuffle_epi8(book, hi);
+                }
                 for t in 0..T {
                     s[t] = _mm512_dpbusd_epi32(s[t], lo, bcast8(pa[t], 8 * l));
                     s[t] = _mm512_dpbusd_epi32(s[t], hi, bcast8(pa[t], 8 * (l + 4)));
