@@ -112,6 +112,9 @@ fn every_gguf_mix_opens_or_names_its_first_undecodable_tensor() {
     assert_eq!(t["blk.1.ffn_down_exps.weight"], GgmlType::IQ4XS);
     assert_eq!(t["blk.1.attn_v.weight"], GgmlType::Q5K);
     assert_eq!(t["output.weight"], GgmlType::Q6K);
+    let t = gguf_types(&d.join("iq4_nl.gguf"));
+    assert_eq!(t["blk.1.ffn_gate_exps.weight"], GgmlType::IQ4NL);
+    assert_eq!(t["blk.1.attn_v.weight"], GgmlType::Q5K);
     let t = gguf_types(&d.join("q4_k_m.gguf"));
     assert_eq!(t["output.weight"], GgmlType::Q6K);
     assert_eq!(t["blk.1.ffn_gate_exps.weight"], GgmlType::Q4K);
@@ -468,6 +471,7 @@ fn gguf_py_reads_every_mix_and_decodes_iq_blocks_to_the_planned_scale() {
         TypeMix::Iq2M,
         TypeMix::Iq1M,
         TypeMix::Iq1S,
+        TypeMix::Iq4Nl,
         TypeMix::Bf16,
     ] {
         let p = d.join(format!("{}.gguf", mix.name()));

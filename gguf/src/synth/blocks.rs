@@ -40,6 +40,7 @@ pub fn supported(ty: GgmlType) -> bool {
             | IQ2S
             | IQ3XXS
             | IQ4XS
+            | IQ4NL
     )
 }
 
@@ -76,6 +77,7 @@ pub fn fill_blocks(ty: GgmlType, std: f32, rng: &mut WyRand, out: &mut [u8]) {
         IQ2S => iq2s(std, rng, out),
         IQ3XXS => iq3xxs(std, rng, out),
         IQ4XS => iq4xs(std, rng, out),
+        IQ4NL => iq4nl(std, rng, out),
         _ => unreachable!("plan refuses types without a generator"),
     }
 }
@@ -314,6 +316,19 @@ fn iq4xs(std: f32, rng: &mut WyRand, out: &mut [u8]) {
     }
 }
 
+/// IQ4_NL (18 B): `d | qs[16]` (element j the low nibble of byte j, j + 16 the high one),
+/// `y = d·kvalues[q]`; random bytes make every index uniform, and `d`'s sign is random per
+/// block (the codebook's mean is not 0; llama.cpp's quantiser also picks the sign per block).
+fn iq4nl(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let kv = &lagoon_core::quant::tables::KVALUES_IQ4NL;
+    let kv_rms = (kv.iter().map(|&v| f32::from(v).powi(2)).sum::<f32>() / 16.0).sqrt();
+    let d = std / kv_rms;
+    for b in out.chunks_exact_mut(18) {
+        put_f16(b, if rng.below(2) == 0 { d } else { -d });
+        rng.fill(&mut b[2..18]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,7 +351,7 @@ mod tests {
     fn decoded_blocks_have_the_requested_std() {
         use GgmlType::*;
         let std = 0.03f32;
-        for ty in [F32, F16, BF16, Q8_0, Q4K, Q5K, Q6K, IQ4XS] {
+        for ty in [F32, F16, BF16, Q8_0, Q4K, Q5K, Q6K, IQ4XS, IQ4NL] {
             let n = 256 * 64;
             let mut bytes = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
             fill_blocks(ty, std, &mut WyRand::new(3), &mut bytes);

@@ -86,6 +86,11 @@ pub enum TypeMix {
     /// `llama_tensor_get_type` gives the value projection Q5_K under IQ4_XS when the GQA
     /// group is 4 or more, as Laguna's 6 and 9 are).
     Iq4Xs,
+    /// llama.cpp IQ4_NL: IQ4_XS's recipe with IQ4_NL (32-element blocks, one f16 scale each):
+    /// Q6_K `output`, Q5_K `attn_v`. (Both recipes as quantised with an importance matrix,
+    /// as published files are; without one llama.cpp also gives the first eighth of the
+    /// layers' FFN down projections Q5_K.)
+    Iq4Nl,
     /// BF16 matrices (an unquantised conversion).
     Bf16,
     /// compressed-tensors W4A16 group 32 directory (poolside's INT4 release layout).
@@ -97,7 +102,7 @@ pub enum TypeMix {
 }
 
 impl TypeMix {
-    pub const ALL: [TypeMix; 14] = [
+    pub const ALL: [TypeMix; 15] = [
         TypeMix::Q4KM,
         TypeMix::Q5KM,
         TypeMix::Q3KM,
@@ -109,6 +114,7 @@ impl TypeMix {
         TypeMix::Iq1M,
         TypeMix::Iq1S,
         TypeMix::Iq4Xs,
+        TypeMix::Iq4Nl,
         TypeMix::Bf16,
         TypeMix::Int4G32,
         TypeMix::Int8,
@@ -128,6 +134,7 @@ impl TypeMix {
             TypeMix::Iq1M => "iq1_m",
             TypeMix::Iq1S => "iq1_s",
             TypeMix::Iq4Xs => "iq4_xs",
+            TypeMix::Iq4Nl => "iq4_nl",
             TypeMix::Bf16 => "bf16",
             TypeMix::Int4G32 => "int4-g32",
             TypeMix::Int8 => "int8",
@@ -154,6 +161,7 @@ impl TypeMix {
             TypeMix::Iq1M => Some(31),
             TypeMix::Iq1S => Some(24),
             TypeMix::Iq4Xs => Some(30),
+            TypeMix::Iq4Nl => Some(25),
             TypeMix::Bf16 => Some(32),
             TypeMix::Int4G32 | TypeMix::Int8 => None,
         }
@@ -223,6 +231,11 @@ impl TypeMix {
                 Output => Q6K,
                 V => Q5K,
                 _ => IQ4XS,
+            },
+            TypeMix::Iq4Nl => match role {
+                Output => Q6K,
+                V => Q5K,
+                _ => IQ4NL,
             },
         }
     }
