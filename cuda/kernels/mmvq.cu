@@ -87,6 +87,90 @@ __device__ __forceinline__ Elem mv_at(const Elem (&a)[MV_MATS], int i) {
     return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
+// H_ROWS=2 (lab switch read by the host, manifest.rs mv_rows_per_warp; default 1, not yet
+// measured): the one-token float mat-vecs `mv_bf16` / `mv_f16` (mv_multi) and the Q/K/V/gate
+// `mv_rinv_bf16` / `mv_rinv_f16` (mv_rinv_multi) give each warp two consecutive rows r, r + 1
+// of one matrix instead of one row (lane_parts_h with R = 2, H_ROWS_BATCH pieces a row in
+// flight, 3 by default: as many loads as H_BATCH's 6 for one row), so each piece's f32
+// activation (two float4s from L1 per 8 weights) is read once for both rows. Why: these
+// products are bound by their per-element L1 work, not by their weight bytes (MV_NORM_FUSE
+// below); with H_MEMONLY=1 (the activation reads and FMAs dropped, the weight loads kept) S
+// 2.1 W4A16 tg64 ran 286.71 / 286.65 t/s against 270.83 / 270.85 (session 43, H200), and
+// this halves the activation reads. Pairs are counted per matrix, (rows + 1) / 2 of them, so
+// a pair never straddles two matrices; an odd matrix's last pair has one row (its warp loads
+// that row twice and writes one output). Grid ceil(sum of the pairs / MV_WARPS). Each row's
+// sum has the one-row kernel's terms in its order (lane pieces lane, lane + 32, ... against
+// one accumulator, then warp_sum), so the outputs are H_ROWS=1's bit for bit. The O
+// projection (mv_stage), mv_norm_* and the other float loops keep one row a warp.
+#ifndef H_ROWS
+#define H_ROWS 1
+#endif
+#if H_ROWS != 1 && H_ROWS != 2
+#error "H_ROWS must be 1 or 2"
+#endif
+#ifndef H_ROWS_BATCH
+#define H_ROWS_BATCH 3
+#endif
+
+#if H_ROWS > 1
+// mv_row for H_ROWS = 2: which matrix i the warp's row pair falls in (returned) and the
+// pair's first row r within it, the pairs counted per matrix ((rows + 1) / 2 each). r >=
+// mv_at(m.rows, i): past the last matrix's rows; r + 1 == mv_at(m.rows, i): a pair of one row.
+__device__ __forceinline__ int mv_row_pair(const MvMats& m, int n_mats, int* row) {
+    int q = blockIdx.x * MV_WARPS + threadIdx.x / 32;
+    int i = 0;
+    int p = (m.rows[0] + 1) / 2;
+    if (n_mats > 1 && q >= p) {
+        q -= p;
+        i = 1;
+        p = (m.rows[1] + 1) / 2;
+        if (n_mats > 2 && q >= p) {
+            q -= p;
+            i = 2;
+            p = (m.rows[2] + 1) / 2;
+            if (n_mats > 3 && q >= p) {
+                q -= p;
+                i = 3;
+            }
+        }
+    }
+    *row = 2 * q;
+    return i;
+}
+
+// The lane's shares of rows r and r + 1 of matrix i (a lone row r twice when r + 1 is past
+// the matrix), its first loads issued before the kernel's pdl_wait (lane_part_waiting's).
+template <int T>
+__device__ __forceinline__ void mv_pair_parts(const MvMats& m, int i, int r, bool two, const u8* __restrict__ a,
+                                              int cols, float acc[2], AfterWait* aw) {
+    const u8* W = mv_at(m.W, i);
+    u64 rb = mv_at(m.row_bytes, i);
+    const u8* rows[2] = {W + (size_t)r * rb, W + (size_t)(two ? r + 1 : r) * rb};
+    lane_parts_h<T, 2, 1, H_ROWS_BATCH, true>(rows, a, cols, 0, acc, aw);
+}
+
+// mv_multi of float weights under H_ROWS = 2. The residuals: lane 0 reads row r's, lane 1
+// row r + 1's (warp_sum leaves every lane the same bits), each writing its row.
+template <int T>
+__device__ void mv_multi_pair(const MvMats& m, int n_mats, const u8* __restrict__ a, int cols) {
+    pdl_trigger();
+    int r;
+    int i = mv_row_pair(m, n_mats, &r);
+    int n = mv_at(m.rows, i);
+    if (r >= n) return;
+    int lane = threadIdx.x & 31;
+    bool two = r + 1 < n;
+    float* out = mv_at(m.out, i);
+    const float* res = mv_at(m.res, i);
+    AfterWait aw = {res && (lane == 0 || (lane == 1 && two)) ? res + r + lane : nullptr, 0.0f};
+    float acc[2];
+    mv_pair_parts<T>(m, i, r, two, a, cols, acc, &aw);
+    float y0 = warp_sum(acc[0]), y1 = warp_sum(acc[1]);
+    if (lane == 0) out[r] = res ? __fadd_rn(aw.v, y0) : y0;
+    if (lane == 1 && two) out[r + 1] = res ? __fadd_rn(aw.v, y1) : y1;
+}
+#endif
+
 // U != T (mv2_*): the first n_t products are of type T, the rest of type U (both paired with
 // the same activation format), so a run such as Q4_K_M's Q4_K Q/K/gate with its Q6_K value
 // projection is one launch instead of two: the short V product (~2.6 MB on S 2.1) had a whole
@@ -95,6 +179,12 @@ __device__ __forceinline__ Elem mv_at(const Elem (&a)[MV_MATS], int i) {
 // single-type kernel (bitwise the same outputs).
 template <int T, int U = T>
 __device__ void mv_multi(const MvMats& m, int n_mats, const u8* __restrict__ aq, int cols, int n_t = MV_MATS) {
+#if H_ROWS > 1
+    if constexpr (T == U && (T == WT_BF16 || T == WT_F16)) {
+        mv_multi_pair<T>(m, n_mats, aq, cols);
+        return;
+    }
+#endif
     pdl_trigger();
     int r;
     int i = mv_row(m, n_mats, &r);
@@ -251,12 +341,29 @@ __device__ void mv_rinv_multi(const MvMats& m, int n_mats, const u8* __restrict_
                               const float* __restrict__ part, int n_part, float eps) {
     pdl_trigger();
     int r;
+#if H_ROWS > 1
+    // H_ROWS = 2: the warp's row pair (mv_multi_pair); lane 1 writes row r + 1.
+    int i = mv_row_pair(m, n_mats, &r);
+#else
     int i = mv_row(m, n_mats, &r);
+#endif
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int slice = n_part / MV_WARPS;
     AfterWait aw = {nullptr, 0.0f, (const float4*)(part + warp * slice), slice / 4};
     bool live = r < mv_at(m.rows, i);
     float y = 0.0f;
+#if H_ROWS > 1
+    bool two = r + 1 < mv_at(m.rows, i);
+    float y1 = 0.0f;
+    if (live) {
+        float acc[2];
+        mv_pair_parts<T>(m, i, r, two, gx, cols, acc, &aw);
+        y = warp_sum(acc[0]);
+        y1 = warp_sum(acc[1]);
+    } else {
+        warp_pdl_wait(&aw);
+    }
+#else
     if (live) {
         const u8* W = mv_at(m.W, i);
         u64 rb = mv_at(m.row_bytes, i);
@@ -264,6 +371,7 @@ __device__ void mv_rinv_multi(const MvMats& m, int n_mats, const u8* __restrict_
     } else {
         warp_pdl_wait(&aw);
     }
+#endif
     float s = ((aw.q0.x + aw.q0.y) + (aw.q0.z + aw.q0.w)) + ((aw.q1.x + aw.q1.y) + (aw.q1.z + aw.q1.w));
     s = warp_sum(s);
     __shared__ float ws[MV_WARPS];
@@ -274,6 +382,9 @@ __device__ void mv_rinv_multi(const MvMats& m, int n_mats, const u8* __restrict_
     for (int k = 0; k < MV_WARPS; k++) ss += ws[k];
     float rinv = 1.0f / sqrtf(ss / (float)cols + eps);
     if (live && lane == 0) mv_at(m.out, i)[r] = y * rinv;
+#if H_ROWS > 1
+    if (two && lane == 1) mv_at(m.out, i)[r + 1] = y1 * rinv;
+#endif
 }
 
 // act[r] = silu(Wg[r] . a) * (Wu[r] . a): a SwiGLU MLP's gate and up with the activation

@@ -327,7 +327,8 @@ impl Device {
     }
 
     /// Launches `kernel` (an `mv_*`) for up to [`MV_MATS`] products of the quantised
-    /// activation row at `aq` (`cols` wide), one warp per row over all products' rows.
+    /// activation row at `aq` (`cols` wide), one warp per row over all products' rows (a row
+    /// pair for the float kernels under `H_ROWS=2`: [`crate::manifest::mv_rows_per_warp`]).
     pub fn mv(&self, kernel: K, aq: u64, cols: usize, mats: &[MvMat]) -> Result<(), CudaError> {
         self.mv_launch(kernel, aq, cols, mats, &[])
     }
@@ -388,7 +389,9 @@ impl Device {
         mats: &[MvMat],
         extra: &[Arg],
     ) -> Result<(), CudaError> {
-        let rows: usize = mats.iter().map(|m| m.rows).sum();
+        // One warp a row, or a row pair under `H_ROWS=2` (pairs counted per matrix).
+        let per_warp = crate::manifest::mv_rows_per_warp(kernel);
+        let warps: usize = mats.iter().map(|m| m.rows.div_ceil(per_warp)).sum();
         let mut args = [Arg::I(0); 6 + 5 * MV_MATS];
         args[0] = Arg::P(aq);
         args[1] = Arg::I(cols as i32);
@@ -408,7 +411,7 @@ impl Device {
         let extra = &extra[..extra.len().min(3)];
         let n_args = 3 + 5 * MV_MATS + extra.len();
         args[3 + 5 * MV_MATS..n_args].copy_from_slice(extra);
-        self.launch(kernel, (blocks(rows, 4), 1), 128, &args[..n_args])
+        self.launch(kernel, (blocks(warps, 4), 1), 128, &args[..n_args])
     }
 }
 

@@ -866,6 +866,25 @@ pub const GEMM_RF_SMEM_CT8: u32 = 215_552;
 /// with four warps a block, one row pair a warp, a cluster's rows are one 32-row Q8_0 group.
 pub const GATE_UP_CLUSTER: u32 = 8;
 
+/// Rows a warp of an `mv_*` launch takes ([`crate::device::Device::mv`]'s grid): 2 for the
+/// float kernels `mv_bf16`, `mv_f16`, `mv_rinv_bf16` and `mv_rinv_f16` under `H_ROWS=2` (a
+/// lab switch in `LAGOON_CUDA_DEFINES`, read once; `mmvq.cu`'s `mv_multi_pair`: the pairs
+/// counted per matrix, `(rows + 1) / 2` each), else 1.
+pub fn mv_rows_per_warp(kernel: K) -> usize {
+    static H_ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if matches!(kernel, K::MvBf16 | K::MvF16 | K::MvRinvBf16 | K::MvRinvF16) {
+        *H_ROWS.get_or_init(|| {
+            // (The kernel refuses to compile with any other value.)
+            match crate::compile::lab_define("H_ROWS").map(|v| v.parse::<usize>()) {
+                Some(Ok(2)) => 2,
+                _ => 1,
+            }
+        })
+    } else {
+        1
+    }
+}
+
 /// Blocks along x of an expert gate/up kernel of the `mvq` set (`moe_gate_up_q` /
 /// `moe_gate_up_mixed`, four warps a block) for `rows` rows of `h` columns: one row pair a
 /// warp, except the Q4_K kernel's `GU_Q4K_RPW` pairs a warp (a lab switch in

@@ -1318,7 +1318,10 @@ fn ct4_and_float_mat_vecs_match_the_cpu() {
 /// `mv_stage_*` (more of each row requested before the wait, lab switch `MV_STAGE`) adds each
 /// lane's pieces in `mv_*`'s order, so its outputs equal the plain float kernel's bit for bit:
 /// rows wider than the staged part (S 2.1's 9216-wide O projection), ending inside it (6144),
-/// within the register batch (1000), with a residual and without.
+/// within the register batch (1000), with a residual and without. The plain kernel on the
+/// same rows split into two products of one launch gives the same bits too (under
+/// `LAGOON_CUDA_DEFINES=H_ROWS=2` this checks the row pairs against `mv_stage_*`'s one row a
+/// warp, odd row counts included).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn staged_float_mat_vec_equals_the_plain_kernel() {
@@ -1357,6 +1360,32 @@ fn staged_float_mat_vec_equals_the_plain_kernel() {
                     "{ty} {rows}x{cols} residual {with_res}: staged differs from mv"
                 );
                 assert!(outs[0].iter().any(|&v| v != 0.0));
+                // The plain kernel with the rows as two products of one launch, split after an
+                // odd row (under H_ROWS=2 a pair of one row ends the first), gives the same bits.
+                let ob = dev.stream.alloc_zeros::<f32>(rows).unwrap();
+                let op = ob.device_ptr(&dev.stream).0;
+                let part = |r0: usize, n: usize| MvMat {
+                    w: wp + (r0 * 2 * cols) as u64,
+                    row_bytes: 2 * cols as u64,
+                    rows: n,
+                    out: op + 4 * r0 as u64,
+                    res: if with_res { rp + 4 * r0 as u64 } else { 0 },
+                };
+                let k = (rows / 2) | 1;
+                dev.mv(
+                    wt.mvh().unwrap().0,
+                    xp,
+                    cols,
+                    &[part(0, k), part(k, rows - k)],
+                )
+                .unwrap();
+                assert!(
+                    download(&dev, &ob)
+                        .iter()
+                        .zip(&outs[0])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty} {rows}x{cols} residual {with_res}: two products differ from one"
+                );
             }
         }
     }
