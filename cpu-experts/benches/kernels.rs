@@ -921,7 +921,7 @@ fn bench_floor_pairs(_c: &mut Criterion) {
 }
 
 /// The kinds of the multi-threaded one-token GEMV ([`bench_experts_mt`], [`bench_floor_pairs`]).
-const MT_KINDS: [Kind; 12] = [
+const MT_KINDS: [Kind; 13] = [
     Kind::G(GgmlType::Q4K),
     Kind::G(GgmlType::Q8_0),
     Kind::CtInt4(32),
@@ -934,6 +934,7 @@ const MT_KINDS: [Kind; 12] = [
     Kind::G(GgmlType::Q2K),
     Kind::G(GgmlType::Q4_0),
     Kind::G(GgmlType::IQ4NL),
+    Kind::G(GgmlType::MXFP4),
 ];
 
 /// One kind's expert sets with the output buffers of the multi-threaded one-token GEMV
@@ -955,10 +956,10 @@ impl MtExperts {
 
     /// `k` with the sets' rows repacked for the 8-row kernels (`kernels::x8`, what a session
     /// uses where the copy fits) for Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q8_0,
-    /// Q4_0 and IQ4_NL (those seven only where their vector kernels run, else the store is empty and the arm
+    /// Q4_0, IQ4_NL and MXFP4 (those eight only where their vector kernels run, else the store is empty and the arm
     /// repeats the table's) and int4; `None` for other kinds. Throughput still counts the stored
     /// type's bytes (the copies hold 148/144, 138/136, 210/210, 98/98, 66/66, 84/84, 114/110,
-    /// 34/34, 18/18 (Q4_0, IQ4_NL) and, int4 g32, 144/144 of them, the scales padded to a line).
+    /// 34/34, 18/18 (Q4_0, IQ4_NL), 18/17 (MXFP4) and, int4 g32, 144/144 of them, the scales padded to a line).
     fn x8(&self, k: &Kernels, kind: Kind) -> Option<Kernels> {
         matches!(
             kind,
@@ -973,6 +974,7 @@ impl MtExperts {
                     | GgmlType::Q8_0
                     | GgmlType::Q4_0
                     | GgmlType::IQ4NL
+                    | GgmlType::MXFP4
             ) | Kind::CtInt4(_)
         )
         .then(|| {

@@ -1,7 +1,7 @@
 //! Q4_K rows repacked eight at a time: the layout and kernels that apply each sub-block's
 //! scale to eight rows per instruction instead of unpacking the 6-bit scales and mins row by
 //! row. Sessions use them by default where the copy fits in memory ([`X8Store`], which also
-//! holds IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0, Q4_0, IQ4_NL and int4 compressed-tensors rows in
+//! holds IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0, Q4_0, IQ4_NL, MXFP4 and int4 compressed-tensors rows in
 //! [`super::x8_iq4xs`]'s, [`super::x8_q5k`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
 //! [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s layouts;
 //! `SessionOptions::repack` or `LAGOON_CPU_X8=0|1` overrides). Kernels: AVX2
@@ -116,7 +116,7 @@ pub(crate) fn pack_q4k_row(o: &mut [u8], r: usize, head: &[u8], qs: &[u8]) {
     }
 }
 
-/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q5_K, Q8_0, Q4_0 and IQ4_NL
+/// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q5_K, Q8_0, Q4_0, IQ4_NL and MXFP4
 /// (those six where their vector kernels run) and symmetric int4 compressed-tensors matrices
 /// (this module's layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s,
 /// [`super::x8_iq2xxs`]'s, [`super::x8_k23`]'s, [`super::x8_q5k`]'s, [`super::x8_q8_0`]'s and
@@ -258,7 +258,7 @@ fn ct4_geom(m: &CtMatrix<'_>, rows: usize) -> Option<Ct4Geom> {
         .flatten()
 }
 
-/// The distinct repackable Q4_K, IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0, Q4_0, IQ4_NL and int4 matrices of `mats`
+/// The distinct repackable Q4_K, IQ4_XS, Q5_K, Q6_K, IQ3_XXS, Q8_0, Q4_0, IQ4_NL, MXFP4 and int4 matrices of `mats`
 /// (by address).
 fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a>> {
     let mut todo = Vec::new();
@@ -266,7 +266,7 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
     for m in mats {
         match m.enc {
             Encoding::Ggml {
-                ty: ty @ (GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4NL),
+                ty: ty @ (GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4NL | GgmlType::MXFP4),
                 data,
             } => {
                 // Only where the vector kernel runs (there is no AVX2 form).
@@ -318,7 +318,7 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
 impl X8Store {
     /// Bytes [`X8Store::build`] would allocate for `mats` (148 per 144 of each repackable Q4_K
     /// matrix, 138 per 136 of IQ4_XS, 210 per 210 of Q6_K, 98 per 98 of IQ3_XXS, 180 per 176 of
-    /// Q5_K, 34 per 34 of Q8_0 and 18 per 18 of Q4_0 and IQ4_NL (an odd last block padded to a pair and an odd last pair's line of
+    /// Q5_K, 34 per 34 of Q8_0, 18 per 18 of Q4_0 and IQ4_NL, 18 per 17 of MXFP4 (an odd last block padded to a pair and an odd last pair's line of
     /// scales half empty), the codes and scales' size of int4 (each line of scales padded): for
     /// deciding whether the copy fits before making it.
     pub fn planned_bytes<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> usize {
@@ -326,7 +326,7 @@ impl X8Store {
     }
 
     /// Repacks every Q4_K, IQ4_XS, Q6_K and (where their vector kernels run) IQ3_XXS and Q5_K
-    /// matrix of `mats` whose rows are a multiple of 8 and columns of 256, every Q8_0, Q4_0 and IQ4_NL one (where
+    /// matrix of `mats` whose rows are a multiple of 8 and columns of 256, every Q8_0, Q4_0, IQ4_NL and MXFP4 one (where
     /// its vector kernel runs) whose rows are a multiple of 8, and every int4 one `ct4_geom` takes
     /// (others are left to the table). Matrices seen twice are repacked once.
     pub fn build<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> X8Store {
@@ -1066,6 +1066,15 @@ mod tests {
             })
             .collect();
         let nl: Vec<u8> = q40.iter().map(|b| b ^ 0x5a).collect();
+        let mx: Vec<u8> = (0..n * cols / 32 * 17)
+            .map(|i| {
+                if i % 17 == 0 {
+                    118 + (i % 13) as u8
+                } else {
+                    (i * 29) as u8
+                }
+            })
+            .collect();
         let ragged = rows(&mut seed, 12, cols);
         let f32s = vec![0u8; 4 * n * cols];
         let m = |ty, rows, data| MatRef {
@@ -1086,6 +1095,7 @@ mod tests {
             m(GgmlType::Q3K, n, &q3[..]),
             m(GgmlType::Q4_0, n, &q40[..]),
             m(GgmlType::IQ4NL, n, &nl[..]),
+            m(GgmlType::MXFP4, n, &mx[..]),
         ];
         // IQ3_XXS only where its vector kernel runs.
         let iq3_held = super::super::x8_iq3xxs::simd();
@@ -1093,7 +1103,7 @@ mod tests {
         // Q8_0 likewise; 34 bytes per 34 (an even number of blocks).
         let q8_held = super::super::x8_q8_0::simd();
         let q8_bytes = if q8_held {
-            8 * cols / 32 * (Q8_0_BLOCK + 2 * Q4_0_BLOCK)
+            8 * cols / 32 * (Q8_0_BLOCK + 3 * Q4_0_BLOCK)
         } else {
             0
         };
@@ -1120,7 +1130,7 @@ mod tests {
                 3 + usize::from(iq3_held)
                     + usize::from(iq2_held)
                     + usize::from(q3_held)
-                    + 3 * usize::from(q8_held),
+                    + 4 * usize::from(q8_held),
                 want
             )
         );
@@ -1170,6 +1180,18 @@ mod tests {
             for (r, o) in out8.iter().enumerate() {
                 let want = scalar::vec_dot_iq4_nl_q8_0(&nl[r * rb..][..rb], &a8, cols);
                 assert_eq!(o.to_bits(), want.to_bits(), "IQ4_NL row {r}");
+            }
+        }
+        // And the MXFP4 one (17-byte blocks; its copy is padded to 18 a block).
+        assert_eq!(
+            store.dot_rows_multi(&mats[12], 8, 8, &a8, a8.len(), 1, &mut out8, 8),
+            q8_held
+        );
+        if q8_held {
+            let rb = cols / 32 * 17;
+            for (r, o) in out8.iter().enumerate() {
+                let want = scalar::vec_dot_mxfp4_q8_0(&mx[(8 + r) * rb..][..rb], &a8, cols);
+                assert_eq!(o.to_bits(), want.to_bits(), "MXFP4 row {}", 8 + r);
             }
         }
         assert_eq!(

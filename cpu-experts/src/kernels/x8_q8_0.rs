@@ -49,6 +49,12 @@
 //! stored `+ 128`, so the accumulation starts at the prepared `−128·Σq` as Q8_0's does; the f32
 //! steps are again the reference's (`vec_dot_iq4_nl_q8_0`, `acc += sumi·(d·d_a)`).
 //!
+//! **MXFP4 rows** likewise, with the doubled FP4 codebook (`KVALUES_FP4`, ggml's) and their
+//! E8M0 scale byte stored as a u16 in the f16 slot; the kernel widens it to
+//! `e8m0_to_fp32_half`'s f32 bits (`(e − 1) << 23`, or `0x200000 << e` below 2), so the f32
+//! step is again `vec_dot_mxfp4_q8_0`'s (`acc += sumi·(d·d_a)`). (18 bytes a row and block
+//! held against the file's 17.)
+//!
 //! Why: llama.cpp's x86 build repacks Q4_0 (and IQ4_NL) eight rows at a time (`ggml-cpu/repack.cpp`,
 //! `block_q4_0x8`, `ggml_gemm_q4_0_8x8_q8_0`) and its Q4_0 prefill was 1.6x ours (one-row
 //! kernels, four tokens a call; BENCHMARKS.md, session 42); this is our own layout, this
@@ -56,7 +62,8 @@
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant::QK;
-use lagoon_core::quant::tables::KVALUES_IQ4NL;
+use lagoon_core::quant::mxfp4::e8m0_to_fp32_half;
+use lagoon_core::quant::tables::{KVALUES_FP4, KVALUES_IQ4NL};
 
 use super::act::Q8_0Act;
 
@@ -69,6 +76,9 @@ pub enum Codes {
     Q4_0,
     /// IQ4_NL: `d | nibbles[16]`, weights `KVALUES_IQ4NL[nibble]`.
     Iq4Nl,
+    /// MXFP4: `e: E8M0 | nibbles[16]`, weights `KVALUES_FP4[nibble]` (doubled FP4) scaled by
+    /// `e8m0_to_fp32_half(e)`; the scale slot holds `e` as a u16.
+    Mxfp4,
 }
 
 /// Shape of a repacked Q8_0, Q4_0 or IQ4_NL matrix's rows: its 32-column blocks and codes.
@@ -109,6 +119,7 @@ impl Q80Geom {
             GgmlType::Q8_0 => Some(Codes::Q8_0),
             GgmlType::Q4_0 => Some(Codes::Q4_0),
             GgmlType::IQ4NL => Some(Codes::Iq4Nl),
+            GgmlType::MXFP4 => Some(Codes::Mxfp4),
             _ => None,
         }
     }
@@ -119,6 +130,7 @@ impl Q80Geom {
             Codes::Q8_0 => GgmlType::Q8_0,
             Codes::Q4_0 => GgmlType::Q4_0,
             Codes::Iq4Nl => GgmlType::IQ4NL,
+            Codes::Mxfp4 => GgmlType::MXFP4,
         }
     }
 
@@ -132,12 +144,26 @@ impl Q80Geom {
         if self.nibbles() { 256 } else { 512 }
     }
 
-    /// The stored type's bytes per block (34 or 18).
+    /// The stored type's bytes per block (34, 18 or MXFP4's 17).
     pub fn block_bytes(&self) -> usize {
-        if self.nibbles() {
-            Q4_0_BLOCK
-        } else {
-            Q8_0_BLOCK
+        match self.codes {
+            Codes::Q8_0 => Q8_0_BLOCK,
+            Codes::Q4_0 | Codes::Iq4Nl => Q4_0_BLOCK,
+            Codes::Mxfp4 => Q4_0_BLOCK - 1,
+        }
+    }
+
+    /// Bytes of a block's scale (f16, or MXFP4's E8M0 byte), before its codes.
+    fn head(&self) -> usize {
+        if self.codes == Codes::Mxfp4 { 1 } else { 2 }
+    }
+
+    /// Row `r`'s scale of block `b` as the scalar reference takes it (f32).
+    fn scale(&self, p: &[u8], b: usize, r: usize) -> f32 {
+        let at = self.scale_at(b / 2) + 2 * (2 * r + b % 2);
+        match self.codes {
+            Codes::Mxfp4 => e8m0_to_fp32_half(p[at]),
+            _ => super::scalar::f16_at(p, at),
         }
     }
 
@@ -206,10 +232,11 @@ pub fn repack_x8(w: &[u8], rows: usize, g: &Q80Geom) -> Option<Vec<u8>> {
         for r in 0..8 {
             let row = &w[(8 * gr + r) * rb..][..rb];
             for (b, blk) in row.chunks_exact(bb).enumerate() {
-                let sc = g.scale_at(b / 2) + 2 * (2 * r + b % 2);
-                dst[sc..sc + 2].copy_from_slice(&blk[..2]);
+                let (sc, h) = (g.scale_at(b / 2) + 2 * (2 * r + b % 2), g.head());
+                // (MXFP4's E8M0 byte as a u16: its high byte stays 0.)
+                dst[sc..sc + h].copy_from_slice(&blk[..h]);
                 let pair = &mut dst[g.code_at(b / 2)..][..g.code()];
-                for (i, &q) in blk[2..].iter().enumerate() {
+                for (i, &q) in blk[h..].iter().enumerate() {
                     pair[code_byte(b, r, i)] = q ^ flip;
                 }
             }
@@ -282,10 +309,11 @@ pub fn dot_q8_0_x8_scalar(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32
                         Codes::Q8_0 => i32::from((codes[code_byte(b, r, i)] ^ 0x80) as i8),
                         Codes::Q4_0 => i32::from(nib()) - 8,
                         Codes::Iq4Nl => i32::from(KVALUES_IQ4NL[usize::from(nib())]),
+                        Codes::Mxfp4 => i32::from(KVALUES_FP4[usize::from(nib())]),
                     };
                     sumi += w * i32::from(pa[8 * (i / 4) + 4 * s + i % 4] as i8);
                 }
-                let d = super::scalar::f16_at(p, g.scale_at(pr) + 2 * (2 * r + s));
+                let d = g.scale(p, b, r);
                 let da = f32::from_le_bytes(pa[72 + 4 * s..][..4].try_into().unwrap());
                 acc += sumi as f32 * (d * da);
             }
@@ -319,7 +347,9 @@ pub fn simd() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::scalar::{vec_dot_iq4_nl_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0};
+    use crate::kernels::scalar::{
+        vec_dot_iq4_nl_q8_0, vec_dot_mxfp4_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0,
+    };
 
     /// A row's scalar reference dot (`w`, the Q8_0 activation, columns).
     type Oracle = fn(&[u8], &[u8], usize) -> f32;
@@ -337,17 +367,33 @@ mod tests {
     /// Random Q8_0 (`bb` 34) or Q4_0 / IQ4_NL (18) rows: random quants (every byte: -128 and
     /// both nibble ends included; `full`: all -128, or all nibbles 0, i.e. -8 / -127), f16
     /// scales of both signs.
+    /// MXFP4 (`bb` 17): E8M0 exponents 0, 1 (the subnormal scales), 2, 254 and 255 on an
+    /// eighth of the blocks, any on another eighth, else near 127; `full`: every code −12
+    /// and every exponent 0 or 1 (sums of subnormal terms alone).
     fn rows(seed: &mut u64, n: usize, cols: usize, full: bool, bb: usize) -> Vec<u8> {
         let mut w = vec![0u8; n * cols / QK * bb];
+        let h = if bb == 17 { 1 } else { 2 };
         for blk in w.chunks_exact_mut(bb) {
-            for b in blk[2..].iter_mut() {
+            for b in blk[h..].iter_mut() {
                 *b = if !full {
                     rng(seed) as u8
                 } else if bb == Q8_0_BLOCK {
                     0x80
+                } else if h == 1 {
+                    0xFF
                 } else {
                     0
                 };
+            }
+            if h == 1 {
+                let x = rng(seed);
+                blk[0] = match x % 8 {
+                    _ if full => (x >> 8) as u8 % 2,
+                    0 => [0u8, 1, 2, 254, 255][(x >> 8) as usize % 5],
+                    1 => (x >> 8) as u8,
+                    _ => 120 + (x >> 8) as u8 % 12,
+                };
+                continue;
             }
             let d = half::f16::from_f32(((rng(seed) % 2000) as f32 - 1000.0) * 1e-5);
             blk[..2].copy_from_slice(&d.to_le_bytes());
@@ -383,10 +429,11 @@ mod tests {
     #[test]
     fn x8_legacy_kernels_give_the_scalar_reference_bits() {
         let mut seed = 0x5d1c_37a9_e402_b86fu64;
-        let kinds: [(Codes, Oracle); 3] = [
+        let kinds: [(Codes, Oracle); 4] = [
             (Codes::Q8_0, vec_dot_q8_0_q8_0),
             (Codes::Q4_0, vec_dot_q4_0_q8_0),
             (Codes::Iq4Nl, vec_dot_iq4_nl_q8_0),
+            (Codes::Mxfp4, vec_dot_mxfp4_q8_0),
         ];
         for ((codes, oracle), (n_rows, cols, full)) in kinds.into_iter().flat_map(|k| {
             [
@@ -405,7 +452,7 @@ mod tests {
             let p = match codes {
                 Codes::Q8_0 => repack_q8_0_x8(&w, n_rows, cols),
                 Codes::Q4_0 => repack_q4_0_x8(&w, n_rows, cols),
-                Codes::Iq4Nl => repack_x8(&w, n_rows, &g),
+                Codes::Iq4Nl | Codes::Mxfp4 => repack_x8(&w, n_rows, &g),
             }
             .unwrap();
             assert_eq!(p.len(), n_rows / 8 * g.group_bytes());

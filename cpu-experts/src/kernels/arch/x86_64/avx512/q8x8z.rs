@@ -21,7 +21,9 @@
 //! shared by the tokens.
 //!
 //! IQ4_NL: Q4_0's loads and masks, then one `vpshufb` per nibble vector into the codebook
-//! stored `+ 128` (so the start is the prepared `−128·Σq`, as Q8_0's).
+//! stored `+ 128` (so the start is the prepared `−128·Σq`, as Q8_0's). MXFP4 likewise with the
+//! doubled FP4 codebook; its scales are E8M0 bytes (a u16 each in the slot), widened and
+//! shifted into `e8m0_to_fp32_half`'s f32 bits per pair.
 
 use core::arch::x86_64::*;
 
@@ -30,7 +32,7 @@ use crate::kernels::act::Q8_0Act;
 use crate::kernels::arch::x86_64::avx2::k4x8::{self as x8b, arr};
 use crate::kernels::arch::x86_64::avx2::{ld128, ld256};
 use crate::kernels::x8_q8_0::{Codes, DotQ80X8, PAIR_ACT, PrepQ80, Q80Geom, fits};
-use lagoon_core::quant::tables::KVALUES_IQ4NL;
+use lagoon_core::quant::tables::{KVALUES_FP4, KVALUES_IQ4NL};
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q8_0_x8z(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]) {
@@ -54,6 +56,10 @@ fn q8_0_x8z(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]) {
             (2, Codes::Iq4Nl) => tokens::<2, NL>(p, g, a, o),
             (3, Codes::Iq4Nl) => tokens::<3, NL>(p, g, a, o),
             (_, Codes::Iq4Nl) => tokens::<4, NL>(p, g, a, o),
+            (1, Codes::Mxfp4) => tokens::<1, MX>(p, g, a, o),
+            (2, Codes::Mxfp4) => tokens::<2, MX>(p, g, a, o),
+            (3, Codes::Mxfp4) => tokens::<3, MX>(p, g, a, o),
+            (_, Codes::Mxfp4) => tokens::<4, MX>(p, g, a, o),
         };
     }
 }
@@ -69,17 +75,20 @@ fn bcast8(v: &[u8; PAIR_ACT], o: usize) -> __m512i {
 const Q8: u8 = 0;
 const Q4: u8 = 1;
 const NL: u8 = 2;
+const MX: u8 = 3;
 
-/// IQ4_NL's codebook `+ 128`, as unsigned bytes.
-const NL_U8: [u8; 16] = {
+/// A 16-value codebook `+ 128`, as unsigned bytes.
+const fn book_u8(kv: &[i8; 16]) -> [u8; 16] {
     let mut t = [0u8; 16];
     let mut i = 0;
     while i < 16 {
-        t[i] = (KVALUES_IQ4NL[i] as i16 + 128) as u8;
+        t[i] = (kv[i] as i16 + 128) as u8;
         i += 1;
     }
     t
-};
+}
+const NL_U8: [u8; 16] = book_u8(&KVALUES_IQ4NL);
+const MX_U8: [u8; 16] = book_u8(&KVALUES_FP4);
 
 /// One pass over the group for the first T tokens of `a` (K: [`Q8`], [`Q4`] or [`NL`]
 /// codes); returns T.
@@ -95,7 +104,7 @@ fn tokens<const T: usize, const K: u8>(
     let mut acc = [_mm512_setzero_ps(); T];
     let acts: [&[u8]; T] = core::array::from_fn(|t| a[t]);
     let low4 = _mm512_set1_epi8(15);
-    let book = _mm512_broadcast_i32x4(ld128(&NL_U8));
+    let book = _mm512_broadcast_i32x4(ld128(if K == MX { &MX_U8 } else { &NL_U8 }));
     for pr in 0..g.pairs() {
         // The pair's scales and codes, one run (the scales only at an even pair).
         let (so, co) = (g.scale_at(pr), g.code_at(pr));
@@ -113,7 +122,7 @@ fn tokens<const T: usize, const K: u8>(
                 let w = ld512(arr::<64>(c, 64 * l));
                 let mut lo = _mm512_and_si512(w, low4);
                 let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), low4);
-                if K == NL {
+                if K == NL || K == MX {
                     lo = _mm512_shuffle_epi8(book, lo);
                     hi = _mm512_shuffle_epi8(book, hi);
                 }
@@ -132,7 +141,17 @@ fn tokens<const T: usize, const K: u8>(
                 }
             }
         }
-        let dw = _mm512_cvtph_ps(ld256(arr::<32>(p, so)));
+        let dw = if K == MX {
+            // E8M0 (a u16 each) to `e8m0_to_fp32_half`'s f32: bits (e − 1) << 23, or
+            // 0x200000 << e for e < 2.
+            let e = _mm512_cvtepu16_epi32(ld256(arr::<32>(p, so)));
+            let bits = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+            let tiny = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+            let bits = _mm512_mask_sllv_epi32(bits, tiny, _mm512_set1_epi32(0x0020_0000), e);
+            _mm512_castsi512_ps(bits)
+        } else {
+            _mm512_cvtph_ps(ld256(arr::<32>(p, so)))
+        };
         for t in 0..T {
             let da = _mm512_castsi512_ps(bcast8(pa[t], 72));
             let x = _mm512_mul_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, da));
