@@ -1,7 +1,7 @@
 //! Writes a random-weight Laguna checkpoint of any configuration, streaming it to disk.
 //!
 //! `synth --preset s-2.1|xs-2.1|xs.2|m.1 [--layers N] [--experts N] [--experts-used K]
-//!  [--vocab N] --types q4_k_m|q5_k_m|q3_k_m|q2_k|q4_0|q8_0|ud-q3_k_m|iq2_m|iq1_m|iq1_s|iq4_xs|iq4_nl|bf16|int4-g32|int8
+//!  [--vocab N] --types q4_k_m|q5_k_m|q3_k_m|q2_k|q4_0|q8_0|ud-q3_k_m|iq2_m|iq1_m|iq1_s|iq4_xs|iq4_nl|mxfp4_moe|bf16|int4-g32|int8
 //!  [--seed S] [--router-skew X] [--threads N] [--shard-gb G] [--no-sync] --out PATH`
 //!
 //! PATH is a `.gguf` file, or a directory for `int4-g32` (compressed-tensors W4A16 g32,

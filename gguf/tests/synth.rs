@@ -112,6 +112,10 @@ fn every_gguf_mix_opens_or_names_its_first_undecodable_tensor() {
     assert_eq!(t["blk.1.ffn_down_exps.weight"], GgmlType::IQ4XS);
     assert_eq!(t["blk.1.attn_v.weight"], GgmlType::Q5K);
     assert_eq!(t["output.weight"], GgmlType::Q6K);
+    let t = gguf_types(&d.join("mxfp4_moe.gguf"));
+    assert_eq!(t["blk.1.ffn_down_exps.weight"], GgmlType::MXFP4);
+    assert_eq!(t["blk.1.attn_q.weight"], GgmlType::Q8_0);
+    assert_eq!(t["output.weight"], GgmlType::Q8_0);
     let t = gguf_types(&d.join("iq4_nl.gguf"));
     assert_eq!(t["blk.1.ffn_gate_exps.weight"], GgmlType::IQ4NL);
     assert_eq!(t["blk.1.attn_v.weight"], GgmlType::Q5K);
@@ -472,6 +476,7 @@ fn gguf_py_reads_every_mix_and_decodes_iq_blocks_to_the_planned_scale() {
         TypeMix::Iq1M,
         TypeMix::Iq1S,
         TypeMix::Iq4Nl,
+        TypeMix::Mxfp4Moe,
         TypeMix::Bf16,
     ] {
         let p = d.join(format!("{}.gguf", mix.name()));

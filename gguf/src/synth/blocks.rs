@@ -41,6 +41,7 @@ pub fn supported(ty: GgmlType) -> bool {
             | IQ3XXS
             | IQ4XS
             | IQ4NL
+            | MXFP4
     )
 }
 
@@ -78,6 +79,7 @@ pub fn fill_blocks(ty: GgmlType, std: f32, rng: &mut WyRand, out: &mut [u8]) {
         IQ3XXS => iq3xxs(std, rng, out),
         IQ4XS => iq4xs(std, rng, out),
         IQ4NL => iq4nl(std, rng, out),
+        MXFP4 => mxfp4(std, rng, out),
         _ => unreachable!("plan refuses types without a generator"),
     }
 }
@@ -329,6 +331,24 @@ fn iq4nl(std: f32, rng: &mut WyRand, out: &mut [u8]) {
     }
 }
 
+/// MXFP4 (17 B): `e:E8M0 | qs[16]`, `y = 2^(e − 128)·fp4x2[q]` (ggml's doubled FP4 values and
+/// halved scale). The scale is a power of two, so each block takes the exponent below the
+/// planned scale or the one above, the upper with the probability that makes the mean square
+/// the planned one; random bytes make every index uniform (the codebook is symmetric).
+fn mxfp4(std: f32, rng: &mut WyRand, out: &mut [u8]) {
+    let kv = &lagoon_core::quant::tables::KVALUES_FP4;
+    let kv_rms = (kv.iter().map(|&v| f32::from(v).powi(2)).sum::<f32>() / 16.0).sqrt();
+    let t = f64::from(std / kv_rms);
+    let lo = t.log2().floor();
+    // d_lo² (1 − p) + (2 d_lo)² p = t²
+    let p = ((t / lo.exp2()).powi(2) - 1.0) / 3.0;
+    let e_lo = (lo + 128.0).clamp(2.0, 254.0) as u8;
+    for b in out.chunks_exact_mut(17) {
+        b[0] = e_lo + u8::from(f64::from(rng.unit()) < p);
+        rng.fill(&mut b[1..17]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,7 +371,7 @@ mod tests {
     fn decoded_blocks_have_the_requested_std() {
         use GgmlType::*;
         let std = 0.03f32;
-        for ty in [F32, F16, BF16, Q8_0, Q4K, Q5K, Q6K, IQ4XS, IQ4NL] {
+        for ty in [F32, F16, BF16, Q8_0, Q4K, Q5K, Q6K, IQ4XS, IQ4NL, MXFP4] {
             let n = 256 * 64;
             let mut bytes = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
             fill_blocks(ty, std, &mut WyRand::new(3), &mut bytes);

@@ -91,6 +91,9 @@ pub enum TypeMix {
     /// as published files are; without one llama.cpp also gives the first eighth of the
     /// layers' FFN down projections Q5_K.)
     Iq4Nl,
+    /// llama.cpp MXFP4_MOE: the routed experts MXFP4, every other matrix Q8_0 (`output`
+    /// included).
+    Mxfp4Moe,
     /// BF16 matrices (an unquantised conversion).
     Bf16,
     /// compressed-tensors W4A16 group 32 directory (poolside's INT4 release layout).
@@ -102,7 +105,7 @@ pub enum TypeMix {
 }
 
 impl TypeMix {
-    pub const ALL: [TypeMix; 15] = [
+    pub const ALL: [TypeMix; 16] = [
         TypeMix::Q4KM,
         TypeMix::Q5KM,
         TypeMix::Q3KM,
@@ -115,6 +118,7 @@ impl TypeMix {
         TypeMix::Iq1S,
         TypeMix::Iq4Xs,
         TypeMix::Iq4Nl,
+        TypeMix::Mxfp4Moe,
         TypeMix::Bf16,
         TypeMix::Int4G32,
         TypeMix::Int8,
@@ -135,6 +139,7 @@ impl TypeMix {
             TypeMix::Iq1S => "iq1_s",
             TypeMix::Iq4Xs => "iq4_xs",
             TypeMix::Iq4Nl => "iq4_nl",
+            TypeMix::Mxfp4Moe => "mxfp4_moe",
             TypeMix::Bf16 => "bf16",
             TypeMix::Int4G32 => "int4-g32",
             TypeMix::Int8 => "int8",
@@ -162,6 +167,7 @@ impl TypeMix {
             TypeMix::Iq1S => Some(24),
             TypeMix::Iq4Xs => Some(30),
             TypeMix::Iq4Nl => Some(25),
+            TypeMix::Mxfp4Moe => Some(38),
             TypeMix::Bf16 => Some(32),
             TypeMix::Int4G32 | TypeMix::Int8 => None,
         }
@@ -231,6 +237,10 @@ impl TypeMix {
                 Output => Q6K,
                 V => Q5K,
                 _ => IQ4XS,
+            },
+            TypeMix::Mxfp4Moe => match role {
+                ExpGate | ExpUp | ExpDown => MXFP4,
+                _ => Q8_0,
             },
             TypeMix::Iq4Nl => match role {
                 Output => Q6K,
