@@ -242,7 +242,7 @@ fn main() -> anyhow::Result<()> {
         && cs.repacked_bytes() > 0
     {
         eprintln!(
-            "cpu: {} kernels; rows repacked 8 at a time (Q4_K, IQ4_XS; IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q5_K, Q8_0, Q4_0 and IQ4_NL where this CPU has their kernels; int4 unless LAGOON_CPU_X8_CT4=0, Q6_K but the output unless LAGOON_CPU_X8_Q6K=0, the output too with =1): {:.2} GiB (LAGOON_CPU_X8=0 skips it)",
+            "cpu: {} kernels; rows repacked 8 at a time (Q4_K, IQ4_XS; IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q5_K, Q8_0, Q4_0, IQ4_NL and MXFP4 where this CPU has their kernels; int4 unless LAGOON_CPU_X8_CT4=0, Q6_K but the output unless LAGOON_CPU_X8_Q6K=0, the output too with =1): {:.2} GiB (LAGOON_CPU_X8=0 skips it)",
             cs.kernels_name(),
             cs.repacked_bytes() as f64 / (1u64 << 30) as f64
         );
