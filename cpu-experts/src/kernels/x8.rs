@@ -1134,7 +1134,6 @@ mod tests {
                 want
             )
         );
-        // The Q8_0 matrix: served (with Q8_0 activations) where held, with the reference's bits.
         let a8 = {
             let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 - 8.0).collect();
             let ab = super::super::act::q8_0_row_bytes(cols);
@@ -1146,52 +1145,29 @@ mod tests {
             );
             a8
         };
+        // The 32-element block types (Q8_0, Q4_0, IQ4_NL, MXFP4: matrix, its bytes, bytes a
+        // block, the scalar reference), each group of rows 0 and 8: served with Q8_0
+        // activations where held, with the reference's bits.
+        type Dot = fn(&[u8], &[u8], usize) -> f32;
+        let legacy: [(usize, &[u8], usize, Dot); 4] = [
+            (7, &q8, Q8_0_BLOCK, scalar::vec_dot_q8_0_q8_0),
+            (10, &q40, Q4_0_BLOCK, scalar::vec_dot_q4_0_q8_0),
+            (11, &nl, Q4_0_BLOCK, scalar::vec_dot_iq4_nl_q8_0),
+            (12, &mx, 17, scalar::vec_dot_mxfp4_q8_0),
+        ];
         let mut out8 = vec![0.0f32; 8];
-        assert_eq!(
-            store.dot_rows_multi(&mats[7], 8, 8, &a8, a8.len(), 1, &mut out8, 8),
-            q8_held
-        );
-        if q8_held {
-            let rb = cols / 32 * Q8_0_BLOCK;
-            for (r, o) in out8.iter().enumerate() {
-                let want = scalar::vec_dot_q8_0_q8_0(&q8[(8 + r) * rb..][..rb], &a8, cols);
-                assert_eq!(o.to_bits(), want.to_bits(), "Q8_0 row {}", 8 + r);
-            }
-        }
-        // The Q4_0 matrix likewise (the same Q8_0 activations).
-        assert_eq!(
-            store.dot_rows_multi(&mats[10], 8, 8, &a8, a8.len(), 1, &mut out8, 8),
-            q8_held
-        );
-        if q8_held {
-            let rb = cols / 32 * Q4_0_BLOCK;
-            for (r, o) in out8.iter().enumerate() {
-                let want = scalar::vec_dot_q4_0_q8_0(&q40[(8 + r) * rb..][..rb], &a8, cols);
-                assert_eq!(o.to_bits(), want.to_bits(), "Q4_0 row {}", 8 + r);
-            }
-        }
-        // And the IQ4_NL one.
-        assert_eq!(
-            store.dot_rows_multi(&mats[11], 0, 8, &a8, a8.len(), 1, &mut out8, 8),
-            q8_held
-        );
-        if q8_held {
-            let rb = cols / 32 * Q4_0_BLOCK;
-            for (r, o) in out8.iter().enumerate() {
-                let want = scalar::vec_dot_iq4_nl_q8_0(&nl[r * rb..][..rb], &a8, cols);
-                assert_eq!(o.to_bits(), want.to_bits(), "IQ4_NL row {r}");
-            }
-        }
-        // And the MXFP4 one (17-byte blocks; its copy is padded to 18 a block).
-        assert_eq!(
-            store.dot_rows_multi(&mats[12], 8, 8, &a8, a8.len(), 1, &mut out8, 8),
-            q8_held
-        );
-        if q8_held {
-            let rb = cols / 32 * 17;
-            for (r, o) in out8.iter().enumerate() {
-                let want = scalar::vec_dot_mxfp4_q8_0(&mx[(8 + r) * rb..][..rb], &a8, cols);
-                assert_eq!(o.to_bits(), want.to_bits(), "MXFP4 row {}", 8 + r);
+        for (mi, bytes, bb, dot) in legacy {
+            for r0 in [0, 8] {
+                let served = store.dot_rows_multi(&mats[mi], r0, 8, &a8, a8.len(), 1, &mut out8, 8);
+                assert_eq!(served, q8_held, "{:?}", mats[mi].enc);
+                if !q8_held {
+                    continue;
+                }
+                let rb = cols / 32 * bb;
+                for (r, o) in out8.iter().enumerate() {
+                    let want = dot(&bytes[(r0 + r) * rb..][..rb], &a8, cols);
+                    assert_eq!(o.to_bits(), want.to_bits(), "matrix {mi} row {}", r0 + r);
+                }
             }
         }
         assert_eq!(

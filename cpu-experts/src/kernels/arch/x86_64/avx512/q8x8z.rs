@@ -43,24 +43,24 @@ fn q8_0_x8z(p: &[u8], g: &Q80Geom, acts: &[&[u8]], out: &mut [[f32; 8]]) {
     let mut t0 = 0;
     while t0 < acts.len() {
         let (a, o) = (&acts[t0..], &mut out[t0..]);
-        t0 += match (a.len(), g.codes) {
-            (1, Codes::Q8_0) => tokens::<1, Q8>(p, g, a, o),
-            (2, Codes::Q8_0) => tokens::<2, Q8>(p, g, a, o),
-            (3, Codes::Q8_0) => tokens::<3, Q8>(p, g, a, o),
-            (_, Codes::Q8_0) => tokens::<4, Q8>(p, g, a, o),
-            (1, Codes::Q4_0) => tokens::<1, Q4>(p, g, a, o),
-            (2, Codes::Q4_0) => tokens::<2, Q4>(p, g, a, o),
-            (3, Codes::Q4_0) => tokens::<3, Q4>(p, g, a, o),
-            (_, Codes::Q4_0) => tokens::<4, Q4>(p, g, a, o),
-            (1, Codes::Iq4Nl) => tokens::<1, NL>(p, g, a, o),
-            (2, Codes::Iq4Nl) => tokens::<2, NL>(p, g, a, o),
-            (3, Codes::Iq4Nl) => tokens::<3, NL>(p, g, a, o),
-            (_, Codes::Iq4Nl) => tokens::<4, NL>(p, g, a, o),
-            (1, Codes::Mxfp4) => tokens::<1, MX>(p, g, a, o),
-            (2, Codes::Mxfp4) => tokens::<2, MX>(p, g, a, o),
-            (3, Codes::Mxfp4) => tokens::<3, MX>(p, g, a, o),
-            (_, Codes::Mxfp4) => tokens::<4, MX>(p, g, a, o),
+        t0 += match g.codes {
+            Codes::Q8_0 => by_tokens::<Q8>(p, g, a, o),
+            Codes::Q4_0 => by_tokens::<Q4>(p, g, a, o),
+            Codes::Iq4Nl => by_tokens::<NL>(p, g, a, o),
+            Codes::Mxfp4 => by_tokens::<MX>(p, g, a, o),
         };
+    }
+}
+
+/// One [`tokens`] pass of up to four of `a`'s tokens; returns how many it took.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn by_tokens<const K: u8>(p: &[u8], g: &Q80Geom, a: &[&[u8]], o: &mut [[f32; 8]]) -> usize {
+    match a.len() {
+        1 => tokens::<1, K>(p, g, a, o),
+        2 => tokens::<2, K>(p, g, a, o),
+        3 => tokens::<3, K>(p, g, a, o),
+        _ => tokens::<4, K>(p, g, a, o),
     }
 }
 
