@@ -240,8 +240,9 @@ const GEMM_MIN_TOKENS: usize = 2;
 /// (a multiple of [`MULTI_TOKENS`]): 16 activation rows of 2048 columns are 34 KiB of Q8_K,
 /// 128 KiB of f32.
 const TOKEN_BLOCK: usize = 16;
-/// Tokens one [`MultiDot`] call takes at most.
-const MULTI_TOKENS: usize = 4;
+/// Tokens one [`MultiDot`] call takes at most: eight, which the kernels that gain from it
+/// take in one pass and the others in runs of four (`avx2::by_n_tokens!`).
+const MULTI_TOKENS: usize = 8;
 /// Dequantised f32 weights · f32 activation bytes (the fallback's inner product).
 pub(crate) type F32Dot = fn(w: &[f32], a: &[[u8; 4]]) -> f32;
 
@@ -611,9 +612,10 @@ impl Kernels {
     /// `out[t·out_stride + i] = W[r0 + i] · act_t` for `i < n_rows`, `t < n_act`, where
     /// `act_t = acts[t·act_stride ..][..act_row_bytes]`. Each weight row is read from memory
     /// once and dotted with every token while it is in L1. Where the table has a
-    /// several-token kernel for the type (Q4_K, Q6_K, Q8_0, IQ4_XS) and `n_act ≥ 2`, tokens
-    /// go in groups of up to 4 so each weight block is unpacked once per group; the results
-    /// are bit-identical to one token at a time.
+    /// several-token kernel for the type and `n_act ≥ 2`, tokens go in groups of up to
+    /// [`MULTI_TOKENS`] (eight; the kernel takes them in one pass or runs of four) so each
+    /// weight block is unpacked once per group; the results are bit-identical to one token at
+    /// a time.
     pub fn dot_rows_multi(
         &self,
         w: &MatRef<'_>,

@@ -139,17 +139,34 @@ macro_rules! wrap {
 pub(crate) use wrap;
 
 /// `out[t] = w · acts[t]` through the N-token kernel `$kernel` (`fn<const N>(w, [&[u8]; N], n)
-/// -> [f32; N]`): two to four tokens in one call, others one at a time. Every wrapper of a
-/// several-token kernel (`multi_n!`, `avx512::wrap_n!`, the grid kernels') expands it.
+/// -> [f32; N]`): the tokens in runs of four, each run of two to four in one call, a lone
+/// token alone. With `8;` first, a call of exactly eight tokens (what
+/// `Kernels::dot_rows_multi` hands over while eight remain) is one call of the kernel at
+/// N = 8: only kernels measured faster so (session 43, `prefill_*_64tok` on the Zen 4 VM:
+/// the grid and IQ1 kernels, whose per-block lookups then serve twice the tokens, +9–29%; the
+/// legacy and Q2_K/Q3_K ones lost 5–21%, many AVX2 ones too, so they keep four). Every wrapper
+/// of a several-token kernel (`multi_n!`, `avx512::wrap_n!`, the grid kernels') expands it.
 macro_rules! by_n_tokens {
-    ($kernel:ident, $w:expr, $acts:expr, $n:expr, $out:expr) => {
+    // (The literal is 8; matched as a fragment so that wrappers can pass theirs on.)
+    ($eight:literal; $kernel:ident, $w:expr, $acts:expr, $n:expr, $out:expr) => {{
+        const { assert!($eight == 8) };
         match *$acts {
-            [a0, a1, a2, a3] => $out.copy_from_slice(&$kernel($w, [a0, a1, a2, a3], $n)),
-            [a0, a1, a2] => $out.copy_from_slice(&$kernel($w, [a0, a1, a2], $n)),
-            [a0, a1] => $out.copy_from_slice(&$kernel($w, [a0, a1], $n)),
-            _ => {
-                for (o, a) in $out.iter_mut().zip($acts) {
-                    *o = $kernel($w, [*a], $n)[0];
+            [a0, a1, a2, a3, a4, a5, a6, a7] => {
+                $out.copy_from_slice(&$kernel($w, [a0, a1, a2, a3, a4, a5, a6, a7], $n))
+            }
+            _ => $crate::kernels::arch::x86_64::avx2::by_n_tokens!($kernel, $w, $acts, $n, $out),
+        }
+    }};
+    ($kernel:ident, $w:expr, $acts:expr, $n:expr, $out:expr) => {
+        for (acts, out) in $acts.chunks(4).zip($out.chunks_mut(4)) {
+            match *acts {
+                [a0, a1, a2, a3] => out.copy_from_slice(&$kernel($w, [a0, a1, a2, a3], $n)),
+                [a0, a1, a2] => out.copy_from_slice(&$kernel($w, [a0, a1, a2], $n)),
+                [a0, a1] => out.copy_from_slice(&$kernel($w, [a0, a1], $n)),
+                _ => {
+                    for (o, a) in out.iter_mut().zip(acts) {
+                        *o = $kernel($w, [*a], $n)[0];
+                    }
                 }
             }
         }
@@ -160,12 +177,14 @@ pub(crate) use by_n_tokens;
 /// Declares the safe several-token wrapper `$name` (a `MultiDot`) of the AVX2 N-token kernel
 /// `$kernel`. Placed only in the table built by [`table`].
 macro_rules! multi_n {
-    ($name:ident => $kernel:ident) => {
+    ($($eight:literal;)? $name:ident => $kernel:ident) => {
         pub(super) fn $name(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
             // SAFETY: `$kernel` only needs AVX2, FMA and F16C. This wrapper is reachable only
             // through the table built by `avx2::table`, which requires an `Avx2Fma` token, and
             // `Avx2Fma::detect` builds one only after detecting all three features.
-            unsafe { $crate::kernels::arch::x86_64::avx2::by_n_tokens!($kernel, w, acts, n, out) }
+            unsafe {
+                $crate::kernels::arch::x86_64::avx2::by_n_tokens!($($eight;)? $kernel, w, acts, n, out)
+            }
         }
     };
 }

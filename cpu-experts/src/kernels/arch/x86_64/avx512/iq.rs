@@ -24,7 +24,7 @@ use crate::kernels::scalar::blocks;
 
 // IQ4_XS × Q8_K for 2-4 tokens. The table's one-row kernel is `vnni256::vec_dot_iq4_xs_q8k`
 // (the same lanes and f32 steps on 256 bits, faster at one token).
-wrap_n!(multi vec_dot_iq4_xs_q8k_multi => iq4_xs_n);
+wrap_n!(multi vec_dot_iq4_xs_q8k_multi => 8; iq4_xs_n);
 
 /// See the module comment. Every token's f32 operations are those of N = 1.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -287,7 +287,7 @@ macro_rules! wrap_grid {
         fn $multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
             // SAFETY: as for the one-token wrapper (placed in the table by
             // `with_grid_kernels` only).
-            unsafe { $crate::kernels::arch::x86_64::avx2::by_n_tokens!($kernel, w, acts, n, out) }
+            unsafe { $crate::kernels::arch::x86_64::avx2::by_n_tokens!(8; $kernel, w, acts, n, out) }
         }
     };
 }

@@ -1,4 +1,4 @@
-//! IQ1_S and IQ1_M × Q8_K on 512 bits with AVX512-VNNI, for one to four tokens.
+//! IQ1_S and IQ1_M × Q8_K on 512 bits with AVX512-VNNI, for one to four or eight tokens.
 //!
 //! The AVX2 kernels (`avx2::iq`, ggml's construction) build each 8-weight run's grid point,
 //! delta and scale on the scalar side and spend ~27 cycles a 32-weight sub-block on this
@@ -55,9 +55,9 @@ const fn grid8() -> [u64; 2048] {
     t
 }
 
-wrap_n!(vec_dot_iq1_m_q8k, vec_dot_iq1_m_q8k_multi => iq1_m_n);
+wrap_n!(vec_dot_iq1_m_q8k, vec_dot_iq1_m_q8k_multi => 8; iq1_m_n);
 // IQ1_S: the several-token wrapper only (one token stays on the AVX2 kernel, `super::table`).
-wrap_n!(multi vec_dot_iq1_s_q8k_multi => iq1_s_n);
+wrap_n!(multi vec_dot_iq1_s_q8k_multi => 8; iq1_s_n);
 
 /// Eight grid points `GRID8[idx[0..8]]` as one register (qword j = point j).
 #[inline]

@@ -121,7 +121,7 @@ pub(crate) fn table(proof: Avx512Vnni) -> Table {
 /// Declares the safe row wrapper `$name` and the several-token wrapper `$multi` of the
 /// N-generic kernel `$kernel` (`multi $multi => $kernel`: the latter only).
 macro_rules! wrap_n {
-    ($name:ident, $multi:ident => $kernel:ident) => {
+    ($name:ident, $multi:ident => $($eight:literal;)? $kernel:ident) => {
         pub(super) fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
             // SAFETY: `$kernel` only needs the features `Avx512Vnni::detect` checks. This
             // wrapper is reachable only through the table built by `avx512::table`, which
@@ -129,16 +129,17 @@ macro_rules! wrap_n {
             unsafe { $kernel(w, [a], n)[0] }
         }
 
-        $crate::kernels::arch::x86_64::avx512::wrap_n!(multi $multi => $kernel);
+        $crate::kernels::arch::x86_64::avx512::wrap_n!(multi $multi => $($eight;)? $kernel);
     };
-    // The several-token wrapper alone (the type's row kernel is another one).
-    (multi $multi:ident => $kernel:ident) => {
+    // The several-token wrapper alone (the type's row kernel is another one). `8;` before
+    // the kernel: eight tokens a call ([`super::avx2::by_n_tokens`]).
+    (multi $multi:ident => $($eight:literal;)? $kernel:ident) => {
         pub(super) fn $multi(w: &[u8], acts: &[&[u8]], n: usize, out: &mut [f32]) {
             // SAFETY: `$kernel` only needs the features `Avx512Vnni::detect` checks. This
             // wrapper is reachable only through the table built by `avx512::table`, which
             // requires an `Avx512Vnni` token.
             unsafe {
-                $crate::kernels::arch::x86_64::avx2::by_n_tokens!($kernel, w, acts, n, out)
+                $crate::kernels::arch::x86_64::avx2::by_n_tokens!($($eight;)? $kernel, w, acts, n, out)
             }
         }
     };
