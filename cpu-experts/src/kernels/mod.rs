@@ -613,7 +613,7 @@ impl Kernels {
     /// `act_t = acts[t·act_stride ..][..act_row_bytes]`. Each weight row is read from memory
     /// once and dotted with every token while it is in L1. Where the table has a
     /// several-token kernel for the type and `n_act ≥ 2`, tokens go in groups of up to
-    /// [`MULTI_TOKENS`] (eight; the kernel takes them in one pass or runs of four) so each
+    /// eight (`MULTI_TOKENS`; the kernel takes them in one pass or in runs of four) so each
     /// weight block is unpacked once per group; the results are bit-identical to one token at
     /// a time.
     pub fn dot_rows_multi(

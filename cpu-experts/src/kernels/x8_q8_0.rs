@@ -1,11 +1,11 @@
-//! Q8_0 rows repacked eight at a time: [`super::x8`]'s layout idea for the 8-bit type, whose
-//! prefill ran on a 4-row × 4-token GEMM (`avx512::q8_0`) at ~94 GFLOP/s a thread on the Zen 4
-//! VM, spending about eight vector operations per block, row and token pair: the product
-//! (`vpdpbusd`), its f32 conversion, scale product and FMA, and the rows' and tokens' scales
-//! widened and spread (BENCHMARKS.md, session 37). Here one register holds one 4-byte step of
-//! **two blocks** of eight rows, so each `vpdpbusd` serves 16 (row, block) dot products, and
-//! the f32 step per block pair is shared by the eight rows: about 14 vector operations per
-//! token, pair of blocks and eight rows, ~0.9 per (row, block, token).
+//! Q8_0 rows (and Q4_0, IQ4_NL, MXFP4 rows: below) repacked eight at a time: [`super::x8`]'s layout
+//! idea for the 8-bit type, whose prefill ran on a 4-row × 4-token GEMM (`avx512::q8_0`) at ~94
+//! GFLOP/s a thread on the Zen 4 VM, spending about eight vector operations per block, row and
+//! token pair: the product (`vpdpbusd`), its f32 conversion, scale product and FMA, and the rows'
+//! and tokens' scales widened and spread (BENCHMARKS.md, session 37). Here one register holds one
+//! 4-byte step of **two blocks** of eight rows, so each `vpdpbusd` serves 16 (row, block) dot
+//! products, and the f32 step per block pair is shared by the eight rows: about 14 vector
+//! operations per token, pair of blocks and eight rows, ~0.9 per (row, block, token).
 //!
 //! Layout of one group of 8 rows ([`Q80Geom::group_bytes`]), blocks taken in pairs
 //! (2p, 2p + 1) (an odd last block is paired with an empty one: zero codes and scale), pairs
@@ -34,7 +34,7 @@
 //! scalar reference's bits (the one-row kernels add eight f32 lanes per row instead; a session
 //! with the store sends decode and prefill of a held matrix here alike).
 //!
-//! **Q4_0 rows** take the same frame with half the code bytes ([`Q80Geom::new_q4_0`]): a
+//! **Q4_0 rows** take the same frame with half the code bytes ([`Codes::Q4_0`]): a
 //! pair's codes are 256 bytes, load L (0..4) holding row r's bytes `4L .. 4L + 4` of block 2p
 //! at `8r` and of block 2p + 1 at `8r + 4`, as stored (no offset flip): their low nibbles are
 //! step L of the blocks (elements `4L ..`), their high nibbles step L + 4 (elements
@@ -55,10 +55,10 @@
 //! step is again `vec_dot_mxfp4_q8_0`'s (`acc += sumi·(d·d_a)`). (18 bytes a row and block
 //! held against the file's 17.)
 //!
-//! Why: llama.cpp's x86 build repacks Q4_0 (and IQ4_NL) eight rows at a time (`ggml-cpu/repack.cpp`,
-//! `block_q4_0x8`, `ggml_gemm_q4_0_8x8_q8_0`) and its Q4_0 prefill was 1.6x ours (one-row
-//! kernels, four tokens a call; BENCHMARKS.md, session 42); this is our own layout, this
-//! module's Q8_0 frame with the codes as nibbles.
+//! Why: llama.cpp's x86 build repacks Q4_0 (and IQ4_NL) eight rows at a time
+//! (`ggml-cpu/repack.cpp`, `block_q4_0x8`, `ggml_gemm_q4_0_8x8_q8_0`) and its Q4_0 prefill was 1.6x
+//! ours (one-row kernels, four tokens a call; BENCHMARKS.md, session 42); this is our own layout,
+//! this module's Q8_0 frame with the codes as nibbles.
 
 use lagoon_core::dtype::GgmlType;
 use lagoon_core::quant::QK;
