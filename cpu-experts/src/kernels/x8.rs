@@ -117,16 +117,17 @@ pub(crate) fn pack_q4k_row(o: &mut [u8], r: usize, head: &[u8], qs: &[u8]) {
 }
 
 /// Repacked copies of a model's Q4_K, IQ4_XS, Q6_K, IQ3_XXS, IQ2_XXS, Q2_K, Q3_K, Q5_K, Q8_0, Q4_0,
-/// IQ4_NL and MXFP4 (all but the first three only where their vector kernels run) and symmetric int4
-/// compressed-tensors matrices (this module's layout, [`super::x8_iq4xs`]'s, [`super::x8_q6k`]'s,
-/// [`super::x8_iq3xxs`]'s, [`super::x8_iq2xxs`]'s, [`super::x8_k23`]'s, [`super::x8_q5k`]'s,
-/// [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s), found by the address of their stored bytes (int4:
-/// of their codes, served only with the scales they were made from), and the kernels that read
-/// them: what [`super::Kernels::with_x8`] hands the products of those matrices to. `Session::new`
-/// makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy of those weights (148 bytes
-/// per 144, 138 per 136, 210 per 210, 98 per 98, 66 per 66, 84 per 84, 114 per 110, 180 per 176, 34
-/// per 34, 18 per 18, 18 per 17 (MXFP4), int4 g32 144 per 144), whose results are the scalar reference's (int4:
-/// `kernels::ct`'s scalar row kernel's), not the table's one-row kernels'.
+/// IQ4_NL and MXFP4 (all but the first three only where their vector kernels run) and symmetric
+/// int4 compressed-tensors matrices (this module's layout, [`super::x8_iq4xs`]'s,
+/// [`super::x8_q6k`]'s, [`super::x8_iq3xxs`]'s, [`super::x8_iq2xxs`]'s, [`super::x8_k23`]'s,
+/// [`super::x8_q5k`]'s, [`super::x8_q8_0`]'s and [`super::x8_ct4`]'s), found by the address of
+/// their stored bytes (int4: of their codes, served only with the scales they were made from), and
+/// the kernels that read them: what [`super::Kernels::with_x8`] hands the products of those
+/// matrices to. `Session::new` makes one where it fits in memory (`LAGOON_CPU_X8`): a second copy
+/// of those weights (148 bytes per 144, 138 per 136, 210 per 210, 98 per 98, 66 per 66, 84 per 84,
+/// 114 per 110, 180 per 176, 34 per 34, 18 per 18, 18 per 17 (MXFP4), int4 g32 144 per 144), whose
+/// results are the scalar reference's (int4: `kernels::ct`'s scalar row kernel's), not the table's
+/// one-row kernels'.
 pub struct X8Store {
     map: HashMap<usize, Packed, AddrHash>,
     dot: DotX8Multi,
