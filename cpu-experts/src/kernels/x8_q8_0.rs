@@ -422,7 +422,7 @@ mod tests {
         k
     }
 
-    /// Every kernel, 1..=6 tokens at once, even and odd block counts (an empty last block),
+    /// Every kernel, 1..=9 tokens at once, even and odd block counts (an empty last block),
     /// random and extreme (-128 codes, Q4_0's -8 or IQ4_NL's -127, against ±127 activations)
     /// data, gives each row and token `vec_dot_q8_0_q8_0`'s (`vec_dot_q4_0_q8_0`'s,
     /// `vec_dot_iq4_nl_q8_0`'s) bits; the vector preparation writes the scalar one's bytes.
@@ -456,7 +456,7 @@ mod tests {
             }
             .unwrap();
             assert_eq!(p.len(), n_rows / 8 * g.group_bytes());
-            let acts: Vec<Vec<u8>> = [1e-3f32, 1.0, 1e4, 0.5]
+            let acts: Vec<Vec<u8>> = [1e-3f32, 1.0, 1e4, 0.5, 2.0, 0.1, 300.0]
                 .iter()
                 .map(|&x| act(&mut seed, cols, x))
                 .chain([extreme(cols, 127), extreme(cols, -127)])
