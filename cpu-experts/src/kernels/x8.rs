@@ -264,10 +264,8 @@ fn repackable<'a>(mats: impl IntoIterator<Item = &'a MatRef<'a>>) -> Vec<Todo<'a
     let mut seen = std::collections::HashSet::new();
     for m in mats {
         match m.enc {
-            Encoding::Ggml {
-                ty: ty @ (GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4NL | GgmlType::MXFP4),
-                data,
-            } => {
+            // The 32-element block types `x8_q8_0` takes (`Q80Geom::codes_of`: one list).
+            Encoding::Ggml { ty, data } if Q80Geom::codes_of(ty).is_some() => {
                 // Only where the vector kernel runs (there is no AVX2 form).
                 if let Some(g) = Q80Geom::codes_of(ty).and_then(|c| Q80Geom::of(c, m.cols))
                     && super::x8_q8_0::simd()
